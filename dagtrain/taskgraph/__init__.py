@@ -1,0 +1,26 @@
+"""dagtrain.taskgraph: an op-level task-graph executor with OpenMP 5.x dependences.
+
+Pure Python: importing it imports neither torch nor airflow. See docs/taskgraph.md.
+
+>>> from dagtrain.taskgraph import TaskGraph
+>>> g = TaskGraph()
+>>> _ = g.add(print, "load", name="load", out="batch")
+>>> _ = g.add(print, "step", name="step", in_="batch", inout="w")
+>>> report = g.run(workers=2)
+load
+step
+"""
+
+from __future__ import annotations
+
+from .errors import CycleError, TaskError, TaskTimeoutError
+from .graph import TaskGraph
+from .report import RunReport, TaskRecord
+from .schedule import Plan, Problem, plan
+from .task import Event, Outputs, Ref, Task
+from .trace import write_trace
+
+__all__ = [
+    "CycleError", "Event", "Outputs", "Plan", "Problem", "Ref", "RunReport", "Task",
+    "TaskError", "TaskGraph", "TaskRecord", "TaskTimeoutError", "plan", "write_trace",
+]

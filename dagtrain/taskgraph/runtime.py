@@ -1,0 +1,498 @@
+"""The runtime: executes a prepared TaskGraph on a team of threads.
+
+Design
+------
+One lock guards all run state; a worker holds it only to pick a task and to retire
+one, so each task costs one acquire/release pair, a few attribute stores, and one
+decrement per successor. The thread that calls ``join`` (or ``taskwait``) is a member
+of the team, as OpenMP's encountering thread is: ``workers=1`` runs everything in the
+caller, with no thread started.
+
+State
+~~~~~
+ready        FIFO deque in program order, or, when tasks have different keys, a heap
+             of ``(key, index, task)``: key is minus the upward rank when every task
+             has a cost (critical path first), else minus ``priority``.
+task._npred  predecessors not yet done in this run; at zero the task becomes ready
+             (``mutexinoutset`` tasks first take their item mutexes, or park on one).
+outstanding  tasks added and not yet done; the run is over at zero.
+idle         threads waiting on the condition; a retiring thread wakes only as many as
+             there are extra ready tasks (it takes one itself), so empty tasks do not
+             pay for wake-ups nobody needs.
+watchers     threads in taskwait/join, waiting for a predicate: every retirement wakes
+             them all.
+
+A task completes when its function has returned and, for a detached task, its event
+was fulfilled; the retiring thread then releases what the task read (dropping a value
+version whose last reader this was), publishes what it wrote, and readies successors.
+
+Failure: the first exception is stored with its task, ``stopping`` is set, and each
+thread leaves after the task it is running; ``finish`` then cancels every task that did
+not run, joins the threads and raises ``TaskError`` from the original exception. A
+task that depends on a failed task can therefore never start.
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+from collections import deque
+from time import monotonic, perf_counter
+from typing import TYPE_CHECKING, Any
+
+from .errors import TaskError, TaskTimeoutError
+from .report import RunReport
+from .task import (
+    CANCELLED, DETACHED, DONE, FAILED, PARKED, PENDING, READY, RUNNING, Bound, Outputs, Task,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from .graph import TaskGraph
+
+__all__ = ["Run"]
+
+_CHILD_BASE = 1 << 40  # index space of tasks spawned inside task bodies
+
+
+class _Timeout(Exception):
+    pass
+
+
+class Group:
+    """A taskgroup: counts its tasks and their descendants not yet done."""
+
+    __slots__ = ("pending",)
+
+    def __init__(self) -> None:
+        self.pending = 0
+
+
+class Run:
+    """The state of one run of a graph (see the module docstring)."""
+
+    def __init__(self, graph: TaskGraph, workers: int, trace: str | None,
+                 incremental: bool) -> None:
+        self.graph = graph
+        self.incremental = incremental
+        self.workers = workers
+        self.trace = trace
+        self.lock = threading.Lock()
+        self.cond = threading.Condition(self.lock)
+        self.heap = graph._heap
+        self.ready: Any = [] if self.heap else deque()
+        self.idle = 0
+        self.watchers = 0
+        self.outstanding = 0
+        self.error: tuple[Task, BaseException] | None = None
+        self.stopping = False
+        self.closing = False
+        self.tasks: list[Task] = list(graph.tasks)
+        self.threads: list[threading.Thread] = []
+        self.wid_of: dict[int, int] = {}
+        self.current: list[Task | None] = [None] * workers
+        self.main_groups: list[Group] = []
+        self.children: dict[Task, list[Task]] = {}
+        self.nchild = 0
+        self.t0 = 0.0
+
+    # ------------------------------------------------------------ lifecycle
+    def begin(self) -> None:
+        tasks = self.tasks
+        mutexes = set()
+        for t in tasks:
+            t._npred = t.npred
+            t._state = PENDING
+            t._wid = -1
+            ev = t.event
+            if ev is not None:
+                ev._run = self
+                ev._done = False
+                ev._error = None
+            if t.mutexes is not None:
+                mutexes.update(t.mutexes)
+        for m in mutexes:
+            m.holder = None
+            m.waiters = []
+        pin = self.incremental
+        for slot in self.graph._slots:
+            slot.value = None
+            slot.remaining = slot.readers
+            slot.pin = pin and slot.current
+        self.outstanding = len(tasks)
+        self.wid_of[threading.get_ident()] = 0
+        order = self.graph._order if self.graph._order is not None else tasks
+        for t in order:
+            if not t.npred:
+                self._make_ready(t)
+        self.t0 = perf_counter()
+        for wid in range(1, self.workers):
+            th = threading.Thread(target=self._helper, args=(wid,), daemon=True,
+                                  name=f"{self.graph.name}-worker-{wid}")
+            self.threads.append(th)
+            th.start()
+
+    def finish(self, timeout: float | None) -> RunReport:
+        deadline = None if timeout is None else monotonic() + timeout
+        if self.incremental:
+            with self.lock:  # no top-level task can be added from now on
+                self.incremental = False
+                for slot in self.graph._slots:
+                    slot.pin = False
+                    if slot.droppable():
+                        slot.value = None
+        interrupted: BaseException | None = None
+        timed_out = False
+        try:
+            self._work(0, self._all_done, deadline)
+        except _Timeout:
+            timed_out = True
+        except BaseException as e:  # KeyboardInterrupt in the caller: stop promptly
+            interrupted = e
+        with self.lock:
+            self.closing = True
+            if timed_out or interrupted is not None:
+                self.stopping = True
+            self.cond.notify_all()
+        for th in self.threads:
+            th.join()
+        end = perf_counter()
+        pending = []
+        for t in self.tasks:
+            if t._state in (PENDING, READY, PARKED, DETACHED, RUNNING):
+                pending.append(t.name)
+                t._state = CANCELLED
+            if t.event is not None:
+                t.event._run = None
+        report = RunReport.from_tasks(self.tasks, self.t0, end, self.workers, self._values())
+        if self.trace is not None:
+            from .trace import write_trace
+
+            write_trace(self.trace, report, self.tasks)
+        if interrupted is not None:
+            raise interrupted
+        if self.error is not None:
+            task, exc = self.error
+            self.error = None
+            if isinstance(exc, KeyboardInterrupt):
+                raise exc
+            raise TaskError(task.name, exc) from exc
+        if timed_out:
+            raise TaskTimeoutError(timeout or 0.0, pending)
+        return report
+
+    def _values(self) -> dict:
+        return {s.item: s.value for s in self.graph._slots if s.keep}
+
+    def _all_done(self) -> bool:
+        return self.outstanding == 0
+
+    def _helper(self, wid: int) -> None:
+        self.wid_of[threading.get_ident()] = wid
+        try:
+            self._work(wid, None, None)
+        except BaseException as e:  # a bug of ours, not a task's: do not lose it
+            with self.lock:
+                if self.error is None:
+                    self.error = (Task(self._helper, (), None, f"<worker {wid}>", 0, None, -1), e)
+                self.stopping = True
+                self.cond.notify_all()
+
+    # ------------------------------------------------------------ the loop
+    def _work(self, wid: int, until: Callable[[], bool] | None, deadline: float | None) -> None:
+        """Run ready tasks until ``until()`` holds (helpers: until the run closes)."""
+        lock = self.lock
+        cond = self.cond
+        ready = self.ready
+        heap = self.heap
+        pop = ready.popleft if not heap else None
+        current = self.current
+        prev = current[wid]
+        perf = perf_counter
+        locked = False
+        lock.acquire()
+        locked = True
+        try:
+            while True:
+                if self.stopping:
+                    return
+                if until is not None:
+                    if until():
+                        return
+                elif self.closing:
+                    return
+                if not ready:
+                    if until is not None:
+                        self.watchers += 1
+                    self.idle += 1
+                    try:
+                        if deadline is None:
+                            cond.wait()
+                        else:
+                            left = deadline - monotonic()
+                            if left <= 0:
+                                raise _Timeout
+                            cond.wait(left)
+                    finally:
+                        self.idle -= 1
+                        if until is not None:
+                            self.watchers -= 1
+                    continue
+                task = heapq.heappop(ready)[2] if heap else pop()
+                task._state = RUNNING
+                current[wid] = task
+                lock.release()
+                locked = False
+                t0 = perf()
+                try:
+                    if task.reads is None:
+                        kw = task.kwargs
+                        result = task.fn(*task.args, **kw) if kw else task.fn(*task.args)
+                    else:
+                        result = _call_resolved(task)
+                    exc = None
+                except BaseException as e:
+                    result = None
+                    exc = e
+                t1 = perf()
+                lock.acquire()
+                locked = True
+                current[wid] = prev
+                task._t0 = t0
+                task._t1 = t1
+                task._wid = wid
+                if exc is not None:
+                    self._fail(task, exc)
+                    exc = None
+                    continue
+                if task.reads is not None:
+                    for slot in task.reads:
+                        slot.remaining -= 1
+                        if slot.remaining <= 0 and not slot.keep and not slot.pin:
+                            slot.value = None
+                if task.publishes is not None:
+                    _publish(task, result)
+                result = None
+                ev = task.event
+                if ev is not None and not ev._done:
+                    if ev._error is not None:
+                        self._fail(task, ev._error)
+                    else:
+                        task._state = DETACHED
+                    continue
+                if ev is not None and ev._error is not None:
+                    self._fail(task, ev._error)
+                    continue
+                self._complete(task)
+                if self.idle:
+                    if self.watchers:
+                        cond.notify_all()
+                    elif len(ready) > 1:
+                        cond.notify(len(ready) - 1)
+        finally:
+            current[wid] = prev
+            if locked:
+                if ready and self.idle and not self.stopping:
+                    cond.notify(len(ready))  # we leave: others take what is ready
+                lock.release()
+
+    def _complete(self, task: Task) -> None:
+        """Retire a task (lock held): ready its successors, release its mutexes."""
+        task._state = DONE
+        heap = self.heap
+        ready = self.ready
+        for s in task.succs:
+            n = s._npred - 1
+            s._npred = n
+            if not n:
+                if s.mutexes is None:
+                    s._state = READY
+                    if heap:
+                        heapq.heappush(ready, (s._key, s.index, s))
+                    else:
+                        ready.append(s)
+                else:
+                    self._make_ready(s)
+        if task.mutexes is not None:
+            for m in task.mutexes:
+                if m.holder is task:
+                    m.holder = None
+                    waiters, m.waiters = m.waiters, []
+                    for w in waiters:
+                        if w._state == PARKED:
+                            self._make_ready(w)
+        if task.groups is not None:
+            for g in task.groups:
+                g.pending -= 1
+        self.outstanding -= 1
+
+    def _make_ready(self, t: Task) -> None:
+        if t.mutexes is not None:
+            for m in t.mutexes:
+                if m.holder is not None and m.holder is not t:
+                    m.waiters.append(t)
+                    t._state = PARKED
+                    return
+            for m in t.mutexes:
+                m.holder = t
+        t._state = READY
+        if self.heap:
+            heapq.heappush(self.ready, (t._key, t.index, t))
+        else:
+            self.ready.append(t)
+
+    def _fail(self, task: Task, exc: BaseException) -> None:
+        task._state = FAILED
+        if self.error is None:
+            self.error = (task, exc)
+        self.stopping = True
+        self.cond.notify_all()
+
+    # ------------------------------------------------------------ detach events
+    def signal(self, ev: Any, error: BaseException | None) -> None:
+        with self.lock:
+            if self.closing and self.outstanding == 0:
+                return
+            task = ev._task
+            if error is not None:
+                ev._error = error
+                if task._state == DETACHED:
+                    self._fail(task, error)
+                return
+            if ev._done:
+                return
+            ev._done = True
+            if task._state == DETACHED and not self.stopping:
+                self._complete(task)
+                if self.idle:
+                    self.cond.notify_all() if self.watchers else self.cond.notify(len(self.ready))
+
+    # ------------------------------------------------------------ incremental graphs
+    def _wid(self, what: str) -> int:
+        wid = self.wid_of.get(threading.get_ident())
+        if wid is None:
+            raise RuntimeError(f"{what}() while the graph runs must be called from the thread "
+                               "that started it or from a task body")
+        return wid
+
+    def add(self, graph: TaskGraph, fn: Callable, args: tuple, kwargs: dict, name: str,
+            clauses: tuple, after: Any, priority: float, cost: float | None,
+            detach: Any) -> Task:
+        parent = self.current[self._wid("add")]
+        with self.lock:
+            if parent is None:
+                scope = graph._scope
+                index = len(graph.tasks)
+            else:
+                if parent.scope is None:
+                    parent.scope = {}
+                scope = parent.scope
+                index = _CHILD_BASE + self.nchild
+                self.nchild += 1
+            task, deps = graph._build(parent, scope, index, fn, args, kwargs, name, clauses,
+                                      after, priority, cost, detach, dynamic=True)
+            npred = 0
+            for p in deps:
+                p.succs.append(task)
+                if p._state != DONE:
+                    npred += 1
+            task._npred = npred
+            task._key = -priority
+            if task.event is not None:
+                task.event._run = self
+            stack = self.main_groups if parent is None else parent.gstack
+            inherited = None if parent is None else parent.groups
+            if stack or inherited:
+                task.groups = (*(inherited or ()), *(stack or ()))
+                for g in task.groups:
+                    g.pending += 1
+            if parent is None:
+                graph.tasks.append(task)
+            else:
+                self.children.setdefault(parent, []).append(task)
+            self.tasks.append(task)
+            self.outstanding += 1
+            if not npred:
+                self._make_ready(task)
+                if self.idle:
+                    self.cond.notify()
+        return task
+
+    def children_of(self, parent: Task) -> list[Task]:
+        return self.children.get(parent, [])
+
+    def taskwait(self, on: Any) -> None:
+        wid = self._wid("taskwait")
+        parent = self.current[wid]
+        with self.lock:
+            if on is None:
+                siblings = self.graph.tasks if parent is None else self.children_of(parent)
+                targets = [t for t in siblings if t._state != DONE]
+            else:
+                from .graph import _IdKey, _items
+
+                scope = self.graph._scope if parent is None else (parent.scope or {})
+                targets = []
+                for item in _items(on):
+                    try:
+                        st = scope.get(item)
+                    except TypeError:
+                        st = scope.get(_IdKey(item))
+                    if st is not None:
+                        targets.extend(t for t in st.last_tasks() if t._state != DONE)
+        self._wait(wid, _all_in(targets))
+
+    def open_group(self) -> tuple[Group, list[Group], int]:
+        wid = self._wid("taskgroup")
+        parent = self.current[wid]
+        group = Group()
+        if parent is None:
+            stack = self.main_groups
+        else:
+            if parent.gstack is None:
+                parent.gstack = []
+            stack = parent.gstack
+        stack.append(group)
+        return group, stack, wid
+
+    def close_group(self, token: tuple[Group, list[Group], int]) -> None:
+        group, stack, wid = token
+        stack.remove(group)
+        self._wait(wid, lambda: group.pending == 0)
+
+    def _wait(self, wid: int, until: Callable[[], bool]) -> None:
+        self._work(wid, until, None)
+        if self.stopping and self.error is not None:
+            task, exc = self.error
+            raise TaskError(task.name, exc) from exc
+
+
+def _all_in(targets: list[Task]) -> Callable[[], bool]:
+    def done() -> bool:
+        while targets and targets[-1]._state == DONE:
+            targets.pop()
+        return not targets
+
+    return done
+
+
+def _call_resolved(task: Task) -> Any:
+    args = [a.slot.value if a.__class__ is Bound else a for a in task.args]
+    kw = task.kwargs
+    if kw:
+        kw = {k: (v.slot.value if v.__class__ is Bound else v) for k, v in kw.items()}
+        return task.fn(*args, **kw)
+    return task.fn(*args)
+
+
+def _publish(task: Task, result: Any) -> None:
+    if result.__class__ is Outputs:
+        for slot in task.publishes:
+            if slot.readers or slot.keep or slot.pin:
+                slot.value = result.get(slot.item)
+    else:
+        for slot in task.publishes:
+            if slot.readers or slot.keep or slot.pin:
+                slot.value = result
+

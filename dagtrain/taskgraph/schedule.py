@@ -1,0 +1,341 @@
+"""Static list scheduling on heterogeneous processors with communication delays.
+
+The model is the "related machines" one of the HEFT literature (and of the
+``anrg-saga`` package): task ``i`` of cost ``c_i`` runs ``c_i / speed_p`` on processor
+``p``; an edge ``i -> j`` carrying ``d_ij`` units of data costs ``d_ij / bw[p][q]``
+when its ends run on different processors ``p != q``, nothing on the same one.
+
+:func:`plan` builds several schedules and keeps the shortest:
+
+* **HEFT** (Topcuoglu et al. 2002): tasks by decreasing upward rank, each on the
+  processor that finishes it first, inserted into an idle gap when one fits.
+* **PEFT** (Arabnejad & Barbosa 2014): the optimistic cost table looks one level
+  ahead: rank by mean OCT, place by minimal EFT + OCT.
+* **Lookahead HEFT** (Bittencourt et al. 2010): try each processor, place the task's
+  children greedily after it, keep the processor with the earliest children finish.
+* **CPOP priority** (upward + downward rank) and **one processor** (everything on the
+  fastest: it wins when communication dwarfs computation).
+* **Iterated re-ranking**: the ranks are recomputed from the best schedule's actual
+  placement (its real execution and communication times), and HEFT runs again.
+
+All candidates are valid schedules of the same instance, so the result is never worse
+than HEFT's. Pure Python; about a second for 1,000 tasks on 8 processors.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from bisect import bisect_right
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+__all__ = ["Plan", "Problem", "plan"]
+
+EPS = 1e-9
+
+
+@dataclass
+class Problem:
+    """One scheduling instance: tasks 0..n-1, edges with data sizes, processors.
+
+    ``edges``: (i, j, data) with i -> j; ``speeds``: one per processor;
+    ``bandwidth``: P x P link strengths (the diagonal is ignored: no cost on one processor).
+    """
+
+    costs: Sequence[float]
+    edges: Sequence[tuple[int, int, float]]
+    speeds: Sequence[float]
+    bandwidth: Sequence[Sequence[float]] | None = None
+    succs: list[list[tuple[int, float]]] = field(init=False, repr=False)
+    preds: list[list[tuple[int, float]]] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        n, P = len(self.costs), len(self.speeds)
+        if P < 1:
+            raise ValueError("speeds: at least one processor is needed")
+        if any(not s > 0 for s in self.speeds):
+            raise ValueError(f"speeds must all be > 0, not {list(self.speeds)}")
+        bw = self.bandwidth
+        if bw is None:
+            bw = [[math.inf] * P for _ in range(P)]
+        if len(bw) != P or any(len(row) != P for row in bw):
+            raise ValueError(f"bandwidth must be {P} x {P}, one row and column per processor")
+        self.inv = [[0.0 if p == q or bw[p][q] == math.inf else 1.0 / bw[p][q]
+                     for q in range(P)] for p in range(P)]
+        self.succs = [[] for _ in range(n)]
+        self.preds = [[] for _ in range(n)]
+        for i, j, d in self.edges:
+            if not (0 <= i < n and 0 <= j < n) or i == j:
+                raise ValueError(f"edge ({i}, {j}) does not join two tasks of 0..{n - 1}")
+            self.succs[i].append((j, d))
+            self.preds[j].append((i, d))
+        self.exec = [[c / s for s in self.speeds] for c in self.costs]
+        self.mean_exec = [sum(row) / P for row in self.exec]
+        off = [self.inv[p][q] for p in range(P) for q in range(P) if p != q]
+        self.mean_inv = sum(off) / len(off) if off else 0.0
+        self.order = self._topo()
+
+    @property
+    def n(self) -> int:
+        return len(self.costs)
+
+    @property
+    def P(self) -> int:
+        return len(self.speeds)
+
+    def _topo(self) -> list[int]:
+        indeg = [len(p) for p in self.preds]
+        queue = [i for i in range(self.n) if not indeg[i]]
+        order = []
+        while queue:
+            i = queue.pop()
+            order.append(i)
+            for j, _ in self.succs[i]:
+                indeg[j] -= 1
+                if not indeg[j]:
+                    queue.append(j)
+        if len(order) != self.n:
+            raise ValueError("the task graph has a cycle")
+        return order
+
+    def upward_rank(self) -> list[float]:
+        rank = [0.0] * self.n
+        mi = self.mean_inv
+        for i in reversed(self.order):
+            rank[i] = self.mean_exec[i] + max((d * mi + rank[j] for j, d in self.succs[i]),
+                                              default=0.0)
+        return rank
+
+    def downward_rank(self) -> list[float]:
+        rank = [0.0] * self.n
+        mi = self.mean_inv
+        for j in self.order:
+            rank[j] = max((rank[i] + self.mean_exec[i] + d * mi for i, d in self.preds[j]),
+                          default=0.0)
+        return rank
+
+    def oct_table(self) -> list[list[float]]:
+        """PEFT's optimistic cost table: OCT[i][p], the best finish of i's descendants."""
+        P = self.P
+        octt = [[0.0] * P for _ in range(self.n)]
+        mi = self.mean_inv
+        for i in reversed(self.order):
+            if not self.succs[i]:
+                continue
+            row = octt[i]
+            for p in range(P):
+                worst = 0.0
+                for j, d in self.succs[i]:
+                    oj, ej, c = octt[j], self.exec[j], d * mi
+                    best = min(oj[w] + ej[w] + (0.0 if w == p else c) for w in range(P))
+                    if best > worst:
+                        worst = best
+                row[p] = worst
+        return octt
+
+
+@dataclass
+class Plan:
+    """A schedule: per task its processor, start and end; the makespan and its method."""
+
+    proc: list[int]
+    start: list[float]
+    end: list[float]
+    method: str
+
+    @property
+    def makespan(self) -> float:
+        return max(self.end, default=0.0)
+
+    def validate(self, pb: Problem) -> None:
+        """Raise ValueError unless every task runs once, in order, without overlap."""
+        for i in range(pb.n):
+            p = self.proc[i]
+            if abs(self.end[i] - self.start[i] - pb.exec[i][p]) > 1e-6 * max(1.0, self.end[i]):
+                raise ValueError(f"task {i}: duration differs from cost/speed")
+            for k, d in pb.preds[i]:
+                arrive = self.end[k] + d * pb.inv[self.proc[k]][p]
+                if self.start[i] < arrive - 1e-6 * max(1.0, arrive):
+                    raise ValueError(f"task {i} starts before the data of task {k} arrives")
+        lanes: dict[int, list[tuple[float, float]]] = {}
+        for i in range(pb.n):
+            lanes.setdefault(self.proc[i], []).append((self.start[i], self.end[i]))
+        for p, iv in lanes.items():
+            iv.sort()
+            for (_, e0), (s1, _) in zip(iv, iv[1:]):
+                if s1 < e0 - 1e-6 * max(1.0, e0):
+                    raise ValueError(f"processor {p}: two tasks overlap")
+
+
+class _Builder:
+    """Processor timelines with insertion, shared by every list-scheduling variant."""
+
+    __slots__ = ("ends", "pb", "proc", "start", "starts", "end")
+
+    def __init__(self, pb: Problem) -> None:
+        self.pb = pb
+        self.proc = [-1] * pb.n
+        self.start = [0.0] * pb.n
+        self.end = [0.0] * pb.n
+        self.starts: list[list[float]] = [[] for _ in range(pb.P)]
+        self.ends: list[list[float]] = [[] for _ in range(pb.P)]
+
+    def eft(self, i: int, p: int) -> tuple[float, float]:
+        """(start, finish) of task i on processor p, inserted into the first gap that fits."""
+        pb = self.pb
+        inv = pb.inv
+        ready = 0.0
+        for k, d in pb.preds[i]:
+            t = self.end[k] + d * inv[self.proc[k]][p]
+            if t > ready:
+                ready = t
+        dur = pb.exec[i][p]
+        starts, ends = self.starts[p], self.ends[p]
+        k = bisect_right(ends, ready)
+        s = ready if k == 0 else max(ready, ends[k - 1])
+        m = len(starts)
+        while k < m:
+            if s + dur <= starts[k] + EPS:
+                return s, s + dur
+            s = max(s, ends[k])
+            k += 1
+        return s, s + dur
+
+    def place(self, i: int, p: int, s: float, f: float) -> None:
+        self.proc[i], self.start[i], self.end[i] = p, s, f
+        starts, ends = self.starts[p], self.ends[p]
+        k = bisect_right(starts, s)
+        starts.insert(k, s)
+        ends.insert(k, f)
+
+    def unplace(self, i: int) -> None:
+        p = self.proc[i]
+        starts, ends = self.starts[p], self.ends[p]
+        k = bisect_right(starts, self.start[i]) - 1
+        while starts[k] != self.start[i] or ends[k] != self.end[i]:
+            k -= 1
+        del starts[k], ends[k]
+        self.proc[i] = -1
+
+    def best_eft(self, i: int) -> tuple[int, float, float]:
+        best = (-1, math.inf, math.inf)
+        for p in range(self.pb.P):
+            s, f = self.eft(i, p)
+            if f < best[2] - EPS:
+                best = (p, s, f)
+        return best
+
+    def plan(self, method: str) -> Plan:
+        return Plan(self.proc, self.start, self.end, method)
+
+
+def _list_schedule(pb: Problem, prio: Sequence[float], method: str, select: str = "eft",
+                   octt: list[list[float]] | None = None) -> Plan:
+    """Schedule ready tasks by decreasing ``prio``; place each by ``select``."""
+    b = _Builder(pb)
+    indeg = [len(p) for p in pb.preds]
+    heap = [(-prio[i], i) for i in range(pb.n) if not indeg[i]]
+    heapq.heapify(heap)
+    while heap:
+        _, i = heapq.heappop(heap)
+        if select == "eft":
+            p, s, f = b.best_eft(i)
+        elif select == "oct":
+            p, s, f, best = -1, 0.0, 0.0, math.inf
+            for q in range(pb.P):
+                s1, f1 = b.eft(i, q)
+                if f1 + octt[i][q] < best - EPS:
+                    p, s, f, best = q, s1, f1, f1 + octt[i][q]
+        else:  # lookahead: the processor that lets i's children finish earliest
+            p, s, f = _lookahead(b, i, prio)
+        b.place(i, p, s, f)
+        for j, _ in pb.succs[i]:
+            indeg[j] -= 1
+            if not indeg[j]:
+                heapq.heappush(heap, (-prio[j], j))
+    return b.plan(method)
+
+
+def _lookahead(b: _Builder, i: int, prio: Sequence[float]) -> tuple[int, float, float]:
+    pb = b.pb
+    kids = sorted((j for j, _ in pb.succs[i]), key=lambda j: -prio[j])
+    if not kids:
+        return b.best_eft(i)
+    best, choice = math.inf, (-1, 0.0, 0.0)
+    for p in range(pb.P):
+        s, f = b.eft(i, p)
+        b.place(i, p, s, f)
+        placed, worst = [], f
+        for j in kids:
+            # a child may still wait for other parents: count only the ones already placed
+            if all(b.proc[k] >= 0 for k, _ in pb.preds[j]):
+                q, s1, f1 = b.best_eft(j)
+                b.place(j, q, s1, f1)
+                placed.append(j)
+                worst = max(worst, f1)
+        for j in reversed(placed):
+            b.unplace(j)
+        b.unplace(i)
+        if worst < best - EPS or (abs(worst - best) <= EPS and f < choice[2]):
+            best, choice = worst, (p, s, f)
+    return choice
+
+
+def _one_processor(pb: Problem) -> Plan:
+    p = max(range(pb.P), key=lambda q: pb.speeds[q])
+    b = _Builder(pb)
+    t = 0.0
+    for i in pb.order:
+        b.place(i, p, t, t + pb.exec[i][p])
+        t += pb.exec[i][p]
+    return b.plan("one-processor")
+
+
+def _actual_rank(pb: Problem, s: Plan) -> list[float]:
+    """Upward rank with the placement of ``s``: real execution and communication times."""
+    rank = [0.0] * pb.n
+    for i in reversed(pb.order):
+        p = s.proc[i]
+        rank[i] = pb.exec[i][p] + max(
+            (d * pb.inv[p][s.proc[j]] + rank[j] for j, d in pb.succs[i]), default=0.0)
+    return rank
+
+
+def plan(pb: Problem, method: str = "best", seed: int = 0, rounds: int = 4) -> Plan:
+    """A static schedule of ``pb``: ``"heft"``, ``"peft"``, ``"lookahead"`` or ``"best"``.
+
+    ``"best"`` runs all of them plus CPOP's priority, the one-processor schedule and
+    ``rounds`` re-rankings from the best so far, and keeps the shortest.
+    """
+    up = pb.upward_rank()
+    if method == "heft":
+        return _list_schedule(pb, up, "heft")
+    if method == "lookahead":
+        return _list_schedule(pb, up, "lookahead", "lookahead")
+    octt = pb.oct_table()
+    if method == "peft":
+        ranks = [sum(row) / pb.P for row in octt]
+        return _list_schedule(pb, ranks, "peft", "oct", octt)
+    if method != "best":
+        raise ValueError(f"method must be heft, peft, lookahead or best, not {method!r}")
+    down = pb.downward_rank()
+    candidates = [
+        _list_schedule(pb, up, "heft"),
+        _list_schedule(pb, [sum(row) / pb.P for row in octt], "peft", "oct", octt),
+        _list_schedule(pb, [u + d for u, d in zip(up, down)], "cpop-priority"),
+        _list_schedule(pb, up, "lookahead", "lookahead"),
+        _one_processor(pb),
+    ]
+    best = min(candidates, key=lambda s: s.makespan)
+    rng = random.Random(seed)
+    for r in range(rounds):
+        rank = _actual_rank(pb, best)
+        if r % 2:  # perturb: several priority lists explore nearby orders
+            rank = [x * (1.0 + 0.1 * rng.random()) for x in rank]
+        for select, name in (("eft", "reranked"), ("oct", "reranked-peft")):
+            s = _list_schedule(pb, rank, name, select, octt)
+            if s.makespan < best.makespan - EPS:
+                best = s
+    return best

@@ -1,0 +1,211 @@
+"""The records a graph is made of: tasks, data items, value slots, detach events.
+
+Small ``__slots__`` classes, no behaviour beyond their own invariants: the graph
+(:mod:`.graph`) wires them, the runtime (:mod:`.runtime`) moves them through their
+states. A million tasks must fit in well under a gigabyte, so every field earns its
+place and rarely used ones default to ``None`` rather than to an empty container.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from typing import Any
+
+__all__ = ["Event", "Outputs", "Ref", "Task"]
+
+# Clause kinds, strongest last but one: a task naming one item under two different
+# clauses is treated as ``inout`` on it (see TaskGraph.add).
+IN, OUT, MUTEX, INOUTSET = 0, 1, 2, 3
+CLAUSES = {"in_": IN, "out": OUT, "inout": OUT, "mutexinoutset": MUTEX, "inoutset": INOUTSET}
+
+# Task states within one run.
+PENDING, READY, RUNNING, DETACHED, DONE, FAILED, CANCELLED, PARKED = range(8)
+STATE_NAMES = ("pending", "ready", "running", "detached", "done", "failed", "cancelled",
+               "parked")
+
+
+class Ref:
+    """An argument placeholder: the task receives the value published under ``item``.
+
+    ``g.add(f, Ref("act"))`` calls ``f(value_of_act)``, reading the version of ``act``
+    written by the latest earlier task with ``out``/``inout`` on it. Using a ``Ref``
+    implies ``in`` on the item (or keeps the ``inout`` you declared).
+    """
+
+    __slots__ = ("item",)
+
+    def __init__(self, item: Hashable) -> None:
+        self.item = item
+
+    def __repr__(self) -> str:
+        return f"Ref({self.item!r})"
+
+
+class Outputs(dict):
+    """Return this from a task to publish a different value under each item it writes.
+
+    Without it, a task's return value is published under every item it writes with
+    ``out``/``inout``.
+    """
+
+
+class Event:
+    """A detach event (OpenMP's ``detach`` clause and ``omp_fulfill_event``).
+
+    A task added with ``detach=event`` completes when its function has returned *and*
+    ``event.fulfill()`` has been called, from any thread, in either order. Tasks that
+    depend on it wait for both. ``event.fail(exc)`` fails the task instead. The event
+    is re-armed at the start of every run, so a replayed graph reuses it.
+    """
+
+    __slots__ = ("_done", "_error", "_run", "_task")
+
+    def __init__(self) -> None:
+        self._run: Any = None
+        self._task: Task | None = None
+        self._done = False
+        self._error: BaseException | None = None
+
+    @property
+    def fulfilled(self) -> bool:
+        return self._done
+
+    def fulfill(self) -> None:
+        """Complete the detached task. Safe from any thread; a no-op once its run ended."""
+        self._signal(None)
+
+    def fail(self, error: BaseException) -> None:
+        """Fail the detached task with ``error`` (re-raised from ``run`` as the cause)."""
+        if not isinstance(error, BaseException):
+            raise TypeError(f"Event.fail() takes an exception, not {type(error).__name__}")
+        self._signal(error)
+
+    def _signal(self, error: BaseException | None) -> None:
+        run = self._run
+        if self._task is None:
+            raise RuntimeError("this event is not attached to a task: pass it as detach=")
+        if run is None:
+            # Before the first run there is nothing to complete; after a run ended (a
+            # late callback of a failed step) the signal is moot. Neither may raise in
+            # the callback's thread.
+            return
+        run.signal(self, error)
+
+    def __repr__(self) -> str:
+        owner = self._task.name if self._task is not None else None
+        return f"<Event of {owner!r} {'fulfilled' if self._done else 'pending'}>"
+
+
+class Slot:
+    """One version of a data item's value, alive until its last reader has finished."""
+
+    __slots__ = ("current", "item", "keep", "pin", "readers", "remaining", "value")
+
+    def __init__(self, item: Hashable) -> None:
+        self.item = item
+        self.readers = 0  # Ref readers of this version in the graph
+        self.remaining = 0  # readers still to finish in this run
+        self.value: Any = None
+        self.current = True  # no later task writes the item (yet)
+        self.keep = False  # run(keep=...) asked for this version's value
+        # More readers may still be added while the run goes on (an incremental graph,
+        # or a task body spawning children): do not drop the value at zero readers.
+        self.pin = False
+
+    def droppable(self) -> bool:
+        return self.remaining <= 0 and not self.keep and not self.pin
+
+
+class Bound:
+    """A ``Ref`` resolved at add time to the version (slot) it reads."""
+
+    __slots__ = ("slot",)
+
+    def __init__(self, slot: Slot) -> None:
+        self.slot = slot
+
+
+class Mutex:
+    """Mutual exclusion among the ``mutexinoutset`` tasks on one item."""
+
+    __slots__ = ("holder", "waiters")
+
+    def __init__(self) -> None:
+        self.holder: Task | None = None
+        self.waiters: list[Task] = []
+
+
+class Item:
+    """Dependence state of one data item within one scope (the sibling tasks of a parent).
+
+    ``group`` is the last writer (``kind == OUT``, a Task) or the last set of
+    ``mutexinoutset``/``inoutset`` tasks (a list); ``preds`` is what a new member of
+    that set waits for; ``readers`` are the ``in`` tasks added since ``group``.
+    Waiting for ``group`` and ``readers`` is waiting for every earlier task on the item,
+    because each of them already waits for what came before it.
+    """
+
+    __slots__ = ("group", "kind", "mutex", "preds", "readers", "slot")
+
+    def __init__(self) -> None:
+        self.kind: int | None = None
+        self.group: Any = None
+        self.preds: list[Task] | None = None
+        self.readers: list[Task] | None = None
+        self.slot: Slot | None = None
+        self.mutex: Mutex | None = None
+
+    def last_tasks(self) -> list[Task]:
+        """The tasks whose completion implies that of every earlier task on the item."""
+        if self.readers:
+            return list(self.readers)
+        if self.kind == OUT:
+            return [self.group]
+        return list(self.group or ())
+
+
+class Task:
+    """One node of a graph: a callable, its arguments, and its place among the others.
+
+    Returned by :meth:`TaskGraph.add`; pass it to ``after=`` of a later task. Fields
+    prefixed ``_`` belong to the current run.
+    """
+
+    __slots__ = (
+        "_key", "_npred", "_state", "_t0", "_t1", "_wid", "args", "cost", "event", "fn", "gstack", "groups",
+        "index", "kwargs", "mutexes", "name", "npred", "parent", "priority", "publishes",
+        "reads", "scope", "succs",
+    )
+
+    def __init__(self, fn: Callable[..., Any], args: tuple, kwargs: dict | None, name: str,
+                 priority: float, cost: float | None, index: int) -> None:
+        self.fn = fn
+        self.args = args
+        self.kwargs = kwargs
+        self.name = name
+        self.priority = priority
+        self.cost = cost
+        self.index = index
+        self.succs: list[Task] = []
+        self.npred = 0
+        self.event: Event | None = None
+        self.reads: tuple[Slot, ...] | None = None
+        self.publishes: list[Slot] | None = None
+        self.mutexes: tuple[Mutex, ...] | None = None
+        self.parent: Task | None = None
+        self.scope: dict | None = None  # dependence state of this task's children
+        self.gstack: list | None = None  # taskgroups open in this task's body
+        self.groups: tuple | None = None  # taskgroups this task belongs to
+        self._npred = 0
+        self._state = PENDING
+        self._key: Any = 0
+        self._t0 = self._t1 = 0.0
+        self._wid = -1
+
+    @property
+    def state(self) -> str:
+        """This task's state in the current or last run ("done", "cancelled", ...)."""
+        return STATE_NAMES[self._state]
+
+    def __repr__(self) -> str:
+        return f"<Task {self.name!r} #{self.index} {self.state}>"
