@@ -19,7 +19,7 @@ test: setup
 
 lint: setup
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check dagtrain
+	$(BIN)/ruff format --check .
 
 format: setup
 	$(BIN)/ruff check --fix .

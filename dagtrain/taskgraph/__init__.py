@@ -21,6 +21,18 @@ from .task import Event, Outputs, Ref, Task
 from .trace import write_trace
 
 __all__ = [
-    "CycleError", "Event", "Outputs", "Plan", "Problem", "Ref", "RunReport", "Task",
-    "TaskError", "TaskGraph", "TaskRecord", "TaskTimeoutError", "plan", "write_trace",
+    "CycleError",
+    "Event",
+    "Outputs",
+    "Plan",
+    "Problem",
+    "Ref",
+    "RunReport",
+    "Task",
+    "TaskError",
+    "TaskGraph",
+    "TaskRecord",
+    "TaskTimeoutError",
+    "plan",
+    "write_trace",
 ]

@@ -17,8 +17,10 @@ __all__ = ["critical_path", "lower_bound", "plan_graph", "upward_ranks"]
 def _costs(graph: TaskGraph) -> list[float]:
     missing = [t.name for t in graph.tasks if t.cost is None]
     if missing:
-        raise ValueError(f"task {missing[0]!r} has no cost= ({len(missing)} tasks lack one); "
-                         "analysis needs an estimated duration in seconds on every task")
+        raise ValueError(
+            f"task {missing[0]!r} has no cost= ({len(missing)} tasks lack one); "
+            "analysis needs an estimated duration in seconds on every task"
+        )
     return [float(t.cost) for t in graph.tasks]
 
 
@@ -52,10 +54,15 @@ def lower_bound(graph: TaskGraph, workers: int) -> float:
     return max(cp, sum(_costs(graph)) / workers)
 
 
-def plan_graph(graph: TaskGraph, workers: int = 2, *, speeds: Sequence[float] | None = None,
-               bandwidth: Sequence[Sequence[float]] | None = None,
-               data: float | Callable[[Task, Task], float] = 0.0,
-               method: str = "best") -> Plan:
+def plan_graph(
+    graph: TaskGraph,
+    workers: int = 2,
+    *,
+    speeds: Sequence[float] | None = None,
+    bandwidth: Sequence[Sequence[float]] | None = None,
+    data: float | Callable[[Task, Task], float] = 0.0,
+    method: str = "best",
+) -> Plan:
     """A static schedule of the graph (see :mod:`.schedule`); ``plan.proc[i]`` is task i's.
 
     ``speeds``: per processor (default ``workers`` equal ones); ``data``: the data size of
@@ -64,8 +71,11 @@ def plan_graph(graph: TaskGraph, workers: int = 2, *, speeds: Sequence[float] | 
     costs = _costs(graph)
     graph.prepare()
     speeds = list(speeds) if speeds is not None else [1.0] * workers
-    edges = [(t.index, s.index, data(t, s) if callable(data) else float(data))
-             for t in graph.tasks for s in t.succs]
+    edges = [
+        (t.index, s.index, data(t, s) if callable(data) else float(data))
+        for t in graph.tasks
+        for s in t.succs
+    ]
     return plan(Problem(costs, edges, speeds, bandwidth), method=method)
 
 

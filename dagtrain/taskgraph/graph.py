@@ -40,7 +40,18 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import CycleError
 from .task import (
-    DONE, IN, INOUTSET, MUTEX, OUT, Bound, Event, Item, Mutex, Ref, Slot, Task,
+    DONE,
+    IN,
+    INOUTSET,
+    MUTEX,
+    OUT,
+    Bound,
+    Event,
+    Item,
+    Mutex,
+    Ref,
+    Slot,
+    Task,
 )
 
 if TYPE_CHECKING:
@@ -61,6 +72,35 @@ def _items(value: Any) -> Iterable:
     if t in _SETS:
         return tuple(value)
     return (value,)
+
+
+def _kinds(clauses: tuple) -> dict:
+    """{item: clause kind} of one task; an item under two different clauses is inout."""
+    in_, out, inout, mutex, inoutset = clauses
+    kinds: dict = {}
+    if in_ != ():
+        for item in in_ if type(in_) in _SEQ else _items(in_):
+            kinds[item] = IN
+    if out != ():
+        for item in out if type(out) in _SEQ else _items(out):
+            kinds[item] = OUT  # out joined with anything is inout
+    if inout != ():
+        for item in inout if type(inout) in _SEQ else _items(inout):
+            kinds[item] = OUT
+    for clause, kind in ((mutex, MUTEX), (inoutset, INOUTSET)):
+        if clause != ():
+            for item in _items(clause):
+                prev = kinds.get(item)
+                kinds[item] = kind if prev is None or prev == kind else OUT
+    return kinds
+
+
+def _unhashable(x: object) -> bool:
+    try:
+        hash(x)
+    except TypeError:
+        return True
+    return False
 
 
 class _IdKey:
@@ -116,11 +156,23 @@ class TaskGraph:
         return f"<TaskGraph {self.name!r} with {len(self.tasks)} tasks>"
 
     # ------------------------------------------------------------------ building
-    def add(self, fn: Callable[..., Any], /, *args: Any, name: str | None = None,
-            in_: Any = (), out: Any = (), inout: Any = (), mutexinoutset: Any = (),
-            inoutset: Any = (), after: Any = (), priority: float = 0,
-            cost: float | None = None, detach: Event | bool | None = None,
-            **kwargs: Any) -> Task:
+    def add(
+        self,
+        fn: Callable[..., Any],
+        /,
+        *args: Any,
+        name: str | None = None,
+        in_: Any = (),
+        out: Any = (),
+        inout: Any = (),
+        mutexinoutset: Any = (),
+        inoutset: Any = (),
+        after: Any = (),
+        priority: float = 0,
+        cost: float | None = None,
+        detach: Event | bool | None = None,
+        **kwargs: Any,
+    ) -> Task:
         """Add a task calling ``fn(*args, **kwargs)``; return it.
 
         Each clause takes one item or a tuple/list/set of items; an item is any
@@ -143,32 +195,55 @@ class TaskGraph:
         run = self._run
         if run is not None:
             return run.add(self, fn, args, kwargs, name, clauses, after, priority, cost, detach)
-        task, deps = self._build(None, self._scope, len(self.tasks), fn, args, kwargs, name,
-                                 clauses, after, priority, cost, detach, dynamic=False)
+        task, deps = self._build(
+            None,
+            self._scope,
+            len(self.tasks),
+            fn,
+            args,
+            kwargs,
+            name,
+            clauses,
+            after,
+            priority,
+            cost,
+            detach,
+            dynamic=False,
+        )
         for p in deps:
             p.succs.append(task)
         self.tasks.append(task)
         self._prepared = False
         return task
 
-    def _build(self, parent: Task | None, scope: dict, index: int, fn: Callable, args: tuple,
-               kwargs: dict, name: str, clauses: tuple, after: Any, priority: float,
-               cost: float | None, detach: Any, dynamic: bool) -> tuple[Task, list[Task]]:
+    def _build(
+        self,
+        parent: Task | None,
+        scope: dict,
+        index: int,
+        fn: Callable,
+        args: tuple,
+        kwargs: dict,
+        name: str,
+        clauses: tuple,
+        after: Any,
+        priority: float,
+        cost: float | None,
+        detach: Any,
+        dynamic: bool,
+    ) -> tuple[Task, list[Task]]:
         """Make a task and find its predecessors; the caller links ``deps`` to it."""
         task = Task(fn, args, kwargs or None, name, priority, cost, index)
         task.parent = parent
-        kinds: dict = {}
-        for clause, kind in zip(clauses, (IN, OUT, OUT, MUTEX, INOUTSET)):
-            if clause == ():
-                continue
-            for item in _items(clause):
-                try:
-                    prev = kinds.get(item)
-                except TypeError:
-                    item = _IdKey(item)
-                    prev = kinds.get(item)
-                # one item under two different clauses: the union of both is inout
-                kinds[item] = kind if prev is None or prev == kind else OUT
+        try:
+            kinds = _kinds(clauses)
+        except TypeError:  # an unhashable item: match it by identity
+            kinds = _kinds(
+                tuple(
+                    [_IdKey(x) if _unhashable(x) else x for x in _items(c)] if c != () else ()
+                    for c in clauses
+                )
+            )
 
         refs = None
         if args:
@@ -202,7 +277,8 @@ class TaskGraph:
                 else:
                     r.append(task)
                 continue
-            self._supersede(st)
+            if st.slot is not None:
+                self._supersede(st)
             r = st.readers
             if kind == OUT:
                 if r:
@@ -235,15 +311,18 @@ class TaskGraph:
             task.reads = tuple(dict.fromkeys(refs.values()))
             task.args = tuple(Bound(refs[_key(a)]) if a.__class__ is Ref else a for a in args)
             if kwargs:
-                task.kwargs = {k: Bound(refs[_key(v)]) if v.__class__ is Ref else v
-                               for k, v in kwargs.items()}
+                task.kwargs = {
+                    k: Bound(refs[_key(v)]) if v.__class__ is Ref else v for k, v in kwargs.items()
+                }
 
         if after != ():
             for a in _items(after):
                 if a.__class__ is Task:
                     if a.parent is not parent:
-                        raise ValueError(f"task {name!r}: after={a.name!r} is not a sibling "
-                                         "(dependences link tasks of the same parent only)")
+                        raise ValueError(
+                            f"task {name!r}: after={a.name!r} is not a sibling "
+                            "(dependences link tasks of the same parent only)"
+                        )
                     deps.append(a)
                 elif isinstance(a, str):
                     if dynamic:
@@ -252,24 +331,30 @@ class TaskGraph:
                         self._after_names.append((task, a))
                         self._forward = True
                 else:
-                    raise TypeError(f"task {name!r}: after= takes tasks or task names, "
-                                    f"not {type(a).__name__}")
+                    raise TypeError(
+                        f"task {name!r}: after= takes tasks or task names, not {type(a).__name__}"
+                    )
 
         if detach is not None and detach is not False:
             if detach is True:
                 if "event" in (kwargs or ()):
-                    raise ValueError(f"task {name!r}: detach=True passes event=, "
-                                     "which is already one of its keyword arguments")
+                    raise ValueError(
+                        f"task {name!r}: detach=True passes event=, "
+                        "which is already one of its keyword arguments"
+                    )
                 ev = Event()
                 task.kwargs = {**(task.kwargs or {}), "event": ev}
             elif isinstance(detach, Event):
                 ev = detach
                 if ev._task is not None and ev._task is not task:
-                    raise ValueError(f"task {name!r}: this event already detaches task "
-                                     f"{ev._task.name!r}; use one Event per task")
+                    raise ValueError(
+                        f"task {name!r}: this event already detaches task "
+                        f"{ev._task.name!r}; use one Event per task"
+                    )
             else:
-                raise TypeError(f"task {name!r}: detach= takes an Event or True, "
-                                f"not {type(detach).__name__}")
+                raise TypeError(
+                    f"task {name!r}: detach= takes an Event or True, not {type(detach).__name__}"
+                )
             ev._task = task
             task.event = ev
 
@@ -290,16 +375,19 @@ class TaskGraph:
                     kinds[item] = IN
                 elif k in (MUTEX, INOUTSET):
                     clause = "mutexinoutset" if k == MUTEX else "inoutset"
-                    raise ValueError(f"task {name!r}: Ref({a.item!r}) reads a value, but the task "
-                                     f"declares {clause} on it; use in_ or inout")
+                    raise ValueError(
+                        f"task {name!r}: Ref({a.item!r}) reads a value, but the task "
+                        f"declares {clause} on it; use in_ or inout"
+                    )
                 refs[item] = None
         return refs
 
-    def _reader_slot(self, st: Item, item: Hashable, name: str, dynamic: bool,
-                     top: bool) -> Slot:
+    def _reader_slot(self, st: Item, item: Hashable, name: str, dynamic: bool, top: bool) -> Slot:
         if st.kind != OUT:
-            raise ValueError(f"task {name!r}: Ref({item!r}) reads a value, but no earlier task "
-                             "writes that item with out= or inout=")
+            raise ValueError(
+                f"task {name!r}: Ref({item!r}) reads a value, but no earlier task "
+                "writes that item with out= or inout="
+            )
         slot = st.slot
         if slot is None:
             slot = st.slot = Slot(item)
@@ -313,9 +401,11 @@ class TaskGraph:
             if dynamic:
                 slot.pin = True  # the graph is running: later adds may read it too
                 if writer._state == DONE:
-                    raise ValueError(f"task {name!r}: Ref({item!r}) reads the value of task "
-                                     f"{writer.name!r}, which finished before anyone asked "
-                                     "for it; add its readers before it runs")
+                    raise ValueError(
+                        f"task {name!r}: Ref({item!r}) reads the value of task "
+                        f"{writer.name!r}, which finished before anyone asked "
+                        "for it; add its readers before it runs"
+                    )
         slot.readers += 1
         if dynamic:
             slot.remaining += 1
@@ -333,8 +423,9 @@ class TaskGraph:
             st.slot = None
 
     def _named(self, target: str, parent: Task | None, by: str) -> list[Task]:
-        siblings = self.tasks if parent is None else (self._run.children_of(parent)
-                                                       if self._run else [])
+        siblings = (
+            self.tasks if parent is None else (self._run.children_of(parent) if self._run else [])
+        )
         found = [t for t in siblings if t.name == target]
         if not found:
             raise ValueError(f"task {by!r}: after={target!r} names no task of this graph")
@@ -356,8 +447,9 @@ class TaskGraph:
             for task, target in self._after_names:
                 found = index.get(target)
                 if not found:
-                    raise ValueError(f"task {task.name!r}: after={target!r} names no task "
-                                     "of this graph")
+                    raise ValueError(
+                        f"task {task.name!r}: after={target!r} names no task of this graph"
+                    )
                 for p in found:
                     if task in p.succs:
                         continue
@@ -405,8 +497,14 @@ class TaskGraph:
         return list(self._order if self._order is not None else self.tasks)
 
     # ------------------------------------------------------------------ running
-    def run(self, workers: int = 2, *, trace: str | None = None, timeout: float | None = None,
-            keep: Iterable[Hashable] = ()) -> RunReport:
+    def run(
+        self,
+        workers: int = 2,
+        *,
+        trace: str | None = None,
+        timeout: float | None = None,
+        keep: Iterable[Hashable] = (),
+    ) -> RunReport:
         """Run (or replay) every task; return a :class:`RunReport`.
 
         ``workers`` threads execute tasks, the calling thread being one of them.
@@ -420,8 +518,9 @@ class TaskGraph:
         self._start(workers, trace, keep, incremental=False)
         return self.join(timeout=timeout)
 
-    def start(self, workers: int = 2, *, trace: str | None = None,
-              keep: Iterable[Hashable] = ()) -> None:
+    def start(
+        self, workers: int = 2, *, trace: str | None = None, keep: Iterable[Hashable] = ()
+    ) -> None:
         """Start running in the background; ``add`` keeps adding to the running graph.
 
         ``workers - 1`` threads start now; the calling thread joins them in
@@ -477,8 +576,10 @@ class TaskGraph:
     def _require_run(self, what: str) -> Run:
         run = self._run
         if run is None:
-            raise RuntimeError(f"{what}() needs a running graph: call start() first "
-                               "(run() starts and joins in one call)")
+            raise RuntimeError(
+                f"{what}() needs a running graph: call start() first "
+                "(run() starts and joins in one call)"
+            )
         return run
 
     def _keep(self, item: Hashable) -> None:
@@ -545,8 +646,7 @@ def _find_cycle(tasks: list[Task], left: set[int]) -> list[str]:
         seen[t.index] = len(path)
         path.append(t)
         t = preds[t.index]
-    cycle = path[seen[t.index]:]
+    cycle = path[seen[t.index] :]
     cycle.reverse()  # predecessor walk: reverse to read in edge direction
     names = [c.name for c in cycle]
     return [*names, names[0]]
-

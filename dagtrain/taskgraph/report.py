@@ -36,9 +36,17 @@ class RunReport:
     report of a million tasks costs a few lists, not a million objects.
     """
 
-    def __init__(self, names: Sequence[str], starts: Sequence[float], ends: Sequence[float],
-                 workers_of: Sequence[int], states: Sequence[str], workers: int, wall: float,
-                 values: dict[Hashable, Any]) -> None:
+    def __init__(
+        self,
+        names: Sequence[str],
+        starts: Sequence[float],
+        ends: Sequence[float],
+        workers_of: Sequence[int],
+        states: Sequence[str],
+        workers: int,
+        wall: float,
+        values: dict[Hashable, Any],
+    ) -> None:
         self.names = names
         self.starts = starts
         self.ends = ends
@@ -49,8 +57,9 @@ class RunReport:
         self.values = values
 
     @classmethod
-    def from_tasks(cls, tasks: list[Task], t0: float, end: float, workers: int,
-                   values: dict[Hashable, Any]) -> RunReport:
+    def from_tasks(
+        cls, tasks: list[Task], t0: float, end: float, workers: int, values: dict[Hashable, Any]
+    ) -> RunReport:
         ran = [t._wid >= 0 for t in tasks]  # its function was called in this run
         return cls(
             names=[t.name for t in tasks],
@@ -71,8 +80,9 @@ class RunReport:
             yield self.record(i)
 
     def record(self, i: int) -> TaskRecord:
-        return TaskRecord(self.names[i], self.starts[i], self.ends[i], self.workers_of[i],
-                          self.states[i])
+        return TaskRecord(
+            self.names[i], self.starts[i], self.ends[i], self.workers_of[i], self.states[i]
+        )
 
     @property
     def records(self) -> list[TaskRecord]:
@@ -102,5 +112,7 @@ class RunReport:
         return self.busy / (span * self.workers) if span > 0 else 0.0
 
     def __repr__(self) -> str:
-        return (f"<RunReport {len(self)} tasks, makespan {self.makespan * 1e3:.3f} ms, "
-                f"utilisation {self.utilisation:.0%} on {self.workers} workers>")
+        return (
+            f"<RunReport {len(self)} tasks, makespan {self.makespan * 1e3:.3f} ms, "
+            f"utilisation {self.utilisation:.0%} on {self.workers} workers>"
+        )

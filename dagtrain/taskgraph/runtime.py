@@ -43,7 +43,17 @@ from typing import TYPE_CHECKING, Any
 from .errors import TaskError, TaskTimeoutError
 from .report import RunReport
 from .task import (
-    CANCELLED, DETACHED, DONE, FAILED, PARKED, PENDING, READY, RUNNING, Bound, Outputs, Task,
+    CANCELLED,
+    DETACHED,
+    DONE,
+    FAILED,
+    PARKED,
+    PENDING,
+    READY,
+    RUNNING,
+    Bound,
+    Outputs,
+    Task,
 )
 
 if TYPE_CHECKING:
@@ -72,8 +82,9 @@ class Group:
 class Run:
     """The state of one run of a graph (see the module docstring)."""
 
-    def __init__(self, graph: TaskGraph, workers: int, trace: str | None,
-                 incremental: bool) -> None:
+    def __init__(
+        self, graph: TaskGraph, workers: int, trace: str | None, incremental: bool
+    ) -> None:
         self.graph = graph
         self.incremental = incremental
         self.workers = workers
@@ -128,8 +139,12 @@ class Run:
                 self._make_ready(t)
         self.t0 = perf_counter()
         for wid in range(1, self.workers):
-            th = threading.Thread(target=self._helper, args=(wid,), daemon=True,
-                                  name=f"{self.graph.name}-worker-{wid}")
+            th = threading.Thread(
+                target=self._helper,
+                args=(wid,),
+                daemon=True,
+                name=f"{self.graph.name}-worker-{wid}",
+            )
             self.threads.append(th)
             th.start()
 
@@ -244,9 +259,10 @@ class Run:
                 current[wid] = task
                 lock.release()
                 locked = False
+                x = task.x
                 t0 = perf()
                 try:
-                    if task.reads is None:
+                    if x is None or x.reads is None:
                         kw = task.kwargs
                         result = task.fn(*task.args, **kw) if kw else task.fn(*task.args)
                     else:
@@ -266,25 +282,24 @@ class Run:
                     self._fail(task, exc)
                     exc = None
                     continue
-                if task.reads is not None:
-                    for slot in task.reads:
-                        slot.remaining -= 1
-                        if slot.remaining <= 0 and not slot.keep and not slot.pin:
-                            slot.value = None
-                if task.publishes is not None:
-                    _publish(task, result)
+                if x is None:  # the common case, inlined: ready the successors
+                    task._state = DONE
+                    for s in task.succs:
+                        n = s._npred - 1
+                        s._npred = n
+                        if not n:
+                            if s.x is None or s.x.mutexes is None:
+                                s._state = READY
+                                if heap:
+                                    heapq.heappush(ready, (s._key, s.index, s))
+                                else:
+                                    ready.append(s)
+                            else:
+                                self._make_ready(s)
+                    self.outstanding -= 1
+                elif not self._retire(task, x, result):
+                    continue
                 result = None
-                ev = task.event
-                if ev is not None and not ev._done:
-                    if ev._error is not None:
-                        self._fail(task, ev._error)
-                    else:
-                        task._state = DETACHED
-                    continue
-                if ev is not None and ev._error is not None:
-                    self._fail(task, ev._error)
-                    continue
-                self._complete(task)
                 if self.idle:
                     if self.watchers:
                         cond.notify_all()
@@ -297,34 +312,48 @@ class Run:
                     cond.notify(len(ready))  # we leave: others take what is ready
                 lock.release()
 
+    def _retire(self, task: Task, x: Any, result: Any) -> bool:
+        """The function of a task with extras returned (lock held): release what it
+        read, publish what it wrote; complete it unless it waits for its event."""
+        if x.reads is not None:
+            for slot in x.reads:
+                slot.remaining -= 1
+                if slot.remaining <= 0 and not slot.keep and not slot.pin:
+                    slot.value = None
+        if x.publishes is not None:
+            _publish(x.publishes, result)
+        ev = x.event
+        if ev is not None:
+            if ev._error is not None:
+                self._fail(task, ev._error)
+                return False
+            if not ev._done:
+                task._state = DETACHED
+                return False
+        self._complete(task)
+        return True
+
     def _complete(self, task: Task) -> None:
-        """Retire a task (lock held): ready its successors, release its mutexes."""
+        """Complete a task (lock held): ready its successors, release its mutexes."""
         task._state = DONE
-        heap = self.heap
-        ready = self.ready
         for s in task.succs:
             n = s._npred - 1
             s._npred = n
             if not n:
-                if s.mutexes is None:
-                    s._state = READY
-                    if heap:
-                        heapq.heappush(ready, (s._key, s.index, s))
-                    else:
-                        ready.append(s)
-                else:
-                    self._make_ready(s)
-        if task.mutexes is not None:
-            for m in task.mutexes:
-                if m.holder is task:
-                    m.holder = None
-                    waiters, m.waiters = m.waiters, []
-                    for w in waiters:
-                        if w._state == PARKED:
-                            self._make_ready(w)
-        if task.groups is not None:
-            for g in task.groups:
-                g.pending -= 1
+                self._make_ready(s)
+        x = task.x
+        if x is not None:
+            if x.mutexes is not None:
+                for m in x.mutexes:
+                    if m.holder is task:
+                        m.holder = None
+                        waiters, m.waiters = m.waiters, []
+                        for w in waiters:
+                            if w._state == PARKED:
+                                self._make_ready(w)
+            if x.groups is not None:
+                for g in x.groups:
+                    g.pending -= 1
         self.outstanding -= 1
 
     def _make_ready(self, t: Task) -> None:
@@ -372,13 +401,25 @@ class Run:
     def _wid(self, what: str) -> int:
         wid = self.wid_of.get(threading.get_ident())
         if wid is None:
-            raise RuntimeError(f"{what}() while the graph runs must be called from the thread "
-                               "that started it or from a task body")
+            raise RuntimeError(
+                f"{what}() while the graph runs must be called from the thread "
+                "that started it or from a task body"
+            )
         return wid
 
-    def add(self, graph: TaskGraph, fn: Callable, args: tuple, kwargs: dict, name: str,
-            clauses: tuple, after: Any, priority: float, cost: float | None,
-            detach: Any) -> Task:
+    def add(
+        self,
+        graph: TaskGraph,
+        fn: Callable,
+        args: tuple,
+        kwargs: dict,
+        name: str,
+        clauses: tuple,
+        after: Any,
+        priority: float,
+        cost: float | None,
+        detach: Any,
+    ) -> Task:
         parent = self.current[self._wid("add")]
         with self.lock:
             if parent is None:
@@ -390,8 +431,21 @@ class Run:
                 scope = parent.scope
                 index = _CHILD_BASE + self.nchild
                 self.nchild += 1
-            task, deps = graph._build(parent, scope, index, fn, args, kwargs, name, clauses,
-                                      after, priority, cost, detach, dynamic=True)
+            task, deps = graph._build(
+                parent,
+                scope,
+                index,
+                fn,
+                args,
+                kwargs,
+                name,
+                clauses,
+                after,
+                priority,
+                cost,
+                detach,
+                dynamic=True,
+            )
             npred = 0
             for p in deps:
                 p.succs.append(task)
@@ -486,13 +540,12 @@ def _call_resolved(task: Task) -> Any:
     return task.fn(*args)
 
 
-def _publish(task: Task, result: Any) -> None:
+def _publish(slots: list, result: Any) -> None:
     if result.__class__ is Outputs:
-        for slot in task.publishes:
+        for slot in slots:
             if slot.readers or slot.keep or slot.pin:
                 slot.value = result.get(slot.item)
     else:
-        for slot in task.publishes:
+        for slot in slots:
             if slot.readers or slot.keep or slot.pin:
                 slot.value = result
-

@@ -62,8 +62,10 @@ class Problem:
             bw = [[math.inf] * P for _ in range(P)]
         if len(bw) != P or any(len(row) != P for row in bw):
             raise ValueError(f"bandwidth must be {P} x {P}, one row and column per processor")
-        self.inv = [[0.0 if p == q or bw[p][q] == math.inf else 1.0 / bw[p][q]
-                     for q in range(P)] for p in range(P)]
+        self.inv = [
+            [0.0 if p == q or bw[p][q] == math.inf else 1.0 / bw[p][q] for q in range(P)]
+            for p in range(P)
+        ]
         self.succs = [[] for _ in range(n)]
         self.preds = [[] for _ in range(n)]
         for i, j, d in self.edges:
@@ -104,16 +106,18 @@ class Problem:
         rank = [0.0] * self.n
         mi = self.mean_inv
         for i in reversed(self.order):
-            rank[i] = self.mean_exec[i] + max((d * mi + rank[j] for j, d in self.succs[i]),
-                                              default=0.0)
+            rank[i] = self.mean_exec[i] + max(
+                (d * mi + rank[j] for j, d in self.succs[i]), default=0.0
+            )
         return rank
 
     def downward_rank(self) -> list[float]:
         rank = [0.0] * self.n
         mi = self.mean_inv
         for j in self.order:
-            rank[j] = max((rank[i] + self.mean_exec[i] + d * mi for i, d in self.preds[j]),
-                          default=0.0)
+            rank[j] = max(
+                (rank[i] + self.mean_exec[i] + d * mi for i, d in self.preds[j]), default=0.0
+            )
         return rank
 
     def oct_table(self) -> list[list[float]]:
@@ -172,7 +176,7 @@ class Plan:
 class _Builder:
     """Processor timelines with insertion, shared by every list-scheduling variant."""
 
-    __slots__ = ("ends", "pb", "proc", "start", "starts", "end")
+    __slots__ = ("end", "ends", "pb", "proc", "start", "starts")
 
     def __init__(self, pb: Problem) -> None:
         self.pb = pb
@@ -231,8 +235,13 @@ class _Builder:
         return Plan(self.proc, self.start, self.end, method)
 
 
-def _list_schedule(pb: Problem, prio: Sequence[float], method: str, select: str = "eft",
-                   octt: list[list[float]] | None = None) -> Plan:
+def _list_schedule(
+    pb: Problem,
+    prio: Sequence[float],
+    method: str,
+    select: str = "eft",
+    octt: list[list[float]] | None = None,
+) -> Plan:
     """Schedule ready tasks by decreasing ``prio``; place each by ``select``."""
     b = _Builder(pb)
     indeg = [len(p) for p in pb.preds]
@@ -299,7 +308,8 @@ def _actual_rank(pb: Problem, s: Plan) -> list[float]:
     for i in reversed(pb.order):
         p = s.proc[i]
         rank[i] = pb.exec[i][p] + max(
-            (d * pb.inv[p][s.proc[j]] + rank[j] for j, d in pb.succs[i]), default=0.0)
+            (d * pb.inv[p][s.proc[j]] + rank[j] for j, d in pb.succs[i]), default=0.0
+        )
     return rank
 
 

@@ -20,8 +20,7 @@ CLAUSES = {"in_": IN, "out": OUT, "inout": OUT, "mutexinoutset": MUTEX, "inoutse
 
 # Task states within one run.
 PENDING, READY, RUNNING, DETACHED, DONE, FAILED, CANCELLED, PARKED = range(8)
-STATE_NAMES = ("pending", "ready", "running", "detached", "done", "failed", "cancelled",
-               "parked")
+STATE_NAMES = ("pending", "ready", "running", "detached", "done", "failed", "cancelled", "parked")
 
 
 class Ref:
@@ -164,6 +163,39 @@ class Item:
         return list(self.group or ())
 
 
+class Extras:
+    """The rarely used fields of a task, kept apart so that a plain task stays small and
+    the runtime's hot path tests one field (``task.x is None``) instead of eight."""
+
+    __slots__ = ("event", "groups", "gstack", "mutexes", "parent", "publishes", "reads", "scope")
+
+    def __init__(self) -> None:
+        self.event: Event | None = None
+        self.reads: tuple[Slot, ...] | None = None  # versions it reads through Ref
+        self.publishes: list[Slot] | None = None  # versions it writes that someone reads
+        self.mutexes: tuple[Mutex, ...] | None = None
+        self.parent: Task | None = None  # the task whose body added it
+        self.scope: dict | None = None  # dependence state of its own children
+        self.gstack: list | None = None  # taskgroups open in its body
+        self.groups: tuple | None = None  # taskgroups it belongs to
+
+
+def _extra(name: str) -> property:
+    def get(self: Task) -> Any:
+        x = self.x
+        return None if x is None else getattr(x, name)
+
+    def put(self: Task, value: Any) -> None:
+        x = self.x
+        if x is None:
+            if value is None:
+                return
+            x = self.x = Extras()
+        setattr(x, name, value)
+
+    return property(get, put, doc=f"{name} (see Extras)")
+
+
 class Task:
     """One node of a graph: a callable, its arguments, and its place among the others.
 
@@ -172,13 +204,34 @@ class Task:
     """
 
     __slots__ = (
-        "_key", "_npred", "_state", "_t0", "_t1", "_wid", "args", "cost", "event", "fn", "gstack", "groups",
-        "index", "kwargs", "mutexes", "name", "npred", "parent", "priority", "publishes",
-        "reads", "scope", "succs",
+        "_key",
+        "_npred",
+        "_state",
+        "_t0",
+        "_t1",
+        "_wid",
+        "args",
+        "cost",
+        "fn",
+        "index",
+        "kwargs",
+        "name",
+        "npred",
+        "priority",
+        "succs",
+        "x",
     )
 
-    def __init__(self, fn: Callable[..., Any], args: tuple, kwargs: dict | None, name: str,
-                 priority: float, cost: float | None, index: int) -> None:
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        args: tuple,
+        kwargs: dict | None,
+        name: str,
+        priority: float,
+        cost: float | None,
+        index: int,
+    ) -> None:
         self.fn = fn
         self.args = args
         self.kwargs = kwargs
@@ -188,19 +241,21 @@ class Task:
         self.index = index
         self.succs: list[Task] = []
         self.npred = 0
-        self.event: Event | None = None
-        self.reads: tuple[Slot, ...] | None = None
-        self.publishes: list[Slot] | None = None
-        self.mutexes: tuple[Mutex, ...] | None = None
-        self.parent: Task | None = None
-        self.scope: dict | None = None  # dependence state of this task's children
-        self.gstack: list | None = None  # taskgroups open in this task's body
-        self.groups: tuple | None = None  # taskgroups this task belongs to
+        self.x: Extras | None = None
         self._npred = 0
         self._state = PENDING
         self._key: Any = 0
         self._t0 = self._t1 = 0.0
         self._wid = -1
+
+    event = _extra("event")
+    reads = _extra("reads")
+    publishes = _extra("publishes")
+    mutexes = _extra("mutexes")
+    parent = _extra("parent")
+    scope = _extra("scope")
+    gstack = _extra("gstack")
+    groups = _extra("groups")
 
     @property
     def state(self) -> str:

@@ -20,22 +20,44 @@ if TYPE_CHECKING:
 __all__ = ["trace_events", "write_trace"]
 
 
-def trace_events(report: RunReport, tasks: list[Task] | None = None,
-                 pid: int = 1, process_name: str = "taskgraph") -> list[dict]:
+def trace_events(
+    report: RunReport,
+    tasks: list[Task] | None = None,
+    pid: int = 1,
+    process_name: str = "taskgraph",
+) -> list[dict]:
     """The trace events of a run; ``tasks`` (same order as the report) adds the arrows."""
     us = 1e6
-    events: list[dict] = [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
-                           "args": {"name": process_name}}]
+    events: list[dict] = [
+        {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": process_name}}
+    ]
     for w in range(report.workers):
-        events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": w,
-                       "args": {"name": "caller" if w == 0 else f"worker {w}"}})
-    for i, (name, s, e, w) in enumerate(zip(report.names, report.starts, report.ends,
-                                            report.workers_of)):
+        events.append(
+            {
+                "ph": "M",
+                "name": "thread_name",
+                "pid": pid,
+                "tid": w,
+                "args": {"name": "caller" if w == 0 else f"worker {w}"},
+            }
+        )
+    for i, (name, s, e, w) in enumerate(
+        zip(report.names, report.starts, report.ends, report.workers_of)
+    ):
         if w < 0:
             continue
-        events.append({"ph": "X", "name": name, "cat": "task", "pid": pid, "tid": w,
-                       "ts": s * us, "dur": max(e - s, 0.0) * us,
-                       "args": {"index": i, "state": report.states[i]}})
+        events.append(
+            {
+                "ph": "X",
+                "name": name,
+                "cat": "task",
+                "pid": pid,
+                "tid": w,
+                "ts": s * us,
+                "dur": max(e - s, 0.0) * us,
+                "args": {"index": i, "state": report.states[i]},
+            }
+        )
     if tasks is not None:
         pos = {id(t): i for i, t in enumerate(tasks)}
         flow = 0
@@ -47,21 +69,45 @@ def trace_events(report: RunReport, tasks: list[Task] | None = None,
                 if j is None or report.workers_of[j] < 0:
                     continue
                 flow += 1
-                events.append({"ph": "s", "id": flow, "name": "dep", "cat": "dep", "pid": pid,
-                               "tid": report.workers_of[i], "ts": report.ends[i] * us})
-                events.append({"ph": "f", "bp": "e", "id": flow, "name": "dep", "cat": "dep",
-                               "pid": pid, "tid": report.workers_of[j],
-                               "ts": report.starts[j] * us})
+                events.append(
+                    {
+                        "ph": "s",
+                        "id": flow,
+                        "name": "dep",
+                        "cat": "dep",
+                        "pid": pid,
+                        "tid": report.workers_of[i],
+                        "ts": report.ends[i] * us,
+                    }
+                )
+                events.append(
+                    {
+                        "ph": "f",
+                        "bp": "e",
+                        "id": flow,
+                        "name": "dep",
+                        "cat": "dep",
+                        "pid": pid,
+                        "tid": report.workers_of[j],
+                        "ts": report.starts[j] * us,
+                    }
+                )
     return events
 
 
-def write_trace(path: str | os.PathLike, report: RunReport, tasks: list[Task] | None = None,
-                process_name: str = "taskgraph") -> Path:
+def write_trace(
+    path: str | os.PathLike,
+    report: RunReport,
+    tasks: list[Task] | None = None,
+    process_name: str = "taskgraph",
+) -> Path:
     """Write the trace atomically (temp file, then rename); return its path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"traceEvents": trace_events(report, tasks, process_name=process_name),
-           "displayTimeUnit": "ms"}
+    doc = {
+        "traceEvents": trace_events(report, tasks, process_name=process_name),
+        "displayTimeUnit": "ms",
+    }
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:

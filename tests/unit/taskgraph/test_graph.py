@@ -72,8 +72,14 @@ def test_set_members_are_unordered_but_fenced(clause):
     for i in (1, 2, 3):
         g.add(noop, name=f"m{i}", **{clause: "x"})
     g.add(noop, name="r", in_="x")
-    assert edges(g) == {("w", "m1"), ("w", "m2"), ("w", "m3"),
-                        ("m1", "r"), ("m2", "r"), ("m3", "r")}
+    assert edges(g) == {
+        ("w", "m1"),
+        ("w", "m2"),
+        ("w", "m3"),
+        ("m1", "r"),
+        ("m2", "r"),
+        ("m3", "r"),
+    }
 
 
 def test_two_set_kinds_in_a_row_are_ordered():

@@ -12,7 +12,12 @@ import tracemalloc
 import pytest
 
 from dagtrain.taskgraph import (
-    Event, Outputs, Ref, TaskError, TaskGraph, TaskTimeoutError,
+    Event,
+    Outputs,
+    Ref,
+    TaskError,
+    TaskGraph,
+    TaskTimeoutError,
 )
 
 
@@ -190,6 +195,7 @@ def test_mutexinoutset_never_overlaps_inoutset_does():
             with box["lock"]:
                 box["now"] -= 1
             counter.append(1)
+
         return body
 
     for clause, expect_overlap in (("mutexinoutset", False), ("inoutset", True)):
