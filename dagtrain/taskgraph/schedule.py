@@ -27,6 +27,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
+import time
 from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -102,9 +103,11 @@ class Problem:
             raise ValueError("the task graph has a cycle")
         return order
 
-    def upward_rank(self) -> list[float]:
+    def upward_rank(self, comm: float = 1.0) -> list[float]:
+        """HEFT's rank: mean execution time plus the costliest path after the task, with
+        transfers at ``comm`` times their mean over distinct processor pairs."""
         rank = [0.0] * self.n
-        mi = self.mean_inv
+        mi = self.mean_inv * comm
         for i in reversed(self.order):
             rank[i] = self.mean_exec[i] + max(
                 (d * mi + rank[j] for j, d in self.succs[i]), default=0.0
@@ -176,7 +179,7 @@ class Plan:
 class _Builder:
     """Processor timelines with insertion, shared by every list-scheduling variant."""
 
-    __slots__ = ("end", "ends", "pb", "proc", "start", "starts")
+    __slots__ = ("end", "ends", "pb", "proc", "procs", "start", "starts")
 
     def __init__(self, pb: Problem) -> None:
         self.pb = pb
@@ -185,6 +188,7 @@ class _Builder:
         self.end = [0.0] * pb.n
         self.starts: list[list[float]] = [[] for _ in range(pb.P)]
         self.ends: list[list[float]] = [[] for _ in range(pb.P)]
+        self.procs: Sequence[int] = range(pb.P)  # the processors it may use
 
     def eft(self, i: int, p: int) -> tuple[float, float]:
         """(start, finish) of task i on processor p, inserted into the first gap that fits."""
@@ -225,7 +229,7 @@ class _Builder:
 
     def best_eft(self, i: int) -> tuple[int, float, float]:
         best = (-1, math.inf, math.inf)
-        for p in range(self.pb.P):
+        for p in self.procs:
             s, f = self.eft(i, p)
             if f < best[2] - EPS:
                 best = (p, s, f)
@@ -241,9 +245,13 @@ def _list_schedule(
     method: str,
     select: str = "eft",
     octt: list[list[float]] | None = None,
+    fixed: Sequence[int] | None = None,
+    procs: Sequence[int] | None = None,
 ) -> Plan:
     """Schedule ready tasks by decreasing ``prio``; place each by ``select``."""
     b = _Builder(pb)
+    if procs is not None:
+        b.procs = procs
     indeg = [len(p) for p in pb.preds]
     heap = [(-prio[i], i) for i in range(pb.n) if not indeg[i]]
     heapq.heapify(heap)
@@ -253,10 +261,13 @@ def _list_schedule(
             p, s, f = b.best_eft(i)
         elif select == "oct":
             p, s, f, best = -1, 0.0, 0.0, math.inf
-            for q in range(pb.P):
+            for q in b.procs:
                 s1, f1 = b.eft(i, q)
                 if f1 + octt[i][q] < best - EPS:
                     p, s, f, best = q, s1, f1, f1 + octt[i][q]
+        elif select == "fixed":  # the processor is given: re-simulate a placement
+            p = fixed[i]
+            s, f = b.eft(i, p)
         else:  # lookahead: the processor that lets i's children finish earliest
             p, s, f = _lookahead(b, i, prio)
         b.place(i, p, s, f)
@@ -273,7 +284,7 @@ def _lookahead(b: _Builder, i: int, prio: Sequence[float]) -> tuple[int, float, 
     if not kids:
         return b.best_eft(i)
     best, choice = math.inf, (-1, 0.0, 0.0)
-    for p in range(pb.P):
+    for p in b.procs:
         s, f = b.eft(i, p)
         b.place(i, p, s, f)
         placed, worst = [], f
@@ -313,7 +324,61 @@ def _actual_rank(pb: Problem, s: Plan) -> list[float]:
     return rank
 
 
-def plan(pb: Problem, method: str = "best", seed: int = 0, rounds: int = 4) -> Plan:
+def _critical_tasks(pb: Problem, s: Plan) -> list[int]:
+    """The chain that fixes the makespan: from the last task back, through whichever
+    predecessor's data or same-processor predecessor made each task start when it did."""
+    lanes: dict[int, list[int]] = {}
+    for i in sorted(range(pb.n), key=lambda i: s.start[i]):
+        lanes.setdefault(s.proc[i], []).append(i)
+    before = {}
+    for lane in lanes.values():
+        for a, b in zip(lane, lane[1:]):
+            before[b] = a
+    i = max(range(pb.n), key=lambda i: s.end[i])
+    chain = [i]
+    while s.start[i] > EPS:
+        p = s.proc[i]
+        nxt = None
+        for k, d in pb.preds[i]:
+            if abs(s.end[k] + d * pb.inv[s.proc[k]][p] - s.start[i]) <= 1e-9 * (1 + s.start[i]):
+                nxt = k
+                break
+        if nxt is None:
+            nxt = before.get(i)
+            if nxt is None or abs(s.end[nxt] - s.start[i]) > 1e-9 * (1 + s.start[i]):
+                break
+        i = nxt
+        chain.append(i)
+    return chain
+
+
+def _local_search(pb: Problem, best: Plan, deadline: float) -> Plan:
+    """Move tasks of the critical chain to other processors while that shortens the
+    schedule; each try re-simulates the whole placement (insertion, same order)."""
+    improved = True
+    while improved and time.monotonic() < deadline:
+        improved = False
+        prio = [-x for x in best.start]
+        for i in _critical_tasks(pb, best):
+            for p in range(pb.P):
+                if p == best.proc[i]:
+                    continue
+                proc = list(best.proc)
+                proc[i] = p
+                s = _list_schedule(pb, prio, "local-search", "fixed", fixed=proc)
+                if s.makespan < best.makespan - EPS:
+                    best, improved = s, True
+                    break
+                if time.monotonic() >= deadline:
+                    return best
+            if improved:
+                break
+    return best
+
+
+def plan(
+    pb: Problem, method: str = "best", seed: int = 0, rounds: int = 12, budget: float = 1.0
+) -> Plan:
     """A static schedule of ``pb``: ``"heft"``, ``"peft"``, ``"lookahead"`` or ``"best"``.
 
     ``"best"`` runs all of them plus CPOP's priority, the one-processor schedule and
@@ -338,14 +403,43 @@ def plan(pb: Problem, method: str = "best", seed: int = 0, rounds: int = 4) -> P
         _list_schedule(pb, up, "lookahead", "lookahead"),
         _one_processor(pb),
     ]
-    best = min(candidates, key=lambda s: s.makespan)
+    # Several priority lists: the mean transfer time HEFT charges is a guess (half the
+    # edges of a good schedule stay on one processor), so try it lighter and heavier;
+    # (P-1)/(P+1) is the weight of saga's HEFT, which averages over self-links too.
+    for f in (*COMM_WEIGHTS, (pb.P - 1) / (pb.P + 1)):
+        rank = pb.upward_rank(f)
+        candidates.append(_list_schedule(pb, rank, f"heft-comm{f:.2g}"))
+        candidates.append(_list_schedule(pb, rank, f"lookahead-comm{f:.2g}", "lookahead"))
+    # Fewer, faster processors: when transfers are dear, spreading out costs more
+    # than it gains (one processor is the extreme case, above).
+    fastest = sorted(range(pb.P), key=lambda q: -pb.speeds[q])
+    for k in range(2, pb.P):
+        candidates.append(_list_schedule(pb, up, f"heft-{k}procs", procs=fastest[:k]))
+        candidates.append(
+            _list_schedule(pb, up, f"lookahead-{k}procs", "lookahead", procs=fastest[:k])
+        )
+    candidates.sort(key=lambda s: s.makespan)
+    best = candidates[0]
     rng = random.Random(seed)
+    # Iterated re-ranking: ranks from a schedule's real placement, from the few best
+    # schedules so far, then randomly perturbed (several nearby priority lists).
+    pool = candidates[:3]
     for r in range(rounds):
-        rank = _actual_rank(pb, best)
-        if r % 2:  # perturb: several priority lists explore nearby orders
-            rank = [x * (1.0 + 0.1 * rng.random()) for x in rank]
-        for select, name in (("eft", "reranked"), ("oct", "reranked-peft")):
+        base = pool[r % len(pool)]
+        rank = _actual_rank(pb, base)
+        if r >= len(pool):
+            noise = (0.02, 0.05, 0.1, 0.2)[r % 4]
+            rank = [x * (1.0 + noise * rng.random()) for x in rank]
+        for select, name in (
+            ("eft", "reranked"),
+            ("oct", "reranked-peft"),
+            ("lookahead", "reranked-lookahead"),
+        ):
             s = _list_schedule(pb, rank, name, select, octt)
             if s.makespan < best.makespan - EPS:
                 best = s
-    return best
+                pool.append(s)
+    return _local_search(pb, best, time.monotonic() + budget)
+
+
+COMM_WEIGHTS = (0.0, 0.5, 1.5, 3.0)
