@@ -1,31 +1,14 @@
 """TaskGraph: tasks whose order is inferred from OpenMP 5.2 ``depend`` clauses.
 
-Building
---------
 ``add`` appends a task and wires its dependences against the *earlier* tasks that
 touched the same data items, in the order tasks were added (OpenMP's sibling-task
-rule). Per item the graph keeps only the last writer (or the last
-``mutexinoutset``/``inoutset`` set) and the readers since, so adding a task costs
-O(number of items it names), whatever the size of the graph:
-
-==============  ===========================================================
-clause          waits for earlier tasks on the same item that used
-==============  ===========================================================
-in_             out, inout, mutexinoutset, inoutset
-out, inout      anything
-mutexinoutset   anything but mutexinoutset (those exclude each other at run
-                time, in any order)
-inoutset        anything but inoutset (those run concurrently as a set)
-==============  ===========================================================
-
-``after=`` adds control edges, to a Task or to a name. Names may refer to tasks
-added later; that is the only way to make a cycle, so validation (``prepare``) is a
-topological sort only when such forward references exist.
+rule; :mod:`.deps` has the rules). ``after=`` adds control edges, to a Task or to a
+name; names may refer to tasks added later, the only way to make a cycle, so
+``prepare`` runs a topological sort only when such forward references exist.
 
 Values: a task's return value is published under the items it writes (out/inout);
 ``Ref(item)`` arguments of later tasks receive it. A version's value is dropped as
-soon as its last reader finished, unless it is still the item's current version
-(then it stays until the next run, readable from ``RunReport.values``).
+soon as its last reader finished, unless ``run(keep=...)`` asked for it.
 
 Running is in :mod:`.runtime`; analysis (critical path, static schedules) in
 :mod:`.analysis` and :mod:`.schedule`.
@@ -38,87 +21,15 @@ from collections.abc import Callable, Hashable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from .deps import build_task, find_cycle, items, key_of
 from .errors import CycleError
-from .task import (
-    DONE,
-    IN,
-    INOUTSET,
-    MUTEX,
-    OUT,
-    Bound,
-    Event,
-    Item,
-    Mutex,
-    Ref,
-    Slot,
-    Task,
-)
+from .task import OUT, Event, Item, Slot, Task
 
 if TYPE_CHECKING:
     from .report import RunReport
     from .runtime import Run
 
 __all__ = ["TaskGraph"]
-
-_SEQ = (tuple, list)
-_SETS = (set, frozenset)
-
-
-def _items(value: Any) -> Iterable:
-    """A clause's items: a tuple/list/set is several items, anything else is one."""
-    t = type(value)
-    if t is tuple or t is list:
-        return value
-    if t in _SETS:
-        return tuple(value)
-    return (value,)
-
-
-def _kinds(clauses: tuple) -> dict:
-    """{item: clause kind} of one task; an item under two different clauses is inout."""
-    in_, out, inout, mutex, inoutset = clauses
-    kinds: dict = {}
-    if in_ != ():
-        for item in in_ if type(in_) in _SEQ else _items(in_):
-            kinds[item] = IN
-    if out != ():
-        for item in out if type(out) in _SEQ else _items(out):
-            kinds[item] = OUT  # out joined with anything is inout
-    if inout != ():
-        for item in inout if type(inout) in _SEQ else _items(inout):
-            kinds[item] = OUT
-    for clause, kind in ((mutex, MUTEX), (inoutset, INOUTSET)):
-        if clause != ():
-            for item in _items(clause):
-                prev = kinds.get(item)
-                kinds[item] = kind if prev is None or prev == kind else OUT
-    return kinds
-
-
-def _unhashable(x: object) -> bool:
-    try:
-        hash(x)
-    except TypeError:
-        return True
-    return False
-
-
-class _IdKey:
-    """The key of an unhashable data item (a numpy array, a list): its identity."""
-
-    __slots__ = ("obj",)
-
-    def __init__(self, obj: object) -> None:
-        self.obj = obj
-
-    def __hash__(self) -> int:
-        return id(self.obj)
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is _IdKey and other.obj is self.obj
-
-    def __repr__(self) -> str:
-        return f"<{type(self.obj).__name__} at {id(self.obj):#x}>"
 
 
 class TaskGraph:
@@ -195,7 +106,8 @@ class TaskGraph:
         run = self._run
         if run is not None:
             return run.add(self, fn, args, kwargs, name, clauses, after, priority, cost, detach)
-        task, deps = self._build(
+        task, deps = build_task(
+            self,
             None,
             self._scope,
             len(self.tasks),
@@ -215,212 +127,6 @@ class TaskGraph:
         self.tasks.append(task)
         self._prepared = False
         return task
-
-    def _build(
-        self,
-        parent: Task | None,
-        scope: dict,
-        index: int,
-        fn: Callable,
-        args: tuple,
-        kwargs: dict,
-        name: str,
-        clauses: tuple,
-        after: Any,
-        priority: float,
-        cost: float | None,
-        detach: Any,
-        dynamic: bool,
-    ) -> tuple[Task, list[Task]]:
-        """Make a task and find its predecessors; the caller links ``deps`` to it."""
-        task = Task(fn, args, kwargs or None, name, priority, cost, index)
-        task.parent = parent
-        try:
-            kinds = _kinds(clauses)
-        except TypeError:  # an unhashable item: match it by identity
-            kinds = _kinds(
-                tuple(
-                    [_IdKey(x) if _unhashable(x) else x for x in _items(c)] if c != () else ()
-                    for c in clauses
-                )
-            )
-
-        refs = None
-        if args:
-            for a in args:
-                if a.__class__ is Ref:
-                    refs = self._ref_kinds(name, args, kwargs, kinds)
-                    break
-        if refs is None and kwargs:
-            for a in kwargs.values():
-                if a.__class__ is Ref:
-                    refs = self._ref_kinds(name, args, kwargs, kinds)
-                    break
-
-        deps: list[Task] = []
-        mutexes = None
-        for item, kind in kinds.items():
-            st = scope.get(item)
-            if st is None:
-                st = scope[item] = Item()
-            if refs is not None and item in refs:
-                refs[item] = self._reader_slot(st, item, name, dynamic, parent is None)
-            k = st.kind
-            if kind == IN:
-                if k == OUT:
-                    deps.append(st.group)
-                elif k is not None:
-                    deps.extend(st.group)
-                r = st.readers
-                if r is None:
-                    st.readers = [task]
-                else:
-                    r.append(task)
-                continue
-            if st.slot is not None:
-                self._supersede(st)
-            r = st.readers
-            if kind == OUT:
-                if r:
-                    deps.extend(r)
-                elif k == OUT:
-                    deps.append(st.group)
-                elif k is not None:
-                    deps.extend(st.group)
-                st.kind = OUT
-                st.group = task
-                st.preds = None
-            else:
-                if k == kind and not r:
-                    deps.extend(st.preds)  # join the current set
-                    st.group.append(task)
-                else:
-                    p = list(r) if r else [st.group] if k == OUT else list(st.group or ())
-                    deps.extend(p)
-                    st.kind = kind
-                    st.group = [task]
-                    st.preds = p
-                if kind == MUTEX:
-                    if st.mutex is None:
-                        st.mutex = Mutex()
-                    mutexes = (st.mutex,) if mutexes is None else (*mutexes, st.mutex)
-            st.readers = None
-        if mutexes is not None:
-            task.mutexes = mutexes
-        if refs is not None:
-            task.reads = tuple(dict.fromkeys(refs.values()))
-            task.args = tuple(Bound(refs[_key(a)]) if a.__class__ is Ref else a for a in args)
-            if kwargs:
-                task.kwargs = {
-                    k: Bound(refs[_key(v)]) if v.__class__ is Ref else v for k, v in kwargs.items()
-                }
-
-        if after != ():
-            for a in _items(after):
-                if a.__class__ is Task:
-                    if a.parent is not parent:
-                        raise ValueError(
-                            f"task {name!r}: after={a.name!r} is not a sibling "
-                            "(dependences link tasks of the same parent only)"
-                        )
-                    deps.append(a)
-                elif isinstance(a, str):
-                    if dynamic:
-                        deps.extend(self._named(a, parent, name))
-                    else:
-                        self._after_names.append((task, a))
-                        self._forward = True
-                else:
-                    raise TypeError(
-                        f"task {name!r}: after= takes tasks or task names, not {type(a).__name__}"
-                    )
-
-        if detach is not None and detach is not False:
-            if detach is True:
-                if "event" in (kwargs or ()):
-                    raise ValueError(
-                        f"task {name!r}: detach=True passes event=, "
-                        "which is already one of its keyword arguments"
-                    )
-                ev = Event()
-                task.kwargs = {**(task.kwargs or {}), "event": ev}
-            elif isinstance(detach, Event):
-                ev = detach
-                if ev._task is not None and ev._task is not task:
-                    raise ValueError(
-                        f"task {name!r}: this event already detaches task "
-                        f"{ev._task.name!r}; use one Event per task"
-                    )
-            else:
-                raise TypeError(
-                    f"task {name!r}: detach= takes an Event or True, not {type(detach).__name__}"
-                )
-            ev._task = task
-            task.event = ev
-
-        if len(deps) > 1:
-            deps = list(dict.fromkeys(deps))
-        task.npred = len(deps)
-        return task, deps
-
-    @staticmethod
-    def _ref_kinds(name: str, args: tuple, kwargs: dict, kinds: dict) -> dict:
-        """Add ``in`` for every Ref'd item; return {item key: None} to be filled with slots."""
-        refs: dict = {}
-        for a in (*args, *(kwargs or {}).values()):
-            if a.__class__ is Ref:
-                item = _key(a)
-                k = kinds.get(item)
-                if k is None:
-                    kinds[item] = IN
-                elif k in (MUTEX, INOUTSET):
-                    clause = "mutexinoutset" if k == MUTEX else "inoutset"
-                    raise ValueError(
-                        f"task {name!r}: Ref({a.item!r}) reads a value, but the task "
-                        f"declares {clause} on it; use in_ or inout"
-                    )
-                refs[item] = None
-        return refs
-
-    def _reader_slot(self, st: Item, item: Hashable, name: str, dynamic: bool, top: bool) -> Slot:
-        if st.kind != OUT:
-            raise ValueError(
-                f"task {name!r}: Ref({item!r}) reads a value, but no earlier task "
-                "writes that item with out= or inout="
-            )
-        slot = st.slot
-        if slot is None:
-            slot = st.slot = Slot(item)
-            writer = st.group
-            if writer.publishes is None:
-                writer.publishes = [slot]
-            else:
-                writer.publishes.append(slot)
-            if top:
-                self._slots.append(slot)
-            if dynamic:
-                slot.pin = True  # the graph is running: later adds may read it too
-                if writer._state == DONE:
-                    raise ValueError(
-                        f"task {name!r}: Ref({item!r}) reads the value of task "
-                        f"{writer.name!r}, which finished before anyone asked "
-                        "for it; add its readers before it runs"
-                    )
-        slot.readers += 1
-        if dynamic:
-            slot.remaining += 1
-        return slot
-
-    @staticmethod
-    def _supersede(st: Item) -> None:
-        """A new writer: the current version's value may go once its readers finished."""
-        slot = st.slot
-        if slot is not None:
-            slot.current = False
-            slot.pin = False
-            if slot.droppable():
-                slot.value = None
-            st.slot = None
 
     def _named(self, target: str, parent: Task | None, by: str) -> list[Task]:
         siblings = (
@@ -488,7 +194,7 @@ class TaskGraph:
                     queue.append(s)
         if len(order) != len(self.tasks):
             left = {t.index for t in self.tasks if npred[t.index]}
-            raise CycleError(_find_cycle(self.tasks, left))
+            raise CycleError(find_cycle(self.tasks, left))
         return order
 
     def topological_order(self) -> list[Task]:
@@ -539,7 +245,7 @@ class TaskGraph:
         self.prepare()
         for slot in self._slots:
             slot.keep = False
-        for item in _items(keep):
+        for item in items(keep):
             self._keep(item)
         self._run = Run(self, workers, trace, incremental)
         self._run.begin()
@@ -583,11 +289,8 @@ class TaskGraph:
         return run
 
     def _keep(self, item: Hashable) -> None:
-        try:
-            st = self._scope.get(item)
-        except TypeError:
-            item = _IdKey(item)
-            st = self._scope.get(item)
+        item = key_of(item)
+        st = self._scope.get(item)
         if st is None or st.kind != OUT:
             raise ValueError(f"keep={item!r}: no task writes that item with out= or inout=")
         if st.slot is None:
@@ -615,38 +318,3 @@ class TaskGraph:
         from .analysis import plan_graph
 
         return plan_graph(self, workers, **kwargs)
-
-
-def _key(ref: Ref) -> Hashable:
-    item = ref.item
-    try:
-        hash(item)
-    except TypeError:
-        return _IdKey(item)
-    return item
-
-
-def _find_cycle(tasks: list[Task], left: set[int]) -> list[str]:
-    """A cycle among the tasks whose indices are in ``left`` (all lie on or after one)."""
-    # Walk successors inside ``left`` until a task repeats: every task left over by
-    # Kahn's algorithm has a predecessor left over too, so walking *back* always
-    # finds a cycle; walking forward may leave ``left`` towards a task only
-    # downstream of one. So walk predecessors.
-    preds: dict[int, Task] = {}
-    for t in tasks:
-        if t.index in left:
-            for s in t.succs:
-                if s.index in left and s.index not in preds:
-                    preds[s.index] = t
-    start = tasks[min(left)]
-    seen: dict[int, int] = {}
-    path: list[Task] = []
-    t = start
-    while t.index not in seen:
-        seen[t.index] = len(path)
-        path.append(t)
-        t = preds[t.index]
-    cycle = path[seen[t.index] :]
-    cycle.reverse()  # predecessor walk: reverse to read in edge direction
-    names = [c.name for c in cycle]
-    return [*names, names[0]]

@@ -40,6 +40,7 @@ from collections import deque
 from time import monotonic, perf_counter
 from typing import TYPE_CHECKING, Any
 
+from .deps import build_task
 from .errors import TaskError, TaskTimeoutError
 from .report import RunReport
 from .task import (
@@ -431,7 +432,8 @@ class Run:
                 scope = parent.scope
                 index = _CHILD_BASE + self.nchild
                 self.nchild += 1
-            task, deps = graph._build(
+            task, deps = build_task(
+                graph,
                 parent,
                 scope,
                 index,
@@ -484,15 +486,12 @@ class Run:
                 siblings = self.graph.tasks if parent is None else self.children_of(parent)
                 targets = [t for t in siblings if t._state != DONE]
             else:
-                from .graph import _IdKey, _items
+                from .deps import items, key_of
 
                 scope = self.graph._scope if parent is None else (parent.scope or {})
                 targets = []
-                for item in _items(on):
-                    try:
-                        st = scope.get(item)
-                    except TypeError:
-                        st = scope.get(_IdKey(item))
+                for item in items(on):
+                    st = scope.get(key_of(item))
                     if st is not None:
                         targets.extend(t for t in st.last_tasks() if t._state != DONE)
         self._wait(wid, _all_in(targets))

@@ -193,3 +193,36 @@ def test_bad_arguments_name_the_task():
 def test_default_name_is_the_function_name():
     g = TaskGraph()
     assert g.add(noop).name == "noop"
+
+
+def test_a_rejected_add_leaves_the_graph_as_it_was():
+    g = TaskGraph()
+    g.add(noop, name="w", out="x")
+    with pytest.raises(TypeError, match="after= takes"):
+        g.add(noop, name="bad", in_="x", out="y", after=3.5)
+    with pytest.raises(ValueError, match="no earlier task writes"):
+        g.add(noop, Ref("nope"), name="bad2", out="x")
+    g.add(noop, name="r", in_="x")
+    assert edges(g) == {("w", "r")}
+    assert [t.name for t in g] == ["w", "r"]
+
+
+def test_one_event_detaches_one_task():
+    from dagtrain.taskgraph import Event
+
+    g = TaskGraph()
+    ev = Event()
+    g.add(noop, name="a", detach=ev)
+    with pytest.raises(ValueError, match="already detaches task 'a'"):
+        g.add(noop, name="b", detach=ev)
+
+
+def test_doctests_in_the_package():
+    import doctest
+
+    import dagtrain.taskgraph
+    import dagtrain.taskgraph.graph
+
+    for mod in (dagtrain.taskgraph, dagtrain.taskgraph.graph):
+        failed, tried = doctest.testmod(mod, extraglobs={"Ref": Ref})
+        assert tried > 0 and failed == 0, mod.__name__

@@ -1,0 +1,337 @@
+"""Dependence inference: how ``TaskGraph.add`` finds a new task's predecessors.
+
+Per data item and scope (the sibling tasks of one parent) an :class:`~.task.Item` keeps
+the last writer, or the last ``mutexinoutset``/``inoutset`` set with what that set
+waits for, and the ``in`` readers since. A new task waits for:
+
+==============  ==============================================================
+its clause      the earlier tasks it waits for, on that item
+==============  ==============================================================
+in_             the last writer or set (readers since then run alongside it)
+out, inout      the readers since the last writer or set if there are any, else
+                that writer or set
+mutexinoutset   what the current set waits for, if it joins a mutexinoutset set
+inoutset        (same, for an inoutset set); else it opens a new set, as ``out``
+==============  ==============================================================
+
+Each of those already waits for everything before it on the item, so these edges
+order the task after *every* earlier task that conflicts with it, and adding a task
+costs O(items it names) whatever the size of the graph.
+
+``build_task`` validates everything first and changes the graph only once every
+check passed: a bad ``add`` raises and leaves the graph as it was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from .task import DONE, IN, INOUTSET, MUTEX, OUT, Bound, Event, Item, Mutex, Ref, Slot, Task
+
+if TYPE_CHECKING:
+    from .graph import TaskGraph
+
+__all__ = ["IdKey", "build_task", "find_cycle", "items", "key_of"]
+
+_SEQ = (tuple, list)
+_SETS = (set, frozenset)
+
+
+def items(value: Any) -> Iterable:
+    """A clause's items: a tuple/list/set is several items, anything else is one."""
+    t = type(value)
+    if t is tuple or t is list:
+        return value
+    if t in _SETS:
+        return tuple(value)
+    return (value,)
+
+
+class IdKey:
+    """The key of an unhashable data item (a numpy array, a list): its identity."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: object) -> None:
+        self.obj = obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is IdKey and other.obj is self.obj
+
+    def __repr__(self) -> str:
+        return f"<{type(self.obj).__name__} at {id(self.obj):#x}>"
+
+
+def key_of(item: Any) -> Hashable:
+    """The item itself if hashable, else its identity."""
+    try:
+        hash(item)
+    except TypeError:
+        return IdKey(item)
+    return item
+
+
+def _kinds(clauses: tuple) -> dict:
+    """{item: clause kind} of one task; an item under two different clauses is inout."""
+    in_, out, inout, mutex, inoutset = clauses
+    kinds: dict = {}
+    if in_ != ():
+        for item in in_ if type(in_) in _SEQ else items(in_):
+            kinds[item] = IN
+    if out != ():
+        for item in out if type(out) in _SEQ else items(out):
+            kinds[item] = OUT  # out joined with anything is inout
+    if inout != ():
+        for item in inout if type(inout) in _SEQ else items(inout):
+            kinds[item] = OUT
+    for clause, kind in ((mutex, MUTEX), (inoutset, INOUTSET)):
+        if clause != ():
+            for item in items(clause):
+                prev = kinds.get(item)
+                kinds[item] = kind if prev is None or prev == kind else OUT
+    return kinds
+
+
+def kinds_of(clauses: tuple) -> dict:
+    try:
+        return _kinds(clauses)
+    except TypeError:  # an unhashable item: match it by identity
+        return _kinds(tuple([key_of(x) for x in items(c)] if c != () else () for c in clauses))
+
+
+def _ref_items(
+    name: str, args: tuple, kwargs: dict | None, kinds: dict, scope: dict, dynamic: bool
+) -> dict | None:
+    """{item: None} for every item read through a Ref (adding ``in`` on it), or None."""
+    refs: dict | None = None
+    for a in (*args, *kwargs.values()) if kwargs else args:
+        if a.__class__ is not Ref:
+            continue
+        item = key_of(a.item)
+        k = kinds.get(item)
+        if k is None:
+            kinds[item] = IN
+        elif k in (MUTEX, INOUTSET):
+            clause = "mutexinoutset" if k == MUTEX else "inoutset"
+            raise ValueError(
+                f"task {name!r}: Ref({a.item!r}) reads a value, but the task "
+                f"declares {clause} on it; use in_ or inout"
+            )
+        st = scope.get(item)
+        if st is None or st.kind != OUT:
+            raise ValueError(
+                f"task {name!r}: Ref({a.item!r}) reads a value, but no earlier "
+                "task writes that item with out= or inout="
+            )
+        if dynamic and st.slot is None and st.group._state == DONE:
+            raise ValueError(
+                f"task {name!r}: Ref({a.item!r}) reads the value of task "
+                f"{st.group.name!r}, which finished before anyone asked for it; "
+                "add its readers before it runs"
+            )
+        if refs is None:
+            refs = {}
+        refs[item] = None
+    return refs
+
+
+def _event(name: str, detach: Any, kwargs: dict | None) -> Event | None:
+    if detach is None or detach is False:
+        return None
+    if detach is True:
+        if kwargs and "event" in kwargs:
+            raise ValueError(
+                f"task {name!r}: detach=True passes event=, which is already "
+                "one of its keyword arguments"
+            )
+        return Event()
+    if isinstance(detach, Event):
+        if detach._task is not None:
+            raise ValueError(
+                f"task {name!r}: this event already detaches task "
+                f"{detach._task.name!r}; use one Event per task"
+            )
+        return detach
+    raise TypeError(f"task {name!r}: detach= takes an Event or True, not {type(detach).__name__}")
+
+
+def build_task(
+    graph: TaskGraph,
+    parent: Task | None,
+    scope: dict,
+    index: int,
+    fn: Callable,
+    args: tuple,
+    kwargs: dict,
+    name: str,
+    clauses: tuple,
+    after: Any,
+    priority: float,
+    cost: float | None,
+    detach: Any,
+    dynamic: bool,
+) -> tuple[Task, list[Task]]:
+    """Make a task and wire its dependences; the caller links it to ``deps``.
+
+    ``dynamic``: the graph is running (its tasks have states; values may be pinned).
+    """
+    # 1. check everything; nothing in the graph changes before all checks passed
+    kinds = kinds_of(clauses)
+    refs = _ref_items(name, args, kwargs, kinds, scope, dynamic) if args or kwargs else None
+    after_tasks: list[Task] = []
+    after_names: list[str] = []
+    if after != ():
+        for a in items(after):
+            if a.__class__ is Task:
+                if a.parent is not parent:
+                    raise ValueError(
+                        f"task {name!r}: after={a.name!r} is not a sibling "
+                        "(dependences link tasks of the same parent only)"
+                    )
+                after_tasks.append(a)
+            elif isinstance(a, str):
+                if dynamic:
+                    after_tasks.extend(graph._named(a, parent, name))
+                else:
+                    after_names.append(a)
+            else:
+                raise TypeError(
+                    f"task {name!r}: after= takes tasks or task names, not {type(a).__name__}"
+                )
+    ev = _event(name, detach, kwargs)
+
+    # 2. wire
+    task = Task(fn, args, kwargs or None, name, priority, cost, index)
+    if parent is not None:
+        task.parent = parent
+    deps: list[Task] = after_tasks
+    mutexes = None
+    for item, kind in kinds.items():
+        st = scope.get(item)
+        if st is None:
+            st = scope[item] = Item()
+        if refs is not None and item in refs:
+            refs[item] = _reader_slot(graph, st, item, dynamic, parent is None)
+        k = st.kind
+        if kind == IN:
+            if k == OUT:
+                deps.append(st.group)
+            elif k is not None:
+                deps.extend(st.group)
+            r = st.readers
+            if r is None:
+                st.readers = [task]
+            else:
+                r.append(task)
+            continue
+        if st.slot is not None:
+            supersede(st)
+        r = st.readers
+        if kind == OUT:
+            if r:
+                deps.extend(r)
+            elif k == OUT:
+                deps.append(st.group)
+            elif k is not None:
+                deps.extend(st.group)
+            st.kind = OUT
+            st.group = task
+            st.preds = None
+        else:
+            if k == kind and not r:
+                deps.extend(st.preds)  # join the current set
+                st.group.append(task)
+            else:
+                p = list(r) if r else [st.group] if k == OUT else list(st.group or ())
+                deps.extend(p)
+                st.kind = kind
+                st.group = [task]
+                st.preds = p
+            if kind == MUTEX:
+                if st.mutex is None:
+                    st.mutex = Mutex()
+                mutexes = (st.mutex,) if mutexes is None else (*mutexes, st.mutex)
+        st.readers = None
+    if mutexes is not None:
+        task.mutexes = mutexes
+    if refs is not None:
+        task.reads = tuple(dict.fromkeys(refs.values()))
+        task.args = tuple(Bound(refs[key_of(a.item)]) if a.__class__ is Ref else a for a in args)
+        if kwargs:
+            task.kwargs = {
+                k: Bound(refs[key_of(v.item)]) if v.__class__ is Ref else v
+                for k, v in kwargs.items()
+            }
+    if after_names:
+        graph._after_names.extend((task, n) for n in after_names)
+        graph._forward = True
+    if ev is not None:
+        if detach is True:
+            task.kwargs = {**(task.kwargs or {}), "event": ev}
+        ev._task = task
+        task.event = ev
+    if len(deps) > 1:
+        deps = list(dict.fromkeys(deps))
+    task.npred = len(deps)
+    return task, deps
+
+
+def _reader_slot(graph: TaskGraph, st: Item, item: Hashable, dynamic: bool, top: bool) -> Slot:
+    """The value slot of the item's current version, made when its first reader comes."""
+    slot = st.slot
+    if slot is None:
+        slot = st.slot = Slot(item)
+        writer = st.group
+        if writer.publishes is None:
+            writer.publishes = [slot]
+        else:
+            writer.publishes.append(slot)
+        if top:
+            graph._slots.append(slot)
+        if dynamic:
+            slot.pin = True  # the graph is running: later adds may read it too
+    slot.readers += 1
+    if dynamic:
+        slot.remaining += 1
+    return slot
+
+
+def supersede(st: Item) -> None:
+    """A new writer: the current version's value may go once its readers finished."""
+    slot = st.slot
+    if slot is not None:
+        slot.current = False
+        slot.pin = False
+        if slot.droppable():
+            slot.value = None
+        st.slot = None
+
+
+def find_cycle(tasks: list[Task], left: set[int]) -> list[str]:
+    """A cycle among the tasks whose indices are in ``left`` (Kahn's leftovers).
+
+    Every leftover task has a leftover predecessor, so walking predecessors inside
+    ``left`` must repeat a task; walking successors could leave the cycle for a task
+    that is merely downstream of one.
+    """
+    preds: dict[int, Task] = {}
+    for t in tasks:
+        if t.index in left:
+            for s in t.succs:
+                if s.index in left and s.index not in preds:
+                    preds[s.index] = t
+    seen: dict[int, int] = {}
+    path: list[Task] = []
+    t = tasks[min(left)]
+    while t.index not in seen:
+        seen[t.index] = len(path)
+        path.append(t)
+        t = preds[t.index]
+    cycle = path[seen[t.index] :]
+    cycle.reverse()  # read in edge direction
+    names = [c.name for c in cycle]
+    return [*names, names[0]]
