@@ -247,19 +247,25 @@ def makespans(quick: bool) -> list[dict]:
     return rows
 
 
-def scale(n: int) -> dict:
+def scale(n: int, paused: bool) -> dict:
     """Build + run an n-task stencil of empty tasks (run in a fresh process)."""
+    import contextlib
+
+    from dagtrain.taskgraph import gc_paused
+
     width = 1000
     prog = program("stencil", width, n // width)
     rss0 = _rss()
     t = time.perf_counter()
-    g = build_graph(prog, noop)
+    with gc_paused() if paused else contextlib.nullcontext():
+        g = build_graph(prog, noop)
     built = time.perf_counter()
     rss1 = _rss()
     g.run(workers=WORKERS)
     done = time.perf_counter()
     return {
         "tasks": len(prog),
+        "gc_paused": paused,
         "build_us": (built - t) / len(prog) * 1e6,
         "run_us": (done - built) / len(prog) * 1e6,
         "total_us": (done - t) / len(prog) * 1e6,
@@ -275,11 +281,9 @@ def _rss() -> int:
     return 0
 
 
-def scale_in_subprocess(n: int) -> dict:
-    out = subprocess.run(
-        [sys.executable, __file__, "--scale", str(n)], check=True, capture_output=True, text=True
-    ).stdout
-    return json.loads(out)
+def scale_in_subprocess(n: int, paused: bool) -> dict:
+    argv = [sys.executable, __file__, "--scale", str(n)] + (["--gc-paused"] if paused else [])
+    return json.loads(subprocess.run(argv, check=True, capture_output=True, text=True).stdout)
 
 
 # ---------------------------------------------------------------- report
@@ -287,10 +291,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer, smaller runs")
     ap.add_argument("--scale", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--gc-paused", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=str(HERE / "results" / "taskgraph_overhead.json"))
     args = ap.parse_args()
     if args.scale:
-        print(json.dumps(scale(args.scale)))
+        print(json.dumps(scale(args.scale, args.gc_paused)))
         return
 
     print(
@@ -326,15 +331,20 @@ def main() -> None:
         )
 
     sizes = (100_000, 1_000_000) if not args.quick else (20_000, 200_000)
-    sc = {n: scale_in_subprocess(n) for n in sizes}
-    print("\nstencil of empty tasks, build + run, per task")
-    for n, row in sc.items():
-        print(
-            f"  {n:>9,} tasks: build {row['build_us']:.2f} us + run {row['run_us']:.2f} us = "
-            f"{row['total_us']:.2f} us, {row['bytes_per_task']:.0f} bytes"
-        )
-    growth = sc[sizes[1]]["total_us"] / sc[sizes[0]]["total_us"]
-    print(f"  cost per task at {sizes[1]:,} / at {sizes[0]:,}: {growth:.2f}x")
+    sc, growth = {}, {}
+    print("\nstencil of empty tasks, build + run, per task (a fresh process each)")
+    for paused in (False, True):
+        label = "gc paused" if paused else "plain add"
+        rows = {n: scale_in_subprocess(n, paused) for n in sizes}
+        for n, row in rows.items():
+            print(
+                f"  {label:<9} {n:>9,} tasks: build {row['build_us']:.2f} us + run "
+                f"{row['run_us']:.2f} us = {row['total_us']:.2f} us, "
+                f"{row['bytes_per_task']:.0f} bytes"
+            )
+        growth[label] = rows[sizes[1]]["total_us"] / rows[sizes[0]]["total_us"]
+        print(f"  {label:<9} cost per task at {sizes[1]:,} / at {sizes[0]:,}: {growth[label]:.2f}x")
+        sc[label] = {str(k): v for k, v in rows.items()}
 
     result = {
         "date": time.strftime("%Y-%m-%d"),
@@ -346,7 +356,7 @@ def main() -> None:
         "stencil_ratios": ratios,
         "metg": mt,
         "makespan": ms,
-        "scale": {str(k): v for k, v in sc.items()},
+        "scale": sc,
         "scale_growth": growth,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,7 @@ step
 from __future__ import annotations
 
 from .errors import CycleError, TaskError, TaskTimeoutError
-from .graph import TaskGraph
+from .graph import TaskGraph, gc_paused
 from .report import RunReport, TaskRecord
 from .schedule import Plan, Problem, plan
 from .task import Event, Outputs, Ref, Task
@@ -31,6 +31,7 @@ __all__ = [
     "Task",
     "TaskError",
     "TaskGraph",
+    "gc_paused",
     "TaskRecord",
     "TaskTimeoutError",
     "plan",

@@ -27,7 +27,6 @@ from __future__ import annotations
 import heapq
 import math
 import random
-import time
 from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -265,9 +264,12 @@ def _list_schedule(
                 s1, f1 = b.eft(i, q)
                 if f1 + octt[i][q] < best - EPS:
                     p, s, f, best = q, s1, f1, f1 + octt[i][q]
-        elif select == "fixed":  # the processor is given: re-simulate a placement
+        elif select == "fixed":  # the processor is given (or -1: the earliest finish)
             p = fixed[i]
-            s, f = b.eft(i, p)
+            if p < 0:
+                p, s, f = b.best_eft(i)
+            else:
+                s, f = b.eft(i, p)
         else:  # lookahead: the processor that lets i's children finish earliest
             p, s, f = _lookahead(b, i, prio)
         b.place(i, p, s, f)
@@ -301,6 +303,23 @@ def _lookahead(b: _Builder, i: int, prio: Sequence[float]) -> tuple[int, float, 
         if worst < best - EPS or (abs(worst - best) <= EPS and f < choice[2]):
             best, choice = worst, (p, s, f)
     return choice
+
+
+def _cpop_pins(pb: Problem, up: list[float], down: list[float]) -> list[int]:
+    """CPoP's placement rule: one critical path (by upward + downward rank) goes to the
+    processor that runs it fastest; every other task is free (-1)."""
+    prio = [u + d for u, d in zip(up, down)]
+    cp = max(prio)
+    tol = 1e-9 * max(1.0, cp)
+    fastest = max(range(pb.P), key=lambda q: pb.speeds[q])
+    pins = [-1] * pb.n
+    i = max((i for i in range(pb.n) if not pb.preds[i]), key=lambda i: prio[i])
+    while True:
+        pins[i] = fastest
+        nxt = [j for j, _ in pb.succs[i] if abs(prio[j] - cp) <= tol]
+        if not nxt:
+            return pins
+        i = nxt[0]
 
 
 def _one_processor(pb: Problem) -> Plan:
@@ -352,38 +371,67 @@ def _critical_tasks(pb: Problem, s: Plan) -> list[int]:
     return chain
 
 
-def _local_search(pb: Problem, best: Plan, deadline: float) -> Plan:
+def _likely_procs(pb: Problem, s: Plan, i: int) -> list[int]:
+    """Processors by how early task i could finish there if it were free: where its
+    data arrives soonest is where a move most likely pays."""
+    est = []
+    for p in range(pb.P):
+        ready = 0.0
+        for k, d in pb.preds[i]:
+            t = s.end[k] + d * pb.inv[s.proc[k]][p]
+            if t > ready:
+                ready = t
+        est.append((ready + pb.exec[i][p], p))
+    est.sort()
+    return [p for _, p in est]
+
+
+def _local_search(pb: Problem, best: Plan, tries: int) -> tuple[Plan, int]:
     """Move tasks of the critical chain to other processors while that shortens the
-    schedule; each try re-simulates the whole placement (insertion, same order)."""
+    schedule; at most ``tries`` re-schedules (a count, not a time: results repeat).
+    Each try re-schedules every task on its given processor, in the order of the
+    current start times, with insertion: valid by construction. Returns the best plan
+    and the tries left."""
     improved = True
-    while improved and time.monotonic() < deadline:
+    while improved and tries > 0:
         improved = False
         prio = [-x for x in best.start]
         for i in _critical_tasks(pb, best):
-            for p in range(pb.P):
-                if p == best.proc[i]:
+            home = best.proc[i]
+            for p in _likely_procs(pb, best, i):
+                if p == home:
                     continue
                 proc = list(best.proc)
                 proc[i] = p
                 s = _list_schedule(pb, prio, "local-search", "fixed", fixed=proc)
+                tries -= 1
                 if s.makespan < best.makespan - EPS:
                     best, improved = s, True
                     break
-                if time.monotonic() >= deadline:
-                    return best
+                if tries <= 0:
+                    return best, 0
             if improved:
                 break
-    return best
+    return best, tries
 
 
 def plan(
-    pb: Problem, method: str = "best", seed: int = 0, rounds: int = 12, budget: float = 1.0
+    pb: Problem,
+    method: str = "best",
+    seed: int = 0,
+    rounds: int = 12,
+    tries: int | None = None,
 ) -> Plan:
     """A static schedule of ``pb``: ``"heft"``, ``"peft"``, ``"lookahead"`` or ``"best"``.
 
-    ``"best"`` runs all of them plus CPOP's priority, the one-processor schedule and
-    ``rounds`` re-rankings from the best so far, and keeps the shortest.
+    ``"best"`` runs all of them plus CPoP (its priority and its critical-path placement),
+    the one-processor schedule, several priority lists, ``rounds`` re-rankings from the
+    best so far, then a local search of at most ``tries`` re-schedules (default: about
+    a second's worth for the instance's size), and keeps the shortest. Deterministic
+    for a given ``seed``.
     """
+    if tries is None:  # about a second of local search, whatever the size
+        tries = min(2000, max(50, 1_000_000 // (pb.n + len(pb.edges) + 1)))
     up = pb.upward_rank()
     if method == "heft":
         return _list_schedule(pb, up, "heft")
@@ -400,6 +448,10 @@ def plan(
         _list_schedule(pb, up, "heft"),
         _list_schedule(pb, [sum(row) / pb.P for row in octt], "peft", "oct", octt),
         _list_schedule(pb, [u + d for u, d in zip(up, down)], "cpop-priority"),
+        _list_schedule(
+            pb, [u + d for u, d in zip(up, down)], "cpop", "fixed", fixed=_cpop_pins(pb, up, down)
+        ),
+        _list_schedule(pb, up, "heft-cp-pinned", "fixed", fixed=_cpop_pins(pb, up, down)),
         _list_schedule(pb, up, "lookahead", "lookahead"),
         _one_processor(pb),
     ]
@@ -439,7 +491,28 @@ def plan(
             if s.makespan < best.makespan - EPS:
                 best = s
                 pool.append(s)
-    return _local_search(pb, best, time.monotonic() + budget)
+    # Local search from the best few (different placements get stuck differently),
+    # each continuing with the tries the previous one left.
+    seeds = sorted(
+        {id(c): c for c in (best, *pool, *candidates[:3])}.values(), key=lambda c: c.makespan
+    )[:3]
+    for c in seeds:
+        s, tries = _local_search(pb, c, tries)
+        if s.makespan < best.makespan - EPS:
+            best = s
+        if tries <= 0:
+            break
+    # Iterated local search: kick a few critical tasks elsewhere, descend again.
+    while tries > 0:
+        chain = _critical_tasks(pb, best)
+        proc = list(best.proc)
+        for i in rng.sample(chain, k=min(len(chain), 3)):
+            proc[i] = rng.randrange(pb.P)
+        kicked = _list_schedule(pb, [-x for x in best.start], "local-search", "fixed", fixed=proc)
+        s, tries = _local_search(pb, kicked, tries - 1)
+        if s.makespan < best.makespan - EPS:
+            best = s
+    return best
 
 
 COMM_WEIGHTS = (0.0, 0.5, 1.5, 3.0)
