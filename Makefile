@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 SAGA   := .venv-saga
 
-.PHONY: setup test lint format bench bench-schedule clean
+.PHONY: setup run test lint format bench bench-schedule clean
 
 setup: $(VENV)/.installed
 
@@ -13,6 +13,10 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	touch $@
+
+# The main job for now: a simulated training step replayed on the executor.
+run: setup
+	$(BIN)/python -m dagtrain.taskgraph
 
 test: setup
 	$(BIN)/python -m pytest -q

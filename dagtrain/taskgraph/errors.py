@@ -17,6 +17,10 @@ class TaskError(RuntimeError):
         self.task = task
         self.cause = cause
 
+    @property
+    def task_name(self) -> str:
+        return self.task
+
     def __reduce__(self):  # keep it picklable for process pools and Airflow's XCom
         return (type(self), (self.task, self.cause))
 
@@ -46,8 +50,12 @@ class CycleError(ValueError):
     """
 
     def __init__(self, cycle: list[str]) -> None:
-        super().__init__("the graph has a cycle: " + " -> ".join(map(str, cycle)))
+        # args = (message, cycle), as graphlib.CycleError has them
+        super().__init__("the graph has a cycle: " + " -> ".join(map(str, cycle)), cycle)
         self.cycle = cycle
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
     def __reduce__(self):
         return (type(self), (self.cycle,))

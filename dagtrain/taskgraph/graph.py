@@ -203,6 +203,8 @@ class TaskGraph:
         self.prepare()
         return list(self._order if self._order is not None else self.tasks)
 
+    static_order = topological_order  # graphlib's name for it
+
     # ------------------------------------------------------------------ running
     def run(
         self,

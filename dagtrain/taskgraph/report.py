@@ -86,7 +86,17 @@ class RunReport:
 
     @property
     def records(self) -> list[TaskRecord]:
+        """Every task's record, in the order the tasks were added."""
         return list(self)
+
+    @property
+    def tasks(self) -> dict[str, TaskRecord]:
+        """Records by task name (of tasks sharing a name, the first one added)."""
+        out: dict[str, TaskRecord] = {}
+        for i, name in enumerate(self.names):
+            if name not in out:
+                out[name] = self.record(i)
+        return out
 
     def __getitem__(self, name: str) -> TaskRecord:
         """The record of the (first) task of that name."""
@@ -110,6 +120,8 @@ class RunReport:
         """busy / (makespan x workers): 1.0 means no worker ever waited."""
         span = self.makespan
         return self.busy / (span * self.workers) if span > 0 else 0.0
+
+    utilization = utilisation
 
     def __repr__(self) -> str:
         return (

@@ -375,3 +375,27 @@ def test_workers_must_be_positive():
     g = TaskGraph()
     with pytest.raises(ValueError, match="workers must be an int >= 1"):
         g.run(workers=0)
+
+
+def test_report_by_name_and_cycle_args_like_graphlib():
+    from dagtrain.taskgraph import CycleError
+
+    g = TaskGraph()
+    g.add(noop, name="a")
+    g.add(noop, name="b", after="a")
+    r = g.run(workers=2)
+    assert set(r.tasks) == {"a", "b"} and r.tasks["b"].start >= r.tasks["a"].end
+    assert r.utilization == r.utilisation
+    err = CycleError(["a", "b", "a"])
+    assert err.args[1] == ["a", "b", "a"] and "a -> b -> a" in str(err)
+
+
+def test_the_demo_step_runs_and_writes_its_trace(tmp_path, capsys):
+    from dagtrain.taskgraph.__main__ import main
+
+    trace = tmp_path / "step.json"
+    main(["--steps", "2", "--scale", "0.05", "--trace", str(trace)])
+    out = capsys.readouterr().out
+    assert "critical path" in out and "faster" in out
+    slices = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]
+    assert len(slices) == 16
