@@ -386,32 +386,74 @@ def _likely_procs(pb: Problem, s: Plan, i: int) -> list[int]:
     return [p for _, p in est]
 
 
+def _replay(
+    pb: Problem, order: list[int], proc: Sequence[int], k: int = 0, base: Plan | None = None
+) -> Plan:
+    """Schedule the tasks in ``order`` on the processors ``proc`` gives, with insertion.
+
+    The first ``k`` tasks are copied from ``base`` (a replay of the same order whose
+    processors differ only from position ``k`` on), so a move late in the order costs
+    only what follows it. Replaying a schedule in the order of its own start times never
+    starts a task later than it did: each task's old slot is still free when it comes.
+    """
+    b = _Builder(pb)
+    if base is not None and k:
+        for i in order[:k]:
+            p = base.proc[i]
+            b.proc[i], b.start[i], b.end[i] = p, base.start[i], base.end[i]
+            b.starts[p].append(base.start[i])  # ``order`` is by start: lanes stay sorted
+            b.ends[p].append(base.end[i])
+    else:
+        k = 0
+    for i in order[k:]:
+        p = proc[i]
+        st, f = b.eft(i, p)
+        b.place(i, p, st, f)
+    return b.plan("local-search")
+
+
+def _start_order(pb: Problem, s: Plan, topo: list[int]) -> list[int]:
+    return sorted(range(pb.n), key=lambda i: (s.start[i], topo[i]))
+
+
 def _local_search(pb: Problem, best: Plan, tries: int) -> tuple[Plan, int]:
     """Move tasks of the critical chain to other processors while that shortens the
-    schedule; at most ``tries`` re-schedules (a count, not a time: results repeat).
-    Each try re-schedules every task on its given processor, in the order of the
-    current start times, with insertion: valid by construction. Returns the best plan
-    and the tries left."""
+    schedule; at most ``tries`` moves are tried (a count, not a time: results repeat).
+    Each try replays the schedule in its start order with the moved task elsewhere, so
+    it is valid by construction. Returns the best plan and the tries left."""
+    topo = [0] * pb.n
+    for k, i in enumerate(pb.order):
+        topo[i] = k
+    order = _start_order(pb, best, topo)
+    cur = _replay(pb, order, best.proc)  # never later than ``best``
+    if cur.makespan < best.makespan - EPS:
+        best = cur
     improved = True
     while improved and tries > 0:
         improved = False
-        prio = [-x for x in best.start]
-        for i in _critical_tasks(pb, best):
-            home = best.proc[i]
-            for p in _likely_procs(pb, best, i):
+        pos = [0] * pb.n
+        for k, i in enumerate(order):
+            pos[i] = k
+        for i in _critical_tasks(pb, cur):
+            home = cur.proc[i]
+            for p in _likely_procs(pb, cur, i):
                 if p == home:
                     continue
-                proc = list(best.proc)
+                proc = list(cur.proc)
                 proc[i] = p
-                s = _list_schedule(pb, prio, "local-search", "fixed", fixed=proc)
+                s = _replay(pb, order, proc, pos[i], cur)
                 tries -= 1
-                if s.makespan < best.makespan - EPS:
-                    best, improved = s, True
+                if s.makespan < cur.makespan - EPS:
+                    order = _start_order(pb, s, topo)
+                    cur = _replay(pb, order, s.proc)
+                    improved = True
                     break
                 if tries <= 0:
-                    return best, 0
-            if improved:
+                    break
+            if improved or tries <= 0:
                 break
+    if cur.makespan < best.makespan - EPS:
+        best = cur
     return best, tries
 
 
@@ -431,7 +473,7 @@ def plan(
     for a given ``seed``.
     """
     if tries is None:  # about a second of local search, whatever the size
-        tries = min(2000, max(50, 1_000_000 // (pb.n + len(pb.edges) + 1)))
+        tries = min(12_000, max(300, 6_000_000 // (pb.n + len(pb.edges) + 1)))
     up = pb.upward_rank()
     if method == "heft":
         return _list_schedule(pb, up, "heft")
