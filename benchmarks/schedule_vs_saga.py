@@ -137,11 +137,7 @@ def slr(inst: dict, makespan: float) -> float:
 
 def lower_bound(inst: dict) -> float:
     """max(critical path at the fastest speed without transfers, work / total speed)."""
-    pb = Problem(inst["costs"], inst["edges"], [max(inst["speeds"])], None)
-    rank = [0.0] * inst["n"]
-    for i in reversed(pb.order):
-        rank[i] = pb.exec[i][0] + max((rank[j] for j, _ in pb.succs[i]), default=0.0)
-    return max(*rank, sum(inst["costs"]) / sum(inst["speeds"]))
+    return Problem(inst["costs"], inst["edges"], inst["speeds"], inst["bw"]).lower_bound()
 
 
 def main() -> None:

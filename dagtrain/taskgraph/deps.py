@@ -24,7 +24,7 @@ check passed: a bad ``add`` raises and leaves the graph as it was.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Hashable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from .task import DONE, IN, INOUTSET, MUTEX, OUT, Bound, Event, Item, Mutex, Ref, Slot, Task
@@ -160,25 +160,15 @@ def _event(name: str, detach: Any, kwargs: dict | None) -> Event | None:
 
 
 def build_task(
-    graph: TaskGraph,
-    parent: Task | None,
-    scope: dict,
-    index: int,
-    fn: Callable,
-    args: tuple,
-    kwargs: dict,
-    name: str,
-    clauses: tuple,
-    after: Any,
-    priority: float,
-    cost: float | None,
-    detach: Any,
-    dynamic: bool,
+    graph: TaskGraph, parent: Task | None, scope: dict, index: int, spec: tuple, dynamic: bool
 ) -> tuple[Task, list[Task]]:
     """Make a task and wire its dependences; the caller links it to ``deps``.
 
-    ``dynamic``: the graph is running (its tasks have states; values may be pinned).
+    ``spec``: what ``TaskGraph.add`` was given, as (fn, args, kwargs, name, clauses,
+    after, priority, cost, detach). ``dynamic``: the graph is running (its tasks have
+    states; values may be pinned).
     """
+    fn, args, kwargs, name, clauses, after, priority, cost, detach = spec
     # 1. check everything; nothing in the graph changes before all checks passed
     kinds = kinds_of(clauses)
     refs = _ref_items(name, args, kwargs, kinds, scope, dynamic) if args or kwargs else None

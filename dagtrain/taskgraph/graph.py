@@ -103,26 +103,21 @@ class TaskGraph:
             name = getattr(fn, "__name__", None) or type(fn).__name__
         if cost is not None and not cost >= 0:
             raise ValueError(f"task {name!r}: cost must be a number >= 0 (seconds), not {cost!r}")
-        clauses = (in_, out, inout, mutexinoutset, inoutset)
-        run = self._run
-        if run is not None:
-            return run.add(self, fn, args, kwargs, name, clauses, after, priority, cost, detach)
-        task, deps = build_task(
-            self,
-            None,
-            self._scope,
-            len(self.tasks),
+        spec = (
             fn,
             args,
             kwargs,
             name,
-            clauses,
+            (in_, out, inout, mutexinoutset, inoutset),
             after,
             priority,
             cost,
             detach,
-            dynamic=False,
         )
+        run = self._run
+        if run is not None:
+            return run.add(self, spec)
+        task, deps = build_task(self, None, self._scope, len(self.tasks), spec, dynamic=False)
         for p in deps:
             p.succs.append(task)
         self.tasks.append(task)

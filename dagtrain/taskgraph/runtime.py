@@ -408,19 +408,8 @@ class Run:
             )
         return wid
 
-    def add(
-        self,
-        graph: TaskGraph,
-        fn: Callable,
-        args: tuple,
-        kwargs: dict,
-        name: str,
-        clauses: tuple,
-        after: Any,
-        priority: float,
-        cost: float | None,
-        detach: Any,
-    ) -> Task:
+    def add(self, graph: TaskGraph, spec: tuple) -> Task:
+        """``TaskGraph.add`` while the graph runs: wire, link, and ready it if it can go."""
         parent = self.current[self._wid("add")]
         with self.lock:
             if parent is None:
@@ -432,29 +421,14 @@ class Run:
                 scope = parent.scope
                 index = _CHILD_BASE + self.nchild
                 self.nchild += 1
-            task, deps = build_task(
-                graph,
-                parent,
-                scope,
-                index,
-                fn,
-                args,
-                kwargs,
-                name,
-                clauses,
-                after,
-                priority,
-                cost,
-                detach,
-                dynamic=True,
-            )
+            task, deps = build_task(graph, parent, scope, index, spec, dynamic=True)
             npred = 0
             for p in deps:
                 p.succs.append(task)
                 if p._state != DONE:
                     npred += 1
             task._npred = npred
-            task._key = -priority
+            task._key = -task.priority
             if task.event is not None:
                 task.event._run = self
             stack = self.main_groups if parent is None else parent.gstack

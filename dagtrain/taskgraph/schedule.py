@@ -113,6 +113,16 @@ class Problem:
             )
         return rank
 
+    def lower_bound(self) -> float:
+        """max(critical path at the fastest speed without transfers, work / total speed)."""
+        fastest = max(self.speeds)
+        path = [0.0] * self.n
+        for i in reversed(self.order):
+            path[i] = self.costs[i] / fastest + max(
+                (path[j] for j, _ in self.succs[i]), default=0.0
+            )
+        return max(max(path, default=0.0), sum(self.costs) / sum(self.speeds))
+
     def downward_rank(self) -> list[float]:
         rank = [0.0] * self.n
         mi = self.mean_inv
@@ -538,14 +548,17 @@ def plan(
     seeds = sorted(
         {id(c): c for c in (best, *pool, *candidates[:3])}.values(), key=lambda c: c.makespan
     )[:3]
+    floor = pb.lower_bound() * (1 + 1e-9)  # nothing can beat it: stop there
     for c in seeds:
+        if best.makespan <= floor:
+            return best
         s, tries = _local_search(pb, c, tries)
         if s.makespan < best.makespan - EPS:
             best = s
         if tries <= 0:
             break
     # Iterated local search: kick a few critical tasks elsewhere, descend again.
-    while tries > 0:
+    while tries > 0 and best.makespan > floor:
         chain = _critical_tasks(pb, best)
         proc = list(best.proc)
         for i in rng.sample(chain, k=min(len(chain), 3)):
