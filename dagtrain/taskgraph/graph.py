@@ -57,6 +57,8 @@ class TaskGraph:
         self._order: list[Task] | None = None
         self._heap = False
         self._run: Run | None = None
+        self._plain = False  # no task has values, an event, a mutex: inline replay is safe
+        self._grain: float | None = None  # mean seconds per task in the last run
 
     def __len__(self) -> int:
         return len(self.tasks)
@@ -161,6 +163,7 @@ class TaskGraph:
         self._order = self._toposort() if self._forward else None
         self._prepared = True  # before the keys: computing ranks asks for the order
         self._set_keys()
+        self._plain = all(t.x is None for t in self.tasks)
 
     def _set_keys(self) -> None:
         """Ready-queue keys: minus the upward rank when every task has a cost, else
@@ -208,19 +211,38 @@ class TaskGraph:
         trace: str | None = None,
         timeout: float | None = None,
         keep: Iterable[Hashable] = (),
+        inline_below: float = 1e-6,
     ) -> RunReport:
         """Run (or replay) every task; return a :class:`RunReport`.
 
         ``workers`` threads execute tasks, the calling thread being one of them.
         ``trace``: write a Chrome/Perfetto trace there. ``timeout``: seconds, after which
         ``TaskTimeoutError`` names the unfinished tasks. ``keep``: items whose final
-        value ``RunReport.values`` returns.
+        value ``RunReport.values`` returns. ``inline_below``: when the previous run's
+        tasks took less than this on average (seconds) and the graph has no values,
+        events or mutexes, the replay runs them in program order in the calling thread
+        (handing such a task to another thread costs more than running it); 0 never.
 
         Raises TaskError (the first failing task, its exception as ``__cause__``) after
         the tasks already running have finished and the others were cancelled.
         """
-        self._start(workers, trace, keep, incremental=False)
-        return self.join(timeout=timeout)
+        self.prepare()
+        if (
+            self._plain
+            and self._grain is not None
+            and self._grain < inline_below
+            and timeout is None
+            and not keep
+            and self._run is None
+        ):
+            from .runtime import run_inline
+
+            report = run_inline(self, workers, trace)
+        else:
+            self._start(workers, trace, keep, incremental=False)
+            report = self.join(timeout=timeout)
+        self._grain = report.busy / len(report) if len(report) else None
+        return report
 
     def start(
         self, workers: int = 2, *, trace: str | None = None, keep: Iterable[Hashable] = ()

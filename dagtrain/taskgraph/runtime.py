@@ -522,3 +522,62 @@ def _publish(slots: list, result: Any) -> None:
         for slot in slots:
             if slot.readers or slot.keep or slot.pin:
                 slot.value = result
+
+
+def run_inline(graph: TaskGraph, workers: int, trace: str | None) -> RunReport:
+    """Run a prepared plain graph (no values, events, mutexes) in the calling thread, in
+    a topological order: the serial elision of a graph whose tasks are too small to
+    gain from other threads. Same report, same errors as a threaded run."""
+    order = graph._order if graph._order is not None else graph.tasks
+    perf = perf_counter
+    ends: list[float] = []
+    mark = ends.append
+    t0 = perf()
+    failed: tuple[Task, BaseException] | None = None
+    try:
+        for task in order:
+            kw = task.kwargs
+            task.fn(*task.args, **kw) if kw else task.fn(*task.args)
+            mark(perf())
+    except BaseException as e:
+        failed = (order[len(ends)], e)
+        mark(perf())
+    end = perf()
+    ran = len(ends)
+    if ran == len(order) and order is graph.tasks:  # the common case, in C-speed list ops
+        for task in order:
+            task._state = DONE
+        rel = [e - t0 for e in ends]
+        n = len(rel)
+        report = RunReport(
+            [t.name for t in order],
+            [0.0, *rel[:-1]] if n else [],
+            rel,
+            [0] * n,
+            ["done"] * n,
+            workers,
+            end - t0,
+            {},
+        )
+    else:
+        start = t0
+        for k, task in enumerate(order):
+            if k < ran:
+                task._t0, task._t1, task._wid = start, ends[k], 0
+                task._state = DONE
+                start = ends[k]
+            else:
+                task._wid = -1
+                task._state = CANCELLED
+        report = RunReport.from_tasks(graph.tasks, t0, end, workers, {})
+    if trace is not None:
+        from .trace import write_trace
+
+        write_trace(trace, report, graph.tasks)
+    if failed is not None:
+        task, exc = failed
+        task._state = FAILED
+        if isinstance(exc, KeyboardInterrupt):
+            raise exc
+        raise TaskError(task.name, exc) from exc
+    return report

@@ -399,3 +399,47 @@ def test_the_demo_step_runs_and_writes_its_trace(tmp_path, capsys):
     assert "critical path" in out and "faster" in out
     slices = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]
     assert len(slices) == 16
+
+
+def test_a_replay_of_tiny_tasks_runs_inline_in_program_order():
+    log = []
+    g = TaskGraph()
+    for i in range(50):
+        g.add(log.append, i, name=f"t{i}", out=i % 5, in_=(i - 1) % 5)
+    g.run(workers=2)  # measures the grain: these tasks take well under a microsecond
+    log.clear()
+    r = g.run(workers=2)
+    assert log == list(range(50))
+    assert set(r.workers_of) == {0} and all(s == "done" for s in r.states)
+    assert all(a <= b for a, b in zip(r.ends, r.ends[1:]))
+    log.clear()
+    r = g.run(workers=2, inline_below=0)  # opt out
+    assert sorted(log) == list(range(50))
+
+
+def test_an_inline_replay_fails_like_a_threaded_run():
+    calls = {"n": 0}
+
+    def sometimes():
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise ValueError("second call")
+
+    g = TaskGraph()
+    g.add(noop, name="first", out="a")
+    g.add(sometimes, name="flaky", in_="a", out="b")
+    g.add(noop, name="last", in_="b")
+    g.run(workers=2)
+    with pytest.raises(TaskError, match="'flaky'") as info:
+        g.run(workers=2)
+    assert isinstance(info.value.__cause__, ValueError)
+    assert [t.state for t in g.tasks] == ["done", "failed", "cancelled"]
+
+
+def test_graphs_with_values_or_events_never_run_inline():
+    g = TaskGraph()
+    g.add(lambda: 1, name="a", out="x")
+    g.add(noop, Ref("x"), name="b")
+    g.run(workers=2)
+    g.run(workers=2)
+    assert not g._plain
