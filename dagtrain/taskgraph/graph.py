@@ -59,6 +59,7 @@ class TaskGraph:
         self._run: Run | None = None
         self._plain = False  # no task has values, an event, a mutex: inline replay is safe
         self._grain: float | None = None  # mean seconds per task in the last run
+        self._names: list[str] = []
 
     def __len__(self) -> int:
         return len(self.tasks)
@@ -164,6 +165,7 @@ class TaskGraph:
         self._prepared = True  # before the keys: computing ranks asks for the order
         self._set_keys()
         self._plain = all(t.x is None for t in self.tasks)
+        self._names = [t.name for t in self.tasks]  # shared by the reports of its replays
 
     def _set_keys(self) -> None:
         """Ready-queue keys: minus the upward rank when every task has a cost, else

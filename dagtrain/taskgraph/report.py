@@ -72,6 +72,28 @@ class RunReport:
             values=values,
         )
 
+    @classmethod
+    def from_done(
+        cls,
+        tasks: list[Task],
+        names: list[str],
+        t0: float,
+        end: float,
+        workers: int,
+        values: dict[Hashable, Any],
+    ) -> RunReport:
+        """The report of a run in which every task ran and is done."""
+        return cls(
+            names=names,
+            starts=[t._t0 - t0 for t in tasks],
+            ends=[t._t1 - t0 for t in tasks],
+            workers_of=[t._wid for t in tasks],
+            states=["done"] * len(tasks),
+            workers=workers,
+            wall=end - t0,
+            values=values,
+        )
+
     def __len__(self) -> int:
         return len(self.names)
 

@@ -108,25 +108,44 @@ class Run:
         self.children: dict[Task, list[Task]] = {}
         self.nchild = 0
         self.t0 = 0.0
+        self.evtasks: list[Task] = []  # tasks with a detach event, to unbind at the end
 
     # ------------------------------------------------------------ lifecycle
     def begin(self) -> None:
         tasks = self.tasks
-        mutexes = set()
-        for t in tasks:
-            t._npred = t.npred
-            t._state = PENDING
+        heap, ready = self.heap, self.ready
+        mutexes: set = set()
+        special: list[Task] = []  # tasks with extras that are ready at once
+        for t in tasks:  # one pass: reset, and ready the plain tasks that can go
+            t._npred = n = t.npred
             t._wid = -1
-            ev = t.event
+            x = t.x
+            if x is None:
+                if n:
+                    t._state = PENDING
+                else:
+                    t._state = READY
+                    if heap:
+                        heapq.heappush(ready, (t._key, t.index, t))
+                    else:
+                        ready.append(t)
+                continue
+            t._state = PENDING
+            ev = x.event
             if ev is not None:
                 ev._run = self
                 ev._done = False
                 ev._error = None
-            if t.mutexes is not None:
-                mutexes.update(t.mutexes)
+                self.evtasks.append(t)
+            if x.mutexes is not None:
+                mutexes.update(x.mutexes)
+            if not n:
+                special.append(t)
         for m in mutexes:
             m.holder = None
             m.waiters = []
+        for t in special:
+            self._make_ready(t)
         pin = self.incremental
         for slot in self.graph._slots:
             slot.value = None
@@ -134,10 +153,6 @@ class Run:
             slot.pin = pin and slot.current
         self.outstanding = len(tasks)
         self.wid_of[threading.get_ident()] = 0
-        order = self.graph._order if self.graph._order is not None else tasks
-        for t in order:
-            if not t.npred:
-                self._make_ready(t)
         self.t0 = perf_counter()
         for wid in range(1, self.workers):
             th = threading.Thread(
@@ -174,14 +189,25 @@ class Run:
         for th in self.threads:
             th.join()
         end = perf_counter()
+        for t in self.evtasks:
+            t.x.event._run = None  # a late fulfil() is now a no-op
         pending = []
-        for t in self.tasks:
-            if t._state in (PENDING, READY, PARKED, DETACHED, RUNNING):
-                pending.append(t.name)
-                t._state = CANCELLED
-            if t.event is not None:
-                t.event._run = None
-        report = RunReport.from_tasks(self.tasks, self.t0, end, self.workers, self._values())
+        if timed_out or interrupted is not None or self.error is not None or self.outstanding:
+            for t in self.tasks:
+                if t._state in (PENDING, READY, PARKED, DETACHED, RUNNING):
+                    pending.append(t.name)
+                    t._state = CANCELLED
+                x = t.x
+                if x is not None and x.event is not None:
+                    x.event._run = None
+            report = RunReport.from_tasks(self.tasks, self.t0, end, self.workers, self._values())
+        else:  # every task is done: the report in three list passes
+            names = self.graph._names
+            if len(names) != len(self.tasks):
+                names = [t.name for t in self.tasks]
+            report = RunReport.from_done(
+                self.tasks, names, self.t0, end, self.workers, self._values()
+            )
         if self.trace is not None:
             from .trace import write_trace
 
@@ -431,6 +457,7 @@ class Run:
             task._key = -task.priority
             if task.event is not None:
                 task.event._run = self
+                self.evtasks.append(task)
             stack = self.main_groups if parent is None else parent.gstack
             inherited = None if parent is None else parent.groups
             if stack or inherited:
@@ -439,6 +466,7 @@ class Run:
                     g.pending += 1
             if parent is None:
                 graph.tasks.append(task)
+                graph._prepared = False  # names, keys and plainness change with it
             else:
                 self.children.setdefault(parent, []).append(task)
             self.tasks.append(task)
@@ -550,7 +578,7 @@ def run_inline(graph: TaskGraph, workers: int, trace: str | None) -> RunReport:
         rel = [e - t0 for e in ends]
         n = len(rel)
         report = RunReport(
-            [t.name for t in order],
+            graph._names,
             [0.0, *rel[:-1]] if n else [],
             rel,
             [0] * n,
