@@ -237,7 +237,7 @@ class TaskGraph:
             and not keep
             and self._run is None
         ):
-            from .runtime import run_inline
+            from .inline import run_inline
 
             report = run_inline(self, workers, trace)
         else:
