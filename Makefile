@@ -9,9 +9,10 @@ SAGA   := .venv-saga
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml constraints.txt
+$(VENV)/.installed: pyproject.toml constraints.txt tools/horovod.sh
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	tools/horovod.sh $(VENV)
 	touch $@
 
 # The main job for now: a simulated training step replayed on the executor.

@@ -27,3 +27,8 @@ def test_taskgraph_imports_only_the_standard_library():
 
 def test_package_root_is_light():
     assert not imported_after("dagtrain") & set(HEAVY)
+
+
+def test_sync_and_launch_import_no_torch_nor_mpi():
+    for mod in ("dagtrain.sync", "dagtrain.launch"):
+        assert not imported_after(mod) & set(HEAVY), mod

@@ -1,0 +1,347 @@
+"""Start N ranks, watch them, fail fast.
+
+Launchers (argv lists only, never a shell string):
+
+- ``mpirun``   Open MPI 5: ``mpirun --bind-to none --oversubscribe --output tag -np N
+               python -m mpi4py -m dagtrain.training.rank ...`` (``horovodrun --mpi``
+               emits options Open MPI 5 rejects, so Horovod's MPI mode goes through
+               mpirun too). Hosts: ``--host a:2,b:2``.
+- ``horovodrun`` ``horovodrun --gloo -np N [-H a:2,b:2] python -m ...``.
+- ``torchrun`` ``torchrun --nnodes 1 --nproc-per-node N --max-restarts 0 -m ...``.
+- ``direct``   N processes started here with ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/
+               ``MASTER_PORT`` (torch.distributed's env:// rendezvous; one host).
+
+Every child runs in a process group of its own; each line it prints is prefixed with
+its rank and kept (the last lines per rank). When any rank exits non-zero or is
+killed, the others are stopped (SIGTERM, then SIGKILL after ``grace`` seconds) and
+:class:`RankFailure` names the first rank that failed, its exit code or signal, and
+its last log lines. Killing the launcher (SIGTERM/SIGINT, or ``on_kill``) kills every
+rank: no orphan survives.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["LAUNCHERS", "Job", "RankFailure", "build_argv", "launch"]
+
+LAUNCHERS = ("mpirun", "horovodrun", "torchrun", "direct")
+DEFAULT_LAUNCHER = {"mpi": "mpirun", "horovod": "mpirun", "torch": "direct", "local": "direct"}
+_TAIL = 30
+
+
+class RankFailure(RuntimeError):
+    """A rank exited non-zero or was killed; the job was stopped."""
+
+    def __init__(
+        self,
+        rank: int | None,
+        exit_code: int | None,
+        signal_name: str | None,
+        log_tail: Sequence[str],
+        detail: str = "",
+    ) -> None:
+        how = f"was killed by {signal_name}" if signal_name else f"exited with code {exit_code}"
+        who = f"rank {rank}" if rank is not None else "a rank"
+        tail = "\n".join(f"    {line}" for line in log_tail[-12:]) or "    (no output)"
+        super().__init__(
+            f"{who} {how}{detail}; the other ranks were stopped. Last lines of its log:\n{tail}"
+        )
+        self.rank = rank
+        self.exit_code = exit_code
+        self.signal = signal_name
+        self.log_tail = list(log_tail)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tool(name: str) -> str:
+    here = Path(sys.executable).parent / name  # the venv's own mpirun/torchrun/horovodrun
+    found = str(here) if here.exists() else shutil.which(name)
+    if not found:
+        raise FileNotFoundError(
+            f"{name} is not installed in this environment "
+            f"({sys.executable}); install the project's dependencies"
+        )
+    return found
+
+
+def build_argv(
+    launcher: str, nprocs: int, module_args: Sequence[str], hosts: Sequence[str] | None = None
+) -> list[str]:
+    """The argv of the launcher process (not used for ``direct``)."""
+    py = sys.executable
+    if launcher == "mpirun":
+        argv = [
+            _tool("mpirun"),
+            "--bind-to",
+            "none",
+            "--oversubscribe",
+            "--output",
+            "tag",
+            "-np",
+            str(nprocs),
+        ]
+        if os.geteuid() == 0:
+            argv.insert(1, "--allow-run-as-root")
+        if hosts:
+            argv += ["--host", ",".join(hosts)]
+        for var in ("PYTHONPATH", "OMP_NUM_THREADS"):
+            if var in os.environ:
+                argv += ["-x", var]
+        return [*argv, py, "-m", "mpi4py", "-m", *module_args]
+    if launcher == "horovodrun":
+        argv = [_tool("horovodrun"), "--gloo", "-np", str(nprocs)]
+        if hosts:
+            argv += ["-H", ",".join(hosts)]
+        return [*argv, py, "-m", *module_args]
+    if launcher == "torchrun":
+        argv = [_tool("torchrun"), "--nproc-per-node", str(nprocs), "--max-restarts", "0"]
+        if hosts:
+            raise ValueError(
+                "torchrun over several hosts needs a rendezvous endpoint: start "
+                "it on each host yourself, or use mpirun"
+            )
+        argv += [
+            "--nnodes",
+            "1",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            f"127.0.0.1:{_free_port()}",
+        ]
+        return [*argv, "-m", *module_args]
+    raise ValueError(f"launcher {launcher!r} is not one of {', '.join(LAUNCHERS)}")
+
+
+# what the launchers print when a rank fails, to find which one did
+_MPI_SIGNAL = re.compile(
+    r"process rank (\d+) with PID \d+ on node \S+ exited on\s+signal "
+    r"(\d+)",
+    re.S,
+)
+_MPI_ABORT = re.compile(r"MPI_ABORT was invoked on rank (\d+)")
+_MPI_CALLED_ABORT = re.compile(
+    r"process rank (\d+) with PID \d+ on node \S+ calling\s+\"abort\"", re.S
+)
+_MPI_EXIT = re.compile(r"Process name: \[\S+?,(\d+)\]\s+Exit code:\s+(\d+)", re.S)
+_OURS = re.compile(r"dagtrain rank (\d+) failed: (.*)")
+_TORCHRUN = re.compile(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s+exitcode\s*:\s*(-?\d+)", re.S)
+_TAGGED = re.compile(r"^\[\d+,(\d+)\]<(?:stdout|stderr)>: ?(.*)$")
+
+
+@dataclass
+class Job:
+    """Running ranks: the child processes and what they printed, by rank."""
+
+    procs: list[subprocess.Popen]
+    direct: bool
+    tails: dict[int | None, collections.deque] = field(default_factory=dict)
+    lines: list[str] = field(default_factory=list)  # untagged lines of a launcher
+    failed: list[tuple[int, str]] = field(default_factory=list)  # "dagtrain rank N failed"
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    readers: list[threading.Thread] = field(default_factory=list)
+
+    def kill(self, grace: float = 5.0) -> None:
+        """SIGTERM every process group, SIGKILL what is left after ``grace`` seconds."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for p in self.procs:
+                if p.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(p.pid, sig)
+            deadline = time.monotonic() + (grace if sig == signal.SIGTERM else 5.0)
+            while time.monotonic() < deadline and any(p.poll() is None for p in self.procs):
+                time.sleep(0.05)
+        for p in self.procs:  # reap the group leaders' children too (mpirun's ranks)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, signal.SIGKILL)
+
+
+def _reader(job: Job, stream, rank: int | None, on_line: Callable[[str], None]) -> None:
+    for raw in iter(stream.readline, ""):
+        line = raw.rstrip("\n")
+        r = rank
+        m = _TAGGED.match(line) if rank is None else None
+        if m:
+            r, line = int(m.group(1)), m.group(2)
+        with job.lock:
+            job.tails.setdefault(r, collections.deque(maxlen=_TAIL)).append(line)
+            if r is None:
+                job.lines.append(line)
+                del job.lines[:-400]
+            m = _OURS.search(line)
+            if m:  # kept apart: a long traceback after it must not push it out
+                job.failed.append((int(m.group(1)), m.group(2)))
+        on_line(f"[rank {r}] {line}" if r is not None else line)
+    stream.close()
+
+
+def _signal_name(code: int) -> str | None:
+    if code < 0:
+        try:
+            return signal.Signals(-code).name
+        except ValueError:
+            return f"signal {-code}"
+    if code > 128 and code - 128 in signal.Signals._value2member_map_:
+        return signal.Signals(code - 128).name
+    return None
+
+
+def _diagnose(job: Job, first: tuple[int, int] | None) -> RankFailure:
+    """Which rank failed first, and how, from exit codes and what the launcher printed."""
+    with job.lock:
+        text = "\n".join([*job.lines, *(line for t in job.tails.values() for line in t)])
+        ours = list(job.failed)
+    rank: int | None = None
+    code: int | None = None
+    sig: str | None = None
+    detail = ""
+    if first is not None and job.direct:
+        rank, code = first
+        sig = _signal_name(code)
+    else:
+        if first is not None:
+            code = first[1]
+        m = _MPI_SIGNAL.search(text)
+        if m:
+            rank, sig = int(m.group(1)), signal.Signals(int(m.group(2))).name
+        elif ours:
+            rank, detail = ours[0][0], f" ({ours[0][1]})"
+            code = 1
+        elif (m := _MPI_CALLED_ABORT.search(text)) is not None or (
+            m := _MPI_ABORT.search(text)
+        ) is not None:
+            rank = int(m.group(1))
+        elif (m := _MPI_EXIT.search(text)) is not None:
+            rank, code = int(m.group(1)), int(m.group(2))
+        elif (m := _TORCHRUN.search(text)) is not None:
+            rank, code = int(m.group(1)), int(m.group(2))
+            sig = _signal_name(code)
+        elif code is not None:
+            sig = _signal_name(code)
+    if sig:
+        code = None
+    with job.lock:
+        tail = list(job.tails.get(rank, job.lines[-_TAIL:]))
+    return RankFailure(rank, code, sig, tail, detail)
+
+
+def launch(
+    module_args: Sequence[str],
+    nprocs: int,
+    launcher: str = "direct",
+    hosts: Sequence[str] | None = None,
+    env: dict[str, str] | None = None,
+    on_line: Callable[[str], None] | None = None,
+    timeout: float | None = None,
+    grace: float = 5.0,
+    on_start: Callable[[Job], None] | None = None,
+) -> None:
+    """Run ``python -m <module_args>`` on ``nprocs`` ranks; return when all exit 0.
+
+    Raises RankFailure when a rank fails (the others are stopped within ``grace`` +
+    5 s), TimeoutError after ``timeout`` seconds (every rank killed).
+    """
+    if nprocs < 1:
+        raise ValueError(f"nprocs must be >= 1, not {nprocs}")
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"launcher {launcher!r} is not one of {', '.join(LAUNCHERS)}")
+    on_line = on_line or (lambda line: print(line, file=sys.stderr, flush=True))
+    base = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
+    procs: list[subprocess.Popen] = []
+    job = Job(procs, direct=launcher == "direct")
+
+    def spawn(argv: list[str], extra: dict[str, str], rank: int | None) -> None:
+        p = subprocess.Popen(
+            argv,
+            env={**base, **extra},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        procs.append(p)
+        for stream in (p.stdout, p.stderr):
+            t = threading.Thread(target=_reader, args=(job, stream, rank, on_line), daemon=True)
+            t.start()
+            job.readers.append(t)
+
+    previous = {}
+    try:
+        # a launcher killed by SIGTERM must take its ranks along
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            if threading.current_thread() is threading.main_thread():
+                previous[sig] = signal.signal(
+                    sig,
+                    lambda s, f: (_ for _ in ()).throw(
+                        KeyboardInterrupt(f"launcher got {signal.Signals(s).name}")
+                    ),
+                )
+        if launcher == "direct":
+            port = str(_free_port())
+            for r in range(nprocs):
+                spawn(
+                    [sys.executable, "-m", *module_args],
+                    {
+                        "RANK": str(r),
+                        "LOCAL_RANK": str(r),
+                        "WORLD_SIZE": str(nprocs),
+                        "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": port,
+                    },
+                    r,
+                )
+        else:
+            spawn(build_argv(launcher, nprocs, module_args, hosts), {}, None)
+        if on_start is not None:
+            on_start(job)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        first: tuple[int, int] | None = None
+        while True:
+            codes = [p.poll() for p in procs]
+            for r, c in enumerate(codes):
+                if c not in (None, 0) and first is None:
+                    first = (r, c)
+            if first is not None:
+                job.kill(grace)
+                for t in job.readers:
+                    t.join(timeout=2)
+                raise _diagnose(job, first)
+            if all(c == 0 for c in codes):
+                for t in job.readers:
+                    t.join(timeout=2)
+                return
+            if deadline is not None and time.monotonic() > deadline:
+                job.kill(grace)
+                raise TimeoutError(
+                    f"the {nprocs} ranks did not finish within {timeout:g} s; every rank was killed"
+                )
+            time.sleep(0.05)
+    except BaseException:
+        job.kill(grace)
+        raise
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def temp_dir(prefix: str = "dagtrain-") -> str:
+    return tempfile.mkdtemp(prefix=prefix)

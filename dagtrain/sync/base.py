@@ -1,0 +1,121 @@
+"""The gradient-sync interface every backend implements.
+
+A backend is a process group of ``size`` ranks. The training step uses four things:
+broadcast tensors from rank 0 (parameters and optimizer state at start), an
+asynchronous in-place *average* of a flat bucket, waiting for it with a timeout, and
+a barrier. Every wait has a deadline: a rank that died makes the others raise
+:class:`CollectiveTimeout` naming the bucket, instead of hanging.
+
+Collectives are issued in the same order on every rank (the step graph chains the
+allreduce tasks in bucket order); backends that match collectives by order (gloo,
+MPI) rely on it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["Backend", "CollectiveTimeout", "Handle", "wait_until"]
+
+
+class CollectiveTimeout(TimeoutError):
+    """A collective did not finish in time (a peer rank probably died)."""
+
+    def __init__(self, what: str, rank: int, timeout: float) -> None:
+        super().__init__(
+            f"rank {rank}: {what} did not finish within {timeout:g} s; a peer rank has "
+            "probably failed (its log says why) or the network is stuck"
+        )
+        self.what = what
+        self.rank = rank
+        self.timeout = timeout
+
+
+class Handle:
+    """An in-flight collective: ``wait(timeout)`` blocks until it is done, or raises."""
+
+    def __init__(self, what: str, test: Callable[[], bool], finish: Callable[[], None]) -> None:
+        self.what = what
+        self._test = test
+        self._finish = finish
+
+    def wait(self, rank: int, timeout: float) -> None:
+        wait_until(self._test, self.what, rank, timeout)
+        self._finish()
+
+
+def wait_until(test: Callable[[], bool], what: str, rank: int, timeout: float) -> None:
+    """Poll ``test`` (which must release the GIL or be cheap) until true or timeout."""
+    deadline = time.monotonic() + timeout
+    pause = 1e-5
+    while not test():
+        if time.monotonic() > deadline:
+            raise CollectiveTimeout(what, rank, timeout)
+        time.sleep(pause)
+        pause = min(pause * 2, 1e-3)
+
+
+class Backend:
+    """Base class; see the module docstring. ``timeout`` bounds every collective."""
+
+    name = "base"
+
+    def __init__(self, timeout: float = 60.0) -> None:
+        self.timeout = timeout
+        self.rank = 0
+        self.size = 1
+
+    # -- to implement
+    def allreduce_async(self, flat: torch.Tensor, what: str) -> Handle:
+        """Start averaging ``flat`` in place over all ranks."""
+        raise NotImplementedError
+
+    def broadcast(self, tensors: Sequence[torch.Tensor], root: int = 0) -> None:
+        raise NotImplementedError
+
+    def barrier(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Leave the process group (idempotent)."""
+
+    # -- derived
+    def allreduce(self, flat: torch.Tensor, what: str) -> None:
+        self.allreduce_async(flat, what).wait(self.rank, self.timeout)
+
+    def all_true(self, flag: bool) -> bool:
+        """True on every rank iff ``flag`` is true on every rank."""
+        import torch
+
+        t = torch.tensor([1.0 if flag else 0.0])
+        self.allreduce(t, "agreement")
+        return bool(t.item() > 1.0 - 1e-6)
+
+    def broadcast_object(self, obj: Any, root: int = 0) -> Any:
+        """Broadcast a small JSON-able object from ``root``."""
+        import json
+
+        import torch
+
+        data = json.dumps(obj).encode() if self.rank == root else b""
+        n = torch.tensor([len(data)], dtype=torch.int64)
+        self.broadcast([n], root)
+        buf = torch.zeros(int(n.item()), dtype=torch.uint8)
+        if self.rank == root:
+            buf.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+        self.broadcast([buf], root)
+        return json.loads(buf.numpy().tobytes().decode())
+
+    def __enter__(self) -> Backend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} rank {self.rank} of {self.size}>"

@@ -1,0 +1,50 @@
+"""MPI through mpi4py: ``Iallreduce`` on zero-copy numpy views of the torch buffers.
+
+Started under ``mpirun`` (``python -m mpi4py``, so that an uncaught exception on one
+rank calls MPI_Abort instead of leaving the others blocked).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .base import Backend, Handle
+
+__all__ = ["MPIBackend"]
+
+
+class MPIBackend(Backend):
+    name = "mpi"
+
+    def __init__(self, timeout: float = 60.0) -> None:
+        super().__init__(timeout)
+        from mpi4py import MPI
+
+        self._MPI = MPI
+        self.comm = MPI.COMM_WORLD
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+
+    def allreduce_async(self, flat: torch.Tensor, what: str) -> Handle:
+        if not flat.is_contiguous() or flat.device.type != "cpu":
+            raise ValueError(f"{what}: MPI needs a contiguous CPU tensor")
+        view = flat.numpy()  # shares memory with the tensor: no copy
+        req = self.comm.Iallreduce(self._MPI.IN_PLACE, view, op=self._MPI.SUM)
+        size = self.size
+        return Handle(what, req.Test, lambda: flat.div_(size))
+
+    def broadcast(self, tensors: Sequence[torch.Tensor], root: int = 0) -> None:
+        for t in tensors:
+            buf = t.detach()
+            if not buf.is_contiguous():
+                tmp = buf.contiguous()
+                self.comm.Bcast(tmp.numpy(), root=root)
+                t.data.copy_(tmp)
+            else:
+                self.comm.Bcast(buf.numpy(), root=root)
+
+    def barrier(self) -> None:
+        req = self.comm.Ibarrier()
+        Handle("barrier", req.Test, lambda: None).wait(self.rank, self.timeout)

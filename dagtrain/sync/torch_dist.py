@@ -1,0 +1,49 @@
+"""torch.distributed: gloo on CPU, nccl on GPU. Ranks come from the environment
+(``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), as torchrun sets it."""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+from .base import Backend, Handle
+
+__all__ = ["TorchBackend"]
+
+
+class TorchBackend(Backend):
+    name = "torch"
+
+    def __init__(self, timeout: float = 60.0, device: str = "cpu") -> None:
+        super().__init__(timeout)
+        backend = "nccl" if device.startswith("cuda") else "gloo"
+        if not dist.is_initialized():
+            dist.init_process_group(
+                backend, init_method="env://", timeout=datetime.timedelta(seconds=timeout)
+            )
+        self.rank = dist.get_rank()
+        self.size = dist.get_world_size()
+
+    def allreduce_async(self, flat: torch.Tensor, what: str) -> Handle:
+        work = dist.all_reduce(flat, op=dist.ReduceOp.SUM, async_op=True)
+        size = self.size
+
+        def finish() -> None:
+            work.wait()
+            flat.div_(size)
+
+        return Handle(what, work.is_completed, finish)
+
+    def broadcast(self, tensors: Sequence[torch.Tensor], root: int = 0) -> None:
+        for t in tensors:
+            dist.broadcast(t, src=root)
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()

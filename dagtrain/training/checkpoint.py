@@ -1,0 +1,105 @@
+"""Checkpoints: atomic, checksummed, the last K kept, the newest valid one found.
+
+Layout of a checkpoint directory::
+
+    ckpt-00000120.pt          torch.save of the state (tensors, dicts, numbers)
+    ckpt-00000120.pt.json     {"step": 120, "sha256": "...", "bytes": 123456}
+
+Both files are written to a temporary name, fsynced, then renamed; the sidecar comes
+last, so a checkpoint without a sidecar (a crash in between) or whose bytes do not
+match it (truncated, corrupted) is skipped with a warning, and the previous one used.
+Loading uses ``torch.load(weights_only=True)``: a checkpoint holds no code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["latest", "load", "save"]
+
+log = logging.getLogger(__name__)
+_NAME = re.compile(r"^ckpt-(\d{8})\.pt$")
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save(state: dict[str, Any], directory: str | os.PathLike, step: int, keep: int = 3) -> Path:
+    """Write ``state`` as the checkpoint of ``step``; keep the newest ``keep``."""
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1, not {keep}")
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    data = buf.getvalue()
+    path = d / f"ckpt-{step:08d}.pt"
+    _atomic_write(path, data)
+    meta = {"step": step, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    _atomic_write(path.with_name(path.name + ".json"), json.dumps(meta).encode())
+    _fsync_dir(d)
+    for old in _steps(d)[:-keep]:
+        p = d / f"ckpt-{old:08d}.pt"
+        p.with_name(p.name + ".json").unlink(missing_ok=True)
+        p.unlink(missing_ok=True)
+    return path
+
+
+def _steps(d: Path) -> list[int]:
+    if not d.is_dir():
+        return []
+    return sorted(int(m.group(1)) for p in d.iterdir() if (m := _NAME.match(p.name)))
+
+
+def load(path: str | os.PathLike) -> dict[str, Any]:
+    """Load one checkpoint after checking it against its sidecar; raise ValueError if bad."""
+    path = Path(path)
+    side = path.with_name(path.name + ".json")
+    try:
+        meta = json.loads(side.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path.name}: no valid sidecar {side.name} ({e})") from e
+    data = path.read_bytes()
+    if len(data) != meta.get("bytes") or hashlib.sha256(data).hexdigest() != meta.get("sha256"):
+        raise ValueError(f"{path.name}: checksum mismatch (truncated or corrupted)")
+    return torch.load(io.BytesIO(data), weights_only=True)
+
+
+def latest(directory: str | os.PathLike) -> tuple[Path, dict[str, Any]] | None:
+    """The newest checkpoint that loads and matches its checksum, or None."""
+    d = Path(directory)
+    for step in reversed(_steps(d)):
+        path = d / f"ckpt-{step:08d}.pt"
+        try:
+            return path, load(path)
+        except Exception as e:  # any unreadable checkpoint is skipped
+            log.warning("skipping checkpoint %s: %s; trying the previous one", path, e)
+    return None

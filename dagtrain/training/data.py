@@ -1,0 +1,114 @@
+"""Data: the digits set scikit-learn ships (a real default that needs no download) and
+user arrays; deterministic, seeded sharding of each global batch over the ranks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+__all__ = ["Dataset", "load_dataset", "shard_batches"]
+
+
+@dataclass
+class Dataset:
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    in_shape: tuple[int, ...]
+    classes: int
+
+
+def _read(spec: str) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
+    if spec == "digits":
+        from sklearn.datasets import load_digits
+
+        d = load_digits()
+        return d.data.astype(np.float32), d.target.astype(np.int64), (1, 8, 8)
+    path = Path(spec)
+    if not path.exists():
+        raise ValueError(f"data {spec!r}: no such file (or use 'digits')")
+    suffix = path.suffix.lower()
+    if suffix == ".npz":
+        with np.load(path, allow_pickle=False) as z:
+            keys = set(z.files)
+            xk = "x" if "x" in keys else "X" if "X" in keys else None
+            if xk is None or "y" not in keys:
+                raise ValueError(
+                    f"data {spec!r}: an .npz needs arrays 'x' (or 'X') and 'y', "
+                    f"found {sorted(keys)}"
+                )
+            x, y = z[xk], z["y"]
+    elif suffix == ".npy":
+        a = np.load(path, allow_pickle=False)
+        if a.ndim != 2 or a.shape[1] < 2:
+            raise ValueError(f"data {spec!r}: an .npy must be 2-D, the label in its last column")
+        x, y = a[:, :-1], a[:, -1]
+    elif suffix == ".csv":
+        a = np.genfromtxt(path, delimiter=",", dtype=np.float64)
+        if np.isnan(a[0]).all():  # a header row
+            a = a[1:]
+        x, y = a[:, :-1], a[:, -1]
+    elif suffix == ".parquet":
+        try:
+            import pandas as pd
+        except ImportError as e:
+            raise ValueError(f"data {spec!r}: reading parquet needs pandas and pyarrow") from e
+        df = pd.read_parquet(path)
+        label = "label" if "label" in df.columns else df.columns[-1]
+        y = df[label].to_numpy()
+        x = df.drop(columns=[label]).to_numpy()
+    else:
+        raise ValueError(f"data {spec!r}: use .npz, .npy, .csv or .parquet")
+    if len(x) != len(y) or len(x) == 0:
+        raise ValueError(f"data {spec!r}: {len(x)} rows of features but {len(y)} labels")
+    if not np.all(np.isfinite(x)):
+        raise ValueError(f"data {spec!r}: features contain NaN or infinity")
+    yi = y.astype(np.int64)
+    if not np.array_equal(yi, y) or yi.min() < 0:
+        raise ValueError(f"data {spec!r}: labels must be integers 0..C-1")
+    return x.astype(np.float32), yi, tuple(x.shape[1:])
+
+
+def load_dataset(spec: str, test_fraction: float, seed: int, normalize: bool = True) -> Dataset:
+    """Load, split (seeded), and standardise with statistics of the training part only."""
+    x, y, shape = _read(spec)
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(x))
+    n_test = round(len(x) * test_fraction)
+    test, train = order[:n_test], order[n_test:]
+    xtr, xte = x[train], x[test]
+    if normalize:
+        mean, std = xtr.mean(axis=0), xtr.std(axis=0)
+        std[std == 0] = 1.0
+        xtr, xte = (xtr - mean) / std, (xte - mean) / std
+    return Dataset(
+        torch.from_numpy(np.ascontiguousarray(xtr)),
+        torch.from_numpy(y[train]),
+        torch.from_numpy(np.ascontiguousarray(xte)),
+        torch.from_numpy(y[test]),
+        shape,
+        int(y.max()) + 1,
+    )
+
+
+def shard_batches(
+    n: int, batch: int, rank: int, world: int, seed: int, epoch: int
+) -> list[tuple[torch.Tensor, int]]:
+    """This rank's sample indices for every step of an epoch, with each step's global count.
+
+    One seeded permutation per epoch (the same on every rank); each global batch of
+    ``batch`` samples (the last may be smaller) is cut into ``world`` contiguous parts,
+    rank r taking part r. Every sample is seen exactly once per epoch across the ranks.
+    """
+    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    perm = torch.randperm(n, generator=g)
+    steps = []
+    for start in range(0, n, batch):
+        chunk = perm[start : start + batch]
+        parts = torch.tensor_split(chunk, world)
+        steps.append((parts[rank], len(chunk)))
+    return steps

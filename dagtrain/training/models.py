@@ -1,0 +1,154 @@
+"""Models: a registry of built-ins, and user models by a factory's import path.
+
+Built-ins take the input shape and the number of classes: ``mlp`` (hidden layers),
+``cnn`` (two conv layers), ``rescnn`` (a small residual CNN), ``transformer`` (a
+small transformer encoder classifier over rows of the input). A user model is
+``"package.module:function"``; the function gets ``in_shape``, ``classes`` and the
+config's ``model_args`` and returns a ``torch.nn.Module``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+__all__ = ["MODELS", "build_model"]
+
+
+def mlp(
+    in_shape: Sequence[int], classes: int, hidden: Sequence[int] = (256, 256), dropout: float = 0.0
+) -> nn.Module:
+    layers: list[nn.Module] = [nn.Flatten()]
+    width = math.prod(in_shape)
+    for h in hidden:
+        layers += [nn.Linear(width, h), nn.ReLU()]
+        if dropout:
+            layers.append(nn.Dropout(dropout))
+        width = h
+    layers.append(nn.Linear(width, classes))
+    return nn.Sequential(*layers)
+
+
+def _image(in_shape: Sequence[int]) -> tuple[int, int, int]:
+    if len(in_shape) == 3:
+        return tuple(in_shape)  # type: ignore[return-value]
+    side = math.isqrt(math.prod(in_shape))
+    if side * side != math.prod(in_shape):
+        raise ValueError(f"a CNN needs an image input (C, H, W) or a square, not {in_shape}")
+    return (1, side, side)
+
+
+class _Reshape(nn.Module):
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        super().__init__()
+        self.shape = shape
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(x.shape[0], *self.shape)
+
+
+def cnn(in_shape: Sequence[int], classes: int, channels: int = 32) -> nn.Module:
+    c, h, w = _image(in_shape)
+    return nn.Sequential(
+        _Reshape((c, h, w)),
+        nn.Conv2d(c, channels, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(channels, channels, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(4),
+        nn.Flatten(),
+        nn.Linear(channels * 16, classes),
+    )
+
+
+class _Block(nn.Module):
+    def __init__(self, ch: int) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(ch, ch, 3, padding=1, bias=False)
+        self.n1 = nn.BatchNorm2d(ch)
+        self.c2 = nn.Conv2d(ch, ch, 3, padding=1, bias=False)
+        self.n2 = nn.BatchNorm2d(ch)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.n1(self.c1(x)))
+        return torch.relu(x + self.n2(self.c2(y)))
+
+
+def rescnn(in_shape: Sequence[int], classes: int, channels: int = 32, blocks: int = 3) -> nn.Module:
+    c, h, w = _image(in_shape)
+    return nn.Sequential(
+        _Reshape((c, h, w)),
+        nn.Conv2d(c, channels, 3, padding=1, bias=False),
+        nn.BatchNorm2d(channels),
+        nn.ReLU(),
+        *[_Block(channels) for _ in range(blocks)],
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(channels, classes),
+    )
+
+
+class _Encoder(nn.Module):
+    """Rows of the input are the tokens: (N, rows, cols) -> classes."""
+
+    def __init__(self, rows: int, cols: int, classes: int, dim: int, heads: int, layers: int):
+        super().__init__()
+        self.rows, self.cols = rows, cols
+        self.embed = nn.Linear(cols, dim)
+        self.pos = nn.Parameter(torch.zeros(1, rows, dim))
+        layer = nn.TransformerEncoderLayer(dim, heads, dim * 2, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = self.embed(x.reshape(x.shape[0], self.rows, self.cols)) + self.pos
+        return self.head(self.encoder(t).mean(dim=1))
+
+
+def transformer(
+    in_shape: Sequence[int], classes: int, dim: int = 64, heads: int = 4, layers: int = 2
+) -> nn.Module:
+    if len(in_shape) >= 2:
+        rows, cols = in_shape[-2], in_shape[-1]
+    else:
+        side = math.isqrt(in_shape[0])
+        rows, cols = (side, side) if side * side == in_shape[0] else (1, in_shape[0])
+    return _Encoder(rows, cols, classes, dim, heads, layers)
+
+
+MODELS: dict[str, Callable[..., nn.Module]] = {
+    "mlp": mlp,
+    "cnn": cnn,
+    "rescnn": rescnn,
+    "transformer": transformer,
+}
+
+
+def build_model(name: str, in_shape: Sequence[int], classes: int, **args) -> nn.Module:
+    """A built-in by name, or ``"pkg.module:factory"``; errors say what is allowed."""
+    if name in MODELS:
+        factory = MODELS[name]
+    elif ":" in name:
+        mod, _, attr = name.partition(":")
+        try:
+            factory = getattr(importlib.import_module(mod), attr)
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"model {name!r}: cannot import {attr!r} from {mod!r}: {e}") from e
+    else:
+        raise ValueError(
+            f"model {name!r} is neither a built-in ({', '.join(MODELS)}) "
+            "nor an import path 'package.module:factory'"
+        )
+    try:
+        model = factory(in_shape, classes, **args)
+    except TypeError as e:
+        raise ValueError(f"model {name!r}: bad model_args {args}: {e}") from e
+    if not isinstance(model, nn.Module):
+        raise ValueError(
+            f"model {name!r}: the factory returned {type(model).__name__}, not a torch.nn.Module"
+        )
+    return model

@@ -1,0 +1,56 @@
+"""The rank entry point the launcher starts in every process:
+
+    python -m dagtrain.training.rank CONFIG.json RESULT.json
+
+Under mpirun it runs as ``python -m mpi4py -m dagtrain.training.rank ...`` so that an
+uncaught exception on one rank aborts the whole job instead of leaving the others
+blocked in a collective. Rank 0 writes the TrainResult (atomically).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+from .config import TrainConfig
+from .trainer import train
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m dagtrain.training.rank CONFIG.json RESULT.json", file=sys.stderr)
+        return 2
+    cfg = TrainConfig.model_validate_json(Path(args[0]).read_text())
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    rank = (
+        os.environ.get("RANK")
+        or os.environ.get("OMPI_COMM_WORLD_RANK")
+        or os.environ.get("HOROVOD_RANK")
+        or "?"
+    )
+    pid_dir = os.environ.get("DAGTRAIN_PID_DIR")  # tests and tools find the ranks here
+    if pid_dir:
+        Path(pid_dir, f"rank{rank}.pid").write_text(str(os.getpid()))
+    try:
+        result = train(cfg)
+        rank = str(result.rank)
+    except BaseException as e:
+        traceback.print_exc()
+        print(f"dagtrain rank {rank} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        raise
+    if result.rank == 0:
+        out = Path(args[1])
+        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+        with os.fdopen(fd, "w") as f:
+            f.write(result.to_json())
+        os.replace(tmp, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,281 @@
+"""``train(config)``: one rank's whole run — data, model, step graph, checkpoints.
+
+Every rank calls it with the same config; the backend says which rank it is. Rank 0
+writes checkpoints and evaluates on the test set. A run that finds a valid checkpoint
+in ``checkpoint_dir`` resumes from it exactly: same parameters, optimizer state, data
+position and per-step random seeds as if it had never stopped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dagtrain.sync import Backend, get_backend
+
+from . import checkpoint
+from .config import TrainConfig
+from .data import Dataset, load_dataset, shard_batches
+from .models import build_model
+from .step import StepGraph
+
+__all__ = ["TrainResult", "params_digest", "train"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainResult:
+    rank: int
+    world: int
+    backend: str
+    steps: int = 0
+    skipped_steps: int = 0
+    epochs: list[dict[str, float]] = field(default_factory=list)
+    checkpoint: str | None = None
+    resumed_from_step: int | None = None
+    step_seconds: list[float] = field(default_factory=list)
+    samples_per_second: float = 0.0
+    trace: str | None = None
+    params_sha256: str = ""
+
+    @property
+    def test_accuracy(self) -> float | None:
+        return self.epochs[-1].get("test_accuracy") if self.epochs else None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> TrainResult:
+        return cls(**json.loads(text))
+
+
+def params_digest(model: torch.nn.Module) -> str:
+    """sha256 of every parameter's bytes, in order: equal digests, bitwise-equal models."""
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _batches(
+    ds: Dataset, cfg: TrainConfig, rank: int, world: int, start: int
+) -> Iterator[tuple[int, int, tuple[torch.Tensor, torch.Tensor, int]]]:
+    """(epoch, step in epoch, batch) for every step from global step ``start`` on."""
+    n = len(ds.x_train)
+    per_epoch = math.ceil(n / cfg.batch_size)
+    for epoch in range(start // per_epoch, cfg.epochs):
+        plan = shard_batches(n, cfg.batch_size, rank, world, cfg.seed, epoch)
+        first = start - epoch * per_epoch if epoch == start // per_epoch else 0
+        for k in range(first, len(plan)):
+            idx, count = plan[k]
+            yield epoch, k, (ds.x_train[idx], ds.y_train[idx], count)
+
+
+def _evaluate(model: torch.nn.Module, ds: Dataset) -> dict[str, float]:
+    if not len(ds.x_test):
+        return {}
+    model.eval()
+    with torch.no_grad():
+        out = model(ds.x_test)
+        loss = torch.nn.functional.cross_entropy(out, ds.y_test).item()
+        acc = (out.argmax(dim=1) == ds.y_test).float().mean().item()
+    return {"test_loss": loss, "test_accuracy": acc}
+
+
+def train(cfg: TrainConfig, backend: Backend | None = None) -> TrainResult:
+    """Run (or resume) training as one rank; returns this rank's TrainResult."""
+    torch.set_num_threads(cfg.intra_op_threads)
+    own = backend is None
+    if backend is None:
+        backend = get_backend(cfg.backend, cfg.collective_timeout)
+    try:
+        return _train(cfg, backend)
+    finally:
+        if own:
+            backend.close()
+
+
+def _train(cfg: TrainConfig, backend: Backend) -> TrainResult:
+    rank, world = backend.rank, backend.size
+    ds = load_dataset(cfg.data, cfg.test_fraction, cfg.seed, cfg.normalize)
+    if cfg.batch_size < world:
+        raise ValueError(
+            f"batch_size {cfg.batch_size} is smaller than the {world} ranks: "
+            "each rank needs at least one sample per step"
+        )
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg.model, ds.in_shape, ds.classes, **cfg.model_args)
+    result = TrainResult(rank=rank, world=world, backend=backend.name)
+    writer = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-writer") if rank == 0 else None
+    pending: list[Future] = []
+    state: dict[str, Any] = {"step": 0, "epochs": [], "sums": [0.0, 0, 0]}
+
+    staged: list[dict[str, Any]] = []
+
+    def snapshot(step: int) -> None:
+        """Copy the state after ``step`` steps; ``commit`` hands it to the writer.
+
+        Inside the step graph it runs with ``in`` on every parameter: the next updates
+        wait for this copy only, and the write goes on in the background."""
+        if writer is None:
+            return
+        staged.append(
+            {
+                "model": {k: v.detach().clone() for k, v in model.state_dict().items()},
+                "optim": _clone(sg.optimizer_states()),
+                "step": step,
+                "epochs": json.dumps(state["epochs"]),
+                "config": cfg.model_dump_json(),
+            }
+        )
+
+    def commit() -> None:
+        # every rank: the epoch's running sums, summed over the ranks, go with it (on
+        # resume rank 0 carries them and the others start from zero)
+        t = torch.tensor([float(v) for v in state["sums"]], dtype=torch.float64)
+        backend.allreduce(t, "checkpoint-sums")
+        if writer is None:
+            return
+        snap = staged.pop()
+        snap["sums"] = json.dumps((t * backend.size).tolist())
+        for f in pending:
+            f.result()  # one write at a time; a failed write fails the run here
+        pending[:] = [
+            writer.submit(
+                checkpoint.save, snap, cfg.checkpoint_dir, snap["step"], cfg.keep_checkpoints
+            )
+        ]
+
+    sg = StepGraph(cfg, model, backend, snapshot if cfg.checkpoint_dir else None)
+    try:
+        start = _resume(cfg, backend, model, sg, state, result)
+        if start == 0:
+            backend.broadcast([t.data for t in model.state_dict().values()])
+        sg.step = start
+        n = len(ds.x_train)
+        per_epoch = math.ceil(n / cfg.batch_size)
+        total = (
+            cfg.epochs * per_epoch
+            if cfg.max_steps is None
+            else min(cfg.epochs * per_epoch, cfg.max_steps)
+        )
+        batches = _batches(ds, cfg, rank, world, start)
+        upcoming = next(batches, None)
+        sg.fetch = lambda: next(batches, None)
+        sums = state["sums"]
+        while upcoming is not None and sg.step < total:
+            epoch, k, batch = upcoming
+            last_in_epoch = k == per_epoch - 1
+            every = cfg.checkpoint_every
+            want = cfg.checkpoint_dir is not None and (
+                (every and (sg.step + 1) % every == 0)
+                or (not every and last_in_epoch)
+                or sg.step + 1 == total
+            )
+            trace = None
+            if cfg.trace_dir and sg.step + 1 == total:
+                trace = str(Path(cfg.trace_dir) / f"step-rank{rank}.json")
+                result.trace = trace
+            t0 = time.perf_counter()
+            # an epoch's last step checkpoints after the epoch's metrics are in
+            loss, correct, seen = sg.run(batch, snapshot=want and not last_in_epoch, trace=trace)
+            sums[0] += loss
+            sums[1] += correct
+            sums[2] += seen
+            if last_in_epoch:
+                _close_epoch(cfg, backend, model, ds, state, epoch)
+                if want:
+                    snapshot(sg.step)
+            if want:
+                commit()
+            result.step_seconds.append(time.perf_counter() - t0)
+            upcoming = sg.prefetched
+        for f in pending:
+            f.result()
+        result.steps = sg.step
+        result.skipped_steps = sg.skipped
+        result.epochs = state["epochs"]
+        result.params_sha256 = params_digest(model)
+        if cfg.checkpoint_dir:
+            found = checkpoint.latest(cfg.checkpoint_dir) if rank == 0 else None
+            result.checkpoint = str(found[0]) if found else None
+        times = sorted(result.step_seconds)
+        if times:
+            result.samples_per_second = cfg.batch_size / times[len(times) // 2]
+        return result
+    finally:
+        sg.close()
+        if writer is not None:
+            writer.shutdown(wait=True)
+
+
+def _close_epoch(
+    cfg: TrainConfig,
+    backend: Backend,
+    model: torch.nn.Module,
+    ds: Dataset,
+    state: dict[str, Any],
+    epoch: int,
+) -> None:
+    sums = state["sums"]
+    t = torch.tensor([sums[0], float(sums[1]), float(sums[2])], dtype=torch.float64)
+    backend.allreduce(t, "epoch-metrics")
+    t *= backend.size
+    row = {
+        "epoch": epoch,
+        "train_loss": float(t[0] / max(t[2], 1)),
+        "train_accuracy": float(t[1] / max(t[2], 1)),
+    }
+    if backend.rank == 0:
+        row.update(_evaluate(model, ds))
+    state["epochs"].append(row)
+    state["sums"][:] = [0.0, 0, 0]
+    log.info("epoch %d: %s", epoch, row)
+
+
+def _resume(
+    cfg: TrainConfig,
+    backend: Backend,
+    model: torch.nn.Module,
+    sg: StepGraph,
+    state: dict[str, Any],
+    result: TrainResult,
+) -> int:
+    """Load the newest valid checkpoint on every rank; return the step to start at."""
+    if not cfg.checkpoint_dir:
+        return 0
+    found = checkpoint.latest(cfg.checkpoint_dir) if backend.rank == 0 else None
+    path = backend.broadcast_object(str(found[0]) if found else None)
+    if path is None:
+        return 0
+    snap = found[1] if found else checkpoint.load(path)
+    model.load_state_dict(snap["model"])
+    sg.load_optimizer_states(snap["optim"])
+    state["epochs"] = json.loads(snap["epochs"])
+    if backend.rank == 0:  # global partial sums of the epoch; the others add their own
+        state["sums"][:] = json.loads(snap["sums"])
+    result.resumed_from_step = int(snap["step"])
+    log.info("rank %d resumes from %s (step %d)", backend.rank, path, snap["step"])
+    return int(snap["step"])
+
+
+def _clone(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        return {k: _clone(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(_clone(v) for v in obj)
+    return obj

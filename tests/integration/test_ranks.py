@@ -1,0 +1,149 @@
+"""Real ranks in real processes: torch.distributed (gloo), mpi4py under mpirun, Horovod
+under mpirun. Nothing here is mocked."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from dagtrain.launch import RankFailure, run_training
+from dagtrain.training import TrainConfig
+from dagtrain.training import checkpoint as ckpt
+
+QUIET = {"on_line": lambda line: None}
+
+
+def small(**kw) -> TrainConfig:
+    base = {
+        "epochs": 1,
+        "max_steps": 6,
+        "batch_size": 32,
+        "bucket_mb": 0.01,
+        "model_args": {"hidden": [32]},
+        "collective_timeout": 30,
+    }
+    return TrainConfig(**{**base, **kw})
+
+
+def final_params(directory: Path) -> dict[str, torch.Tensor]:
+    _, state = ckpt.latest(directory)
+    return state["model"]
+
+
+def test_two_ranks_on_every_backend_agree_with_one_process_on_the_union_batch(tmp_path):
+    # the defining property of data parallelism: 2 ranks x 16 samples == 1 x 32
+    single = run_training(small(checkpoint_dir=str(tmp_path / "local")), 1, **QUIET)
+    reference = final_params(tmp_path / "local")
+    digests = {}
+    for backend in ("torch", "mpi", "horovod"):
+        d = tmp_path / backend
+        r = run_training(small(backend=backend, checkpoint_dir=str(d)), 2, **QUIET)
+        assert (r.world, r.backend, r.steps) == (2, backend, 6)
+        digests[backend] = r.params_sha256
+        got = final_params(d)
+        for k, v in reference.items():
+            assert torch.allclose(got[k], v, rtol=1e-5, atol=1e-6), (backend, k)
+    assert single.world == 1
+    # the three backends sum two numbers the same way: bitwise equal among themselves
+    assert len(set(digests.values())) == 1, digests
+
+
+def test_overlap_on_and_off_agree_across_ranks():
+    on = run_training(small(backend="mpi", overlap=True), 2, **QUIET)
+    off = run_training(small(backend="mpi", overlap=False), 2, **QUIET)
+    assert on.params_sha256 == off.params_sha256
+
+
+def test_digits_on_two_ranks_reaches_95_percent():
+    r = run_training(TrainConfig(backend="mpi", epochs=3), 2, **QUIET)
+    assert r.test_accuracy >= 0.95, r.epochs
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purposes
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("backend", ["mpi", "torch"])
+def test_a_killed_rank_fails_fast_and_the_resumed_run_is_bitwise_exact(
+    tmp_path, backend, monkeypatch
+):
+    cfg = dict(
+        backend=backend,
+        model="tests.unit.training.factory:slow",
+        model_args={"seconds": 0.01},
+        epochs=3,
+        max_steps=120,
+        checkpoint_every=10,
+        batch_size=32,
+    )
+    whole = run_training(TrainConfig(**cfg, checkpoint_dir=str(tmp_path / "a")), 2, **QUIET)
+
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    monkeypatch.setenv("DAGTRAIN_PID_DIR", str(pids))
+    d = tmp_path / "b"
+    killed = {}
+
+    def killer(job):
+        def go():
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                if (d / "ckpt-00000020.pt.json").exists() and (pids / "rank1.pid").exists():
+                    pid = int((pids / "rank1.pid").read_text())
+                    killed["at"] = time.monotonic()
+                    os.kill(pid, signal.SIGKILL)
+                    return
+                time.sleep(0.01)
+
+        threading.Thread(target=go, daemon=True).start()
+
+    with pytest.raises(RankFailure) as info:
+        run_training(TrainConfig(**cfg, checkpoint_dir=str(d)), 2, on_start=killer, **QUIET)
+    took = time.monotonic() - killed["at"]
+    assert took < 15, took
+    err = info.value
+    assert err.rank == 1 and err.signal == "SIGKILL", str(err)
+    time.sleep(0.5)
+    survivors = [p for p in pids.iterdir() if _alive(int(p.read_text()))]
+    assert not survivors, "orphaned ranks"
+
+    monkeypatch.delenv("DAGTRAIN_PID_DIR")
+    resumed = run_training(TrainConfig(**cfg, checkpoint_dir=str(d)), 2, **QUIET)
+    assert resumed.resumed_from_step is not None and resumed.resumed_from_step >= 20
+    assert resumed.steps == whole.steps == 120
+    assert resumed.params_sha256 == whole.params_sha256  # bitwise
+    assert [e["train_loss"] for e in resumed.epochs] == pytest.approx(
+        [e["train_loss"] for e in whole.epochs]
+    )
+
+
+@pytest.mark.parametrize("backend", ["mpi", "torch"])
+def test_a_rank_that_raises_is_named_with_its_log(backend):
+    with pytest.raises(RankFailure) as info:
+        run_training(
+            small(
+                backend=backend,
+                model="tests.unit.training.factory:fail_on_rank1",
+                model_args={},
+                collective_timeout=20,
+            ),
+            2,
+            timeout=60,
+            **QUIET,
+        )
+    err = info.value
+    assert err.rank == 1, str(err)
+    assert any("rank 1 cannot build its model" in line for line in err.log_tail), err.log_tail

@@ -1,0 +1,53 @@
+"""A user model factory, imported by path in the tests."""
+
+from torch import nn
+
+
+def tiny(in_shape, classes, width=8):
+    return nn.Sequential(nn.Linear(in_shape[0], width), nn.ReLU(), nn.Linear(width, classes))
+
+
+class _NaNModel(nn.Module):
+    def __init__(self, n, classes):
+        super().__init__()
+        self.lin = nn.Linear(n, classes)
+
+    def forward(self, x):
+        import torch
+
+        return self.lin(x) * torch.sqrt(torch.tensor(-1.0))  # NaN from the first step
+
+
+def nan(in_shape, classes):
+    import math
+
+    return _NaNModel(math.prod(in_shape), classes)
+
+
+class _Slow(nn.Module):
+    def __init__(self, n, classes, seconds):
+        super().__init__()
+        self.lin = nn.Linear(n, classes)
+        self.seconds = seconds
+
+    def forward(self, x):
+        import time
+
+        time.sleep(self.seconds)
+        return self.lin(x.reshape(x.shape[0], -1))
+
+
+def slow(in_shape, classes, seconds=0.02):
+    """A model whose steps take long enough for a test to kill a rank mid-run."""
+    import math
+
+    return _Slow(math.prod(in_shape), classes, seconds)
+
+
+def fail_on_rank1(in_shape, classes):
+    import os
+
+    rank = os.environ.get("RANK") or os.environ.get("OMPI_COMM_WORLD_RANK")
+    if rank == "1":
+        raise RuntimeError("rank 1 cannot build its model")
+    return tiny(in_shape, classes)
