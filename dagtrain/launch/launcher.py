@@ -114,7 +114,15 @@ def build_argv(
             argv += ["-H", ",".join(hosts)]
         return [*argv, py, "-m", *module_args]
     if launcher == "torchrun":
-        argv = [_tool("torchrun"), "--nproc-per-node", str(nprocs), "--max-restarts", "0"]
+        argv = [
+            _tool("torchrun"),
+            "--nproc-per-node",
+            str(nprocs),
+            "--max-restarts",
+            "0",
+            "--tee",
+            "3",
+        ]
         if hosts:
             raise ValueError(
                 "torchrun over several hosts needs a rendezvous endpoint: start "
@@ -145,7 +153,8 @@ _MPI_CALLED_ABORT = re.compile(
 _MPI_EXIT = re.compile(r"Process name: \[\S+?,(\d+)\]\s+Exit code:\s+(\d+)", re.S)
 _OURS = re.compile(r"dagtrain rank (\d+) failed: (.*)")
 _TORCHRUN = re.compile(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s+exitcode\s*:\s*(-?\d+)", re.S)
-_TAGGED = re.compile(r"^\[\d+,(\d+)\]<(?:stdout|stderr)>: ?(.*)$")
+# how each launcher tags a rank's lines: mpirun --output tag, horovodrun, torchrun --tee
+_TAGGED = re.compile(r"^\[(?:\d+,)?(\d+)\]<(?:stdout|stderr)>: ?(.*)$|^\[default(\d+)\]:(.*)$")
 
 
 @dataclass
@@ -181,7 +190,8 @@ def _reader(job: Job, stream, rank: int | None, on_line: Callable[[str], None]) 
         r = rank
         m = _TAGGED.match(line) if rank is None else None
         if m:
-            r, line = int(m.group(1)), m.group(2)
+            r = int(m.group(1) if m.group(1) is not None else m.group(3))
+            line = m.group(2) if m.group(1) is not None else m.group(4)
         with job.lock:
             job.tails.setdefault(r, collections.deque(maxlen=_TAIL)).append(line)
             if r is None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -130,20 +132,44 @@ def test_a_killed_rank_fails_fast_and_the_resumed_run_is_bitwise_exact(
     )
 
 
-@pytest.mark.parametrize("backend", ["mpi", "torch"])
-def test_a_rank_that_raises_is_named_with_its_log(backend):
+@pytest.mark.parametrize(
+    ("backend", "launcher"),
+    [("mpi", "mpirun"), ("torch", "direct"), ("torch", "torchrun"), ("horovod", "horovodrun")],
+)
+def test_a_rank_that_raises_is_named_with_its_log(backend, launcher):
+    bad = small(
+        backend=backend,
+        model="tests.unit.training.factory:fail_on_rank1",
+        model_args={},
+        collective_timeout=20,
+    )
     with pytest.raises(RankFailure) as info:
-        run_training(
-            small(
-                backend=backend,
-                model="tests.unit.training.factory:fail_on_rank1",
-                model_args={},
-                collective_timeout=20,
-            ),
-            2,
-            timeout=60,
-            **QUIET,
-        )
+        run_training(bad, 2, launcher=launcher, timeout=60, **QUIET)
     err = info.value
     assert err.rank == 1, str(err)
     assert any("rank 1 cannot build its model" in line for line in err.log_tail), err.log_tail
+
+
+@pytest.mark.parametrize("backend", ["mpi", "torch"])
+def test_killing_the_launcher_leaves_no_rank_behind(tmp_path, backend):
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    code = (
+        "from dagtrain.launch import run_training\n"
+        "from dagtrain.training import TrainConfig\n"
+        f"run_training(TrainConfig(backend={backend!r}, epochs=50, "
+        "model='tests.unit.training.factory:slow'), 2, on_line=lambda line: None)\n"
+    )
+    env = {**os.environ, "DAGTRAIN_PID_DIR": str(pids)}
+    launcher = subprocess.Popen([sys.executable, "-c", code], env=env)
+    deadline = time.monotonic() + 60
+    while len(list(pids.iterdir())) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ranks = [int(p.read_text()) for p in pids.iterdir()]
+    assert len(ranks) == 2 and all(_alive(p) for p in ranks)
+    launcher.send_signal(signal.SIGTERM)
+    launcher.wait(timeout=20)
+    deadline = time.monotonic() + 15
+    while any(_alive(p) for p in ranks) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in ranks if _alive(p)], "orphaned ranks"

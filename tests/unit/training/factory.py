@@ -4,7 +4,11 @@ from torch import nn
 
 
 def tiny(in_shape, classes, width=8):
-    return nn.Sequential(nn.Linear(in_shape[0], width), nn.ReLU(), nn.Linear(width, classes))
+    import math
+
+    return nn.Sequential(
+        nn.Flatten(), nn.Linear(math.prod(in_shape), width), nn.ReLU(), nn.Linear(width, classes)
+    )
 
 
 class _NaNModel(nn.Module):
@@ -47,7 +51,11 @@ def slow(in_shape, classes, seconds=0.02):
 def fail_on_rank1(in_shape, classes):
     import os
 
-    rank = os.environ.get("RANK") or os.environ.get("OMPI_COMM_WORLD_RANK")
+    rank = (
+        os.environ.get("RANK")
+        or os.environ.get("OMPI_COMM_WORLD_RANK")
+        or os.environ.get("HOROVOD_RANK")
+    )
     if rank == "1":
         raise RuntimeError("rank 1 cannot build its model")
     return tiny(in_shape, classes)
