@@ -13,6 +13,7 @@ MPI) rely on it.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -37,16 +38,48 @@ class CollectiveTimeout(TimeoutError):
 
 
 class Handle:
-    """An in-flight collective: ``wait(timeout)`` blocks until it is done, or raises."""
+    """An in-flight collective: ``wait(rank, timeout)`` blocks until it is done, or raises.
 
-    def __init__(self, what: str, test: Callable[[], bool], finish: Callable[[], None]) -> None:
+    Either ``test`` (polled, for libraries without a blocking wait that has a timeout)
+    or ``block`` (a blocking wait, run under a watchdog: on timeout the watchdog calls
+    ``on_timeout``, which must end the wait, typically by aborting the job).
+    """
+
+    def __init__(
+        self,
+        what: str,
+        test: Callable[[], bool] | None = None,
+        finish: Callable[[], None] = lambda: None,
+        block: Callable[[], None] | None = None,
+        on_timeout: Callable[[CollectiveTimeout], None] | None = None,
+    ) -> None:
         self.what = what
         self._test = test
         self._finish = finish
+        self._block = block
+        self._on_timeout = on_timeout
 
     def wait(self, rank: int, timeout: float) -> None:
-        wait_until(self._test, self.what, rank, timeout)
+        if self._block is None:
+            wait_until(self._test or (lambda: True), self.what, rank, timeout)
+        else:
+            err = CollectiveTimeout(self.what, rank, timeout)
+            dog = threading.Timer(timeout, self._on_timeout or _raise_in_log, args=(err,))
+            dog.daemon = True
+            dog.start()
+            try:
+                self._block()
+            finally:
+                dog.cancel()
         self._finish()
+
+
+def _raise_in_log(err: CollectiveTimeout) -> None:
+    import os
+    import sys
+
+    print(f"dagtrain rank {err.rank} failed: {err}", file=sys.stderr, flush=True)
+    os._exit(70)  # a blocked collective cannot be interrupted: end the process
 
 
 def wait_until(test: Callable[[], bool], what: str, rank: int, timeout: float) -> None:

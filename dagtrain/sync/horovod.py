@@ -28,7 +28,7 @@ class HorovodBackend(Backend):
     def allreduce_async(self, flat: torch.Tensor, what: str) -> Handle:
         hvd = self.hvd
         handle = hvd.allreduce_async_(flat, name=what, op=hvd.Average)
-        return Handle(what, lambda: hvd.poll(handle), lambda: hvd.synchronize(handle))
+        return Handle(what, block=lambda: hvd.synchronize(handle))
 
     def broadcast(self, tensors: Sequence[torch.Tensor], root: int = 0) -> None:
         hvd = self.hvd

@@ -33,7 +33,15 @@ class MPIBackend(Backend):
         view = flat.numpy()  # shares memory with the tensor: no copy
         req = self.comm.Iallreduce(self._MPI.IN_PLACE, view, op=self._MPI.SUM)
         size = self.size
-        return Handle(what, req.Test, lambda: flat.div_(size))
+        # a blocking Wait lets MPI progress the collective at full speed (polling Test
+        # with pauses starves it); the watchdog aborts the job if a peer never comes
+        return Handle(what, block=req.Wait, finish=lambda: flat.div_(size), on_timeout=self._abort)
+
+    def _abort(self, err: Exception) -> None:
+        import sys
+
+        print(f"dagtrain rank {self.rank} failed: {err}", file=sys.stderr, flush=True)
+        self.comm.Abort(70)
 
     def broadcast(self, tensors: Sequence[torch.Tensor], root: int = 0) -> None:
         for t in tensors:
@@ -47,4 +55,4 @@ class MPIBackend(Backend):
 
     def barrier(self) -> None:
         req = self.comm.Ibarrier()
-        Handle("barrier", req.Test, lambda: None).wait(self.rank, self.timeout)
+        Handle("barrier", block=req.Wait, on_timeout=self._abort).wait(self.rank, self.timeout)

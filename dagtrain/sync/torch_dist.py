@@ -30,12 +30,8 @@ class TorchBackend(Backend):
     def allreduce_async(self, flat: torch.Tensor, what: str) -> Handle:
         work = dist.all_reduce(flat, op=dist.ReduceOp.SUM, async_op=True)
         size = self.size
-
-        def finish() -> None:
-            work.wait()
-            flat.div_(size)
-
-        return Handle(what, work.is_completed, finish)
+        # gloo progresses in its own thread; its wait takes the process group's timeout
+        return Handle(what, block=work.wait, finish=lambda: flat.div_(size))
 
     def broadcast(self, tensors: Sequence[torch.Tensor], root: int = 0) -> None:
         for t in tensors:

@@ -1,0 +1,159 @@
+"""Training throughput of dagtrain against PyTorch DDP and Horovod, in one run.
+
+    .venv/bin/python benchmarks/train_throughput.py [--steps 30] [--quick]
+
+Same model, data (digits), global batch, steps, 2 ranks on CPU, one intra-op thread per
+rank (2 ranks share 2 cores here):
+
+  dagtrain overlap    our step graph, bucketed allreduce overlapping backward (gloo,
+                      torch.distributed: the same transport as DDP)
+  dagtrain plain      overlap off: backward, then allreduce everything, then step
+  dagtrain overlap mpi  the overlapped step on mpi4py under mpirun
+  ddp                 torch DistributedDataParallel (gloo, default 25 MB buckets), torchrun
+  horovod             horovod.torch.DistributedOptimizer under mpirun
+
+Two models: a communication-heavy MLP (about 21M parameters) and the compute-heavy
+residual CNN. Prints samples/s (median step) and ratios, and, from rank 0's trace of
+dagtrain's last step, the fraction of allreduce time that ran hidden under
+forward+backward. Writes benchmarks/results/train_throughput.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from dagtrain.launch import launch, run_training  # noqa: E402
+from dagtrain.training import TrainConfig  # noqa: E402
+
+MODELS = {
+    "mlp-21M": {"model": "mlp", "model_args": {"hidden": [4096, 4096, 1024]}},
+    "rescnn": {"model": "rescnn", "model_args": {"channels": 48, "blocks": 4}},
+}
+NPROCS = 2
+BATCH = 64
+WARMUP = 5
+
+
+def baseline(kind: str, model: dict, steps: int, out: Path) -> float:
+    """Median step seconds of DDP (torchrun) or Horovod (mpirun); see _baseline.py."""
+    spec = json.dumps({"kind": kind, "steps": steps + WARMUP, "batch": BATCH, **model})
+    launcher = "torchrun" if kind == "ddp" else "mpirun"
+    launch(
+        ["benchmarks._baseline", spec, str(out)],
+        NPROCS,
+        launcher,
+        on_line=lambda line: None,
+        timeout=1800,
+    )
+    times = json.loads(out.read_text())["step_seconds"][WARMUP:]
+    return statistics.median(times)
+
+
+def ours(
+    model: dict, steps: int, overlap: bool, trace_dir: str, backend: str = "torch"
+) -> tuple[float, float | None]:
+    cfg = TrainConfig(
+        backend=backend,
+        epochs=100,
+        max_steps=steps + WARMUP,
+        batch_size=BATCH,
+        lr=0.01,
+        overlap=overlap,
+        trace_dir=trace_dir if overlap else None,
+        workers=2,
+        intra_op_threads=1,
+        collective_timeout=600,
+        **model,
+    )
+    r = run_training(cfg, NPROCS, on_line=lambda line: None, timeout=1800)
+    hidden = _hidden(Path(trace_dir) / "step-rank0.json") if overlap else None
+    return statistics.median(r.step_seconds[WARMUP:]), hidden
+
+
+def _hidden(trace: Path) -> float | None:
+    """Share of allreduce time that overlapped forward+backward in the traced step."""
+    if not trace.exists():
+        return None
+    ev = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]
+    fb = [(e["ts"], e["ts"] + e["dur"]) for e in ev if e["name"] == "forward-backward"]
+    ar = [(e["ts"], e["ts"] + e["dur"]) for e in ev if e["name"].startswith("allreduce")]
+    total = sum(b - a for a, b in ar)
+    if not fb or total <= 0:
+        return None
+    f0, f1 = fb[0]
+    return sum(max(0.0, min(b, f1) - max(a, f0)) for a, b in ar) / total
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--quick", action="store_true", help="8 steps, for a smoke run")
+    ap.add_argument("--out", default=str(HERE / "results" / "train_throughput.json"))
+    args = ap.parse_args()
+    steps = 8 if args.quick else args.steps
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    results = {}
+    print(
+        f"{NPROCS} ranks on {os.cpu_count()} CPUs, global batch {BATCH}, {steps} steps "
+        f"after {WARMUP} warm-up; samples/s of the median step"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, model in MODELS.items():
+            t = {}
+            t["dagtrain overlap"], hidden = ours(model, steps, True, tmp)
+            t["dagtrain plain"], _ = ours(model, steps, False, tmp)
+            t["dagtrain overlap mpi"], _ = ours(model, steps, True, tmp + "/mpi", "mpi")
+            t["ddp"] = baseline("ddp", model, steps, Path(tmp) / "ddp.json")
+            t["horovod"] = baseline("horovod", model, steps, Path(tmp) / "hvd.json")
+            sps = {k: BATCH / v for k, v in t.items()}
+            ratios = {
+                "overlap_vs_ddp": sps["dagtrain overlap"] / sps["ddp"],
+                "overlap_vs_horovod": sps["dagtrain overlap"] / sps["horovod"],
+                "overlap_vs_plain": sps["dagtrain overlap"] / sps["dagtrain plain"],
+                "best_vs_ddp": max(sps["dagtrain overlap"], sps["dagtrain overlap mpi"])
+                / sps["ddp"],
+                "best_vs_horovod": max(sps["dagtrain overlap"], sps["dagtrain overlap mpi"])
+                / sps["horovod"],
+            }
+            results[name] = {
+                "samples_per_s": sps,
+                "ratios": ratios,
+                "allreduce_hidden_fraction": hidden,
+            }
+            print(f"\n{name}")
+            for k, v in sps.items():
+                print(f"  {k:<18}{v:9.1f} samples/s")
+            print("  " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
+            if hidden is not None:
+                print(f"  allreduce time hidden under forward+backward: {hidden:.0%}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(
+        json.dumps(
+            {
+                "date": time.strftime("%Y-%m-%d"),
+                "ranks": NPROCS,
+                "cpus": os.cpu_count(),
+                "batch": BATCH,
+                "steps": steps,
+                "warmup": WARMUP,
+                "results": results,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
