@@ -61,6 +61,7 @@ def main() -> None:
         with open(out, "w") as f:
             json.dump({"kind": kind, "step_seconds": times}, f)
     if kind == "ddp":
+        dist.barrier()
         dist.destroy_process_group()
 
 

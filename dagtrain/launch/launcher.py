@@ -242,7 +242,7 @@ def _diagnose(job: Job, first: tuple[int, int] | None) -> RankFailure:
             rank = int(m.group(1))
         elif (m := _MPI_EXIT.search(text)) is not None:
             rank, code = int(m.group(1)), int(m.group(2))
-        elif (m := _TORCHRUN.search(text)) is not None:
+        elif (m := _TORCHRUN.search(text.rpartition("Root Cause")[2])) is not None:
             rank, code = int(m.group(1)), int(m.group(2))
             sig = _signal_name(code)
         elif code is not None:

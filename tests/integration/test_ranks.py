@@ -173,3 +173,17 @@ def test_killing_the_launcher_leaves_no_rank_behind(tmp_path, backend):
     while any(_alive(p) for p in ranks) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [p for p in ranks if _alive(p)], "orphaned ranks"
+
+
+def test_a_corrupt_newest_checkpoint_is_skipped_and_the_previous_one_resumed(tmp_path):
+    cfg = small(backend="mpi", max_steps=6, checkpoint_every=2)
+    whole = run_training(cfg.model_copy(update={"checkpoint_dir": str(tmp_path / "a")}), 2, **QUIET)
+    d = tmp_path / "b"
+    run_training(cfg.model_copy(update={"checkpoint_dir": str(d), "max_steps": 6}), 2, **QUIET)
+    newest = d / "ckpt-00000006.pt"
+    newest.write_bytes(newest.read_bytes()[:100])  # truncated
+    lines: list[str] = []
+    again = run_training(cfg.model_copy(update={"checkpoint_dir": str(d)}), 2, on_line=lines.append)
+    assert again.resumed_from_step == 4
+    assert any("skipping checkpoint" in line and "ckpt-00000006.pt" in line for line in lines)
+    assert again.params_sha256 == whole.params_sha256

@@ -41,7 +41,7 @@ def test_nonfinite_skip_skips_every_bad_step_and_counts_it():
 
 
 def test_digits_trains_in_process_and_writes_a_step_trace(tmp_path):
-    r = train(TrainConfig(epochs=3, trace_dir=str(tmp_path)))
+    r = train(TrainConfig(epochs=3, trace_dir=str(tmp_path), bucket_mb=0.05))
     assert r.test_accuracy >= 0.95
     assert [e["epoch"] for e in r.epochs] == [0, 1, 2]
     events = json.loads((tmp_path / "step-rank0.json").read_text())["traceEvents"]
@@ -56,3 +56,10 @@ def test_config_errors_name_the_field():
         TrainConfig(model="resnet9000")
     with pytest.raises(ValueError, match="batch_size"):
         TrainConfig(batch_size=0)
+
+
+def test_one_bucket_runs_the_plain_step(tmp_path):
+    r = train(cfg(bucket_mb=100, trace_dir=str(tmp_path)))
+    events = json.loads((tmp_path / "step-rank0.json").read_text())["traceEvents"]
+    names = {e["name"] for e in events if e["ph"] == "X"}
+    assert {"forward-backward", "allreduce", "update"} <= names and r.steps == 8
