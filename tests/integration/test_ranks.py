@@ -187,3 +187,26 @@ def test_a_corrupt_newest_checkpoint_is_skipped_and_the_previous_one_resumed(tmp
     assert again.resumed_from_step == 4
     assert any("skipping checkpoint" in line and "ckpt-00000006.pt" in line for line in lines)
     assert again.params_sha256 == whole.params_sha256
+
+
+@pytest.mark.parametrize("backend", ["mpi", "torch"])
+def test_a_rank_that_hangs_makes_the_others_time_out_instead_of_waiting(backend):
+    cfg = small(
+        backend=backend,
+        model="tests.unit.training.factory:hang_on_rank1",
+        model_args={},
+        collective_timeout=3,
+        max_steps=10,
+    )
+    t0 = time.monotonic()
+    with pytest.raises(RankFailure) as info:
+        run_training(cfg, 2, timeout=120, **QUIET)
+    assert time.monotonic() - t0 < 60
+    assert info.value.rank == 0, str(info.value)  # rank 0 noticed the silent peer
+    text = str(info.value) + "\n".join(info.value.log_tail)
+    assert "3 s" in text or "imeout" in text or "timed out" in text, text
+
+
+def test_a_host_list_on_one_machine():
+    r = run_training(small(backend="mpi"), 2, hosts=["localhost:2"], **QUIET)
+    assert r.world == 2 and r.steps == 6

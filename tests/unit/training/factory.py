@@ -59,3 +59,30 @@ def fail_on_rank1(in_shape, classes):
     if rank == "1":
         raise RuntimeError("rank 1 cannot build its model")
     return tiny(in_shape, classes)
+
+
+class _Hang(nn.Module):
+    def __init__(self, n, classes):
+        super().__init__()
+        self.lin = nn.Linear(n, classes)
+        self.calls = 0
+
+    def forward(self, x):
+        import os
+        import time
+
+        self.calls += 1
+        rank = (
+            os.environ.get("RANK")
+            or os.environ.get("OMPI_COMM_WORLD_RANK")
+            or os.environ.get("HOROVOD_RANK")
+        )
+        if rank == "1" and self.calls == 3:
+            time.sleep(3600)  # alive but gone: the others must not wait forever
+        return self.lin(x.reshape(x.shape[0], -1))
+
+
+def hang_on_rank1(in_shape, classes):
+    import math
+
+    return _Hang(math.prod(in_shape), classes)
