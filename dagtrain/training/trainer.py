@@ -203,14 +203,11 @@ def _train(cfg: TrainConfig, backend: Backend) -> TrainResult:
             result.step_seconds.append(time.perf_counter() - t0)
             upcoming = sg.prefetched
         for f in pending:
-            f.result()
+            result.checkpoint = str(f.result())  # the newest write, rank 0
         result.steps = sg.step
         result.skipped_steps = sg.skipped
         result.epochs = state["epochs"]
         result.params_sha256 = params_digest(model)
-        if cfg.checkpoint_dir:
-            found = checkpoint.latest(cfg.checkpoint_dir) if rank == 0 else None
-            result.checkpoint = str(found[0]) if found else None
         times = sorted(result.step_seconds)
         if times:
             result.samples_per_second = cfg.batch_size / times[len(times) // 2]
