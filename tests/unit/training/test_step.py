@@ -63,3 +63,15 @@ def test_one_bucket_runs_the_plain_step(tmp_path):
     events = json.loads((tmp_path / "step-rank0.json").read_text())["traceEvents"]
     names = {e["name"] for e in events if e["ph"] == "X"}
     assert {"forward-backward", "allreduce", "update"} <= names and r.steps == 8
+
+
+def test_the_command_line_trains_and_refuses_a_bad_config(tmp_path, capsys):
+    from dagtrain.training.__main__ import main
+
+    assert main(["--backend", "local", "--epochs", "1", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "test accuracy 0." in out and "epoch 0" in out
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"backend": "local", "lr": -1}')
+    assert main(["--config", str(bad)]) == 2
+    assert "lr" in capsys.readouterr().err
