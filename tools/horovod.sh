@@ -41,7 +41,7 @@ done
 exec g++ "${args[@]}"
 WRAP
     chmod +x "$work/cxx"
-    echo "building the Horovod 0.28.1 wheel against torch $torch (about 10 minutes, once)" >&2
+    echo "building the Horovod 0.28.1 wheel against torch $torch (minutes; once per machine)" >&2
     env PATH="$bindir:$PATH" CXX="$work/cxx" CC=gcc \
         CMAKE_POLICY_VERSION_MINIMUM=3.5 \
         HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
