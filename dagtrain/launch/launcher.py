@@ -97,6 +97,11 @@ def build_argv(
             "--oversubscribe",
             "--output",
             "tag",
+            # a rank waiting in a collective yields its core to the rank's own compute
+            # threads instead of spinning (ranks often share cores with backward)
+            "--mca",
+            "mpi_yield_when_idle",
+            "1",
             "-np",
             str(nprocs),
         ]
