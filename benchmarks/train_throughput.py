@@ -9,6 +9,7 @@ rank (2 ranks share 2 cores here):
                       torch.distributed: the same transport as DDP)
   dagtrain plain      overlap off: backward, then allreduce everything, then step
   dagtrain overlap mpi  the overlapped step on mpi4py under mpirun
+  dagtrain plain mpi    its plain step
   ddp                 torch DistributedDataParallel (gloo, default 25 MB buckets), torchrun
   horovod             horovod.torch.DistributedOptimizer under mpirun
 
@@ -128,6 +129,9 @@ def main() -> None:
                 rounds.setdefault("dagtrain overlap mpi", []).append(
                     ours(model, steps, True, tmp + "/mpi", "mpi")[0]
                 )
+                rounds.setdefault("dagtrain plain mpi", []).append(
+                    ours(model, steps, False, tmp + "/mpi", "mpi")[0]
+                )
                 rounds.setdefault("ddp", []).append(
                     baseline("ddp", model, steps, Path(tmp) / "ddp.json")
                 )
@@ -144,6 +148,7 @@ def main() -> None:
                 "overlap_vs_ddp": sps["dagtrain overlap"] / sps["ddp"],
                 "overlap_vs_horovod": sps["dagtrain overlap"] / sps["horovod"],
                 "overlap_vs_plain": sps["dagtrain overlap"] / sps["dagtrain plain"],
+                "overlap_vs_plain_mpi": sps["dagtrain overlap mpi"] / sps["dagtrain plain mpi"],
                 "best_vs_ddp": max(sps["dagtrain overlap"], sps["dagtrain overlap mpi"])
                 / sps["ddp"],
                 "best_vs_horovod": max(sps["dagtrain overlap"], sps["dagtrain overlap mpi"])
