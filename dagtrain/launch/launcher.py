@@ -2,8 +2,8 @@
 
 Launchers (argv lists only, never a shell string):
 
-- ``mpirun``   Open MPI 5: ``mpirun --bind-to none --oversubscribe --output tag -np N
-               python -m mpi4py -m dagtrain.training.rank ...`` (``horovodrun --mpi``
+- ``mpirun``   Open MPI 5: ``mpirun --bind-to none --oversubscribe --output tag
+               --mca mpi_yield_when_idle 1 -np N python -m mpi4py -m ...`` (``horovodrun --mpi``
                emits options Open MPI 5 rejects, so Horovod's MPI mode goes through
                mpirun too). Hosts: ``--host a:2,b:2``.
 - ``horovodrun`` ``horovodrun --gloo -np N [-H a:2,b:2] python -m ...``.
