@@ -30,7 +30,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -356,7 +355,3 @@ def launch(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-
-
-def temp_dir(prefix: str = "dagtrain-") -> str:
-    return tempfile.mkdtemp(prefix=prefix)

@@ -121,14 +121,6 @@ class Backend:
     def allreduce(self, flat: torch.Tensor, what: str) -> None:
         self.allreduce_async(flat, what).wait(self.rank, self.timeout)
 
-    def all_true(self, flag: bool) -> bool:
-        """True on every rank iff ``flag`` is true on every rank."""
-        import torch
-
-        t = torch.tensor([1.0 if flag else 0.0])
-        self.allreduce(t, "agreement")
-        return bool(t.item() > 1.0 - 1e-6)
-
     def broadcast_object(self, obj: Any, root: int = 0) -> Any:
         """Broadcast a small JSON-able object from ``root``."""
         import json

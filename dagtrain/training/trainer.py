@@ -8,6 +8,7 @@ position and per-step random seeds as if it had never stopped.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -134,7 +135,7 @@ def _train(cfg: TrainConfig, backend: Backend) -> TrainResult:
         staged.append(
             {
                 "model": {k: v.detach().clone() for k, v in model.state_dict().items()},
-                "optim": _clone(sg.optimizer_states()),
+                "optim": copy.deepcopy(sg.optimizer_states()),  # tensors cloned
                 "step": step,
                 "epochs": json.dumps(state["epochs"]),
                 "config": cfg.model_dump_json(),
@@ -266,13 +267,3 @@ def _resume(
     result.resumed_from_step = int(snap["step"])
     log.info("rank %d resumes from %s (step %d)", backend.rank, path, snap["step"])
     return int(snap["step"])
-
-
-def _clone(obj: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().clone()
-    if isinstance(obj, dict):
-        return {k: _clone(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return type(obj)(_clone(v) for v in obj)
-    return obj
