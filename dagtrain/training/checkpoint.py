@@ -58,6 +58,8 @@ def save(state: dict[str, Any], directory: str | os.PathLike, step: int, keep: i
         raise ValueError(f"keep must be >= 1, not {keep}")
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
+    for stale in d.glob(".ckpt-*"):  # temp files of a writer killed mid-write (one
+        stale.unlink(missing_ok=True)  # writer per directory: rank 0, one at a time)
     buf = io.BytesIO()
     torch.save(state, buf)
     data = buf.getvalue()

@@ -59,3 +59,12 @@ def test_loading_refuses_code(tmp_path):
     checkpoint.save({"x": Evil()}, tmp_path, 1)
     with pytest.raises(Exception, match=r"[Ww]eights.only|Unsupported global"):
         checkpoint.load(tmp_path / "ckpt-00000001.pt")
+
+
+def test_temp_files_of_a_killed_writer_are_cleared_by_the_next_save(tmp_path):
+    (tmp_path / ".ckpt-00000002.pt.abc123").write_bytes(b"half a checkpoint")
+    checkpoint.save(state(3), tmp_path, 3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "ckpt-00000003.pt",
+        "ckpt-00000003.pt.json",
+    ]
