@@ -40,7 +40,7 @@ def test_chain_runs_in_order_and_replays(workers):
 def test_report_has_every_task_with_times_and_workers():
     g = TaskGraph()
     for i in range(8):
-        g.add(time.sleep, 0.002, name=f"s{i}")
+        g.add(time.sleep, 0.01, name=f"s{i}")
     r = g.run(workers=2)
     assert len(r) == 8 and r.workers == 2
     for rec in r:
@@ -48,7 +48,7 @@ def test_report_has_every_task_with_times_and_workers():
         assert rec.worker in (0, 1) and rec.state == "done"
     assert {rec.worker for rec in r} == {0, 1}  # sleeping releases the GIL: both worked
     assert 0 < r.utilisation <= 1.0
-    assert r["s3"].duration >= 0.002
+    assert r["s3"].duration >= 0.01
 
 
 def test_failure_raises_task_error_with_cause_and_cancels_dependents():
@@ -191,7 +191,7 @@ def test_mutexinoutset_never_overlaps_inoutset_does():
             with box["lock"]:
                 box["now"] += 1
                 box["max"] = max(box["max"], box["now"])
-            time.sleep(0.01)
+            time.sleep(0.02)
             with box["lock"]:
                 box["now"] -= 1
             counter.append(1)
@@ -343,10 +343,13 @@ def test_incremental_graph_with_taskwait_on_items_and_taskgroup():
     with g.taskgroup():
         g.add(spawner, name="spawner")
     log.append("after-group")
-    g.join()
+    report = g.join()
     assert log.index("x") < log.index("after-x")
     assert log.index("grandchild") < log.index("after-group")
-    assert log.index("after-x") < log.index("slow")  # taskwait(on=x) did not wait for y
+    if report["slow"].worker != 0:
+        # taskwait(on=x) did not wait for y; (the waiting thread may run ready tasks
+        # itself, OpenMP's task scheduling point: if it took "slow", it finished it)
+        assert log.index("after-x") < log.index("slow")
     assert len(g) == 3
     log.clear()
     g.run(workers=2)  # the incrementally built graph replays
