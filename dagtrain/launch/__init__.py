@@ -13,12 +13,20 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .launcher import DEFAULT_LAUNCHER, LAUNCHERS, Job, RankFailure, build_argv, launch
+from .launcher import (
+    DEFAULT_LAUNCHER,
+    LAUNCHERS,
+    Job,
+    RankFailure,
+    build_argv,
+    env_rank,
+    launch,
+)
 
 if TYPE_CHECKING:
     from dagtrain.training import TrainConfig, TrainResult
 
-__all__ = ["LAUNCHERS", "Job", "RankFailure", "build_argv", "launch", "run_training"]
+__all__ = ["LAUNCHERS", "Job", "RankFailure", "build_argv", "env_rank", "launch", "run_training"]
 
 
 def run_training(

@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["LAUNCHERS", "Job", "RankFailure", "build_argv", "launch"]
+__all__ = ["LAUNCHERS", "Job", "RankFailure", "build_argv", "env_rank", "launch"]
 
 LAUNCHERS = ("mpirun", "horovodrun", "torchrun", "direct")
 DEFAULT_LAUNCHER = {"mpi": "mpirun", "horovod": "mpirun", "torch": "direct", "local": "direct"}
@@ -64,6 +64,15 @@ class RankFailure(RuntimeError):
         self.exit_code = exit_code
         self.signal = signal_name
         self.log_tail = list(log_tail)
+
+
+def env_rank() -> str | None:
+    """This process's rank as its launcher set it (torchrun/direct, mpirun, horovodrun),
+    before any backend is initialised; None outside a launched job."""
+    for var in ("RANK", "OMPI_COMM_WORLD_RANK", "HOROVOD_RANK"):
+        if var in os.environ:
+            return os.environ[var]
+    return None
 
 
 def _free_port() -> int:

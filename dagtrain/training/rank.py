@@ -16,6 +16,8 @@ import tempfile
 import traceback
 from pathlib import Path
 
+from dagtrain.launch import env_rank
+
 from .config import TrainConfig
 from .trainer import train
 
@@ -27,12 +29,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     cfg = TrainConfig.model_validate_json(Path(args[0]).read_text())
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    rank = (
-        os.environ.get("RANK")
-        or os.environ.get("OMPI_COMM_WORLD_RANK")
-        or os.environ.get("HOROVOD_RANK")
-        or "?"
-    )
+    rank = env_rank() or "?"
     pid_dir = os.environ.get("DAGTRAIN_PID_DIR")  # tests and tools find the ranks here
     if pid_dir:
         Path(pid_dir, f"rank{rank}.pid").write_text(str(os.getpid()))
