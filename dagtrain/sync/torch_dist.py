@@ -42,4 +42,10 @@ class TorchBackend(Backend):
 
     def close(self) -> None:
         if dist.is_initialized():
-            dist.destroy_process_group()
+            # leave together: a rank that tears gloo down while its peer still talks to
+            # it (rank 0 also hosts the rendezvous store) dies in a C++ destructor with
+            # "terminate called without an active exception" (SIGABRT)
+            try:
+                dist.barrier()
+            finally:
+                dist.destroy_process_group()
