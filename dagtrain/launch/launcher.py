@@ -164,7 +164,7 @@ _MPI_CALLED_ABORT = re.compile(
     r"process rank (\d+) with PID \d+ on node \S+ calling\s+\"abort\"", re.S
 )
 _MPI_EXIT = re.compile(r"Process name: \[\S+?,(\d+)\]\s+Exit code:\s+(\d+)", re.S)
-_OURS = re.compile(r"dagtrain rank (\d+) failed: (.*)")
+_OURS = re.compile(r"dagtrain rank (\d+) failed(?: \[t=([\d.]+)\])?: (.*)")
 _TORCHRUN = re.compile(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s+exitcode\s*:\s*(-?\d+)", re.S)
 # how each launcher tags a rank's lines: mpirun --output tag, horovodrun, torchrun --tee
 _TAGGED = re.compile(r"^\[(?:\d+,)?(\d+)\]<(?:stdout|stderr)>: ?(.*)$|^\[default(\d+)\]:(.*)$")
@@ -178,7 +178,8 @@ class Job:
     direct: bool
     tails: dict[int | None, collections.deque] = field(default_factory=dict)
     lines: list[str] = field(default_factory=list)  # untagged lines of a launcher
-    failed: list[tuple[int, str]] = field(default_factory=list)  # "dagtrain rank N failed"
+    # "dagtrain rank N failed [t=...]": (time, rank, what)
+    failed: list[tuple[float, int, str]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     readers: list[threading.Thread] = field(default_factory=list)
 
@@ -212,7 +213,7 @@ def _reader(job: Job, stream, rank: int | None, on_line: Callable[[str], None]) 
                 del job.lines[:-400]
             m = _OURS.search(line)
             if m:  # kept apart: a long traceback after it must not push it out
-                job.failed.append((int(m.group(1)), m.group(2)))
+                job.failed.append((float(m.group(2) or "inf"), int(m.group(1)), m.group(3)))
         on_line(f"[rank {r}] {line}" if r is not None else line)
     stream.close()
 
@@ -232,7 +233,7 @@ def _diagnose(job: Job, first: tuple[int, int] | None) -> RankFailure:
     """Which rank failed first, and how, from exit codes and what the launcher printed."""
     with job.lock:
         text = "\n".join([*job.lines, *(line for t in job.tails.values() for line in t)])
-        ours = list(job.failed)
+        ours = sorted(job.failed, key=lambda f: f[0])  # the earliest failure is the cause
     rank: int | None = None
     code: int | None = None
     sig: str | None = None
@@ -240,6 +241,13 @@ def _diagnose(job: Job, first: tuple[int, int] | None) -> RankFailure:
     if first is not None and job.direct:
         rank, code = first
         sig = _signal_name(code)
+        if sig is None and ours and ours[0][1] != rank:
+            # both exited non-zero before we looked: the one that failed first is the
+            # cause, the other failed because of it
+            rank, detail = ours[0][1], f" ({ours[0][2]})"
+            code = job.procs[rank].poll() or 1
+        elif sig is None and ours:
+            detail = f" ({ours[0][2]})"
     else:
         if first is not None:
             code = first[1]
@@ -247,7 +255,7 @@ def _diagnose(job: Job, first: tuple[int, int] | None) -> RankFailure:
         if m:
             rank, sig = int(m.group(1)), signal.Signals(int(m.group(2))).name
         elif ours:
-            rank, detail = ours[0][0], f" ({ours[0][1]})"
+            rank, detail = ours[0][1], f" ({ours[0][2]})"
             code = 1
         elif (m := _MPI_CALLED_ABORT.search(text)) is not None or (
             m := _MPI_ABORT.search(text)

@@ -114,8 +114,9 @@ class Backend:
     def barrier(self) -> None:
         raise NotImplementedError
 
-    def close(self) -> None:
-        """Leave the process group (idempotent)."""
+    def close(self, failed: bool = False) -> None:
+        """Leave the process group (idempotent). ``failed``: this rank is leaving on an
+        error, so it must not wait for its peers on the way out."""
 
     # -- derived
     def allreduce(self, flat: torch.Tensor, what: str) -> None:

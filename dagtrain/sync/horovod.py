@@ -44,5 +44,5 @@ class HorovodBackend(Backend):
     def barrier(self) -> None:
         self.hvd.barrier()
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         self.hvd.shutdown()

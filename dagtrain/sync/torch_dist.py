@@ -40,12 +40,14 @@ class TorchBackend(Backend):
     def barrier(self) -> None:
         dist.barrier()
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         if dist.is_initialized():
             # leave together: a rank that tears gloo down while its peer still talks to
             # it (rank 0 also hosts the rendezvous store) dies in a C++ destructor with
-            # "terminate called without an active exception" (SIGABRT)
+            # "terminate called without an active exception" (SIGABRT). A failing rank
+            # does not wait: its peers may be the reason it fails.
             try:
-                dist.barrier()
+                if not failed:
+                    dist.barrier()
             finally:
                 dist.destroy_process_group()

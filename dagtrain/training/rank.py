@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 import tempfile
+import time
 import traceback
 from pathlib import Path
 
@@ -38,7 +39,14 @@ def main(argv: list[str] | None = None) -> int:
         rank = str(result.rank)
     except BaseException as e:
         traceback.print_exc()
-        print(f"dagtrain rank {rank} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        # the time tells the launcher which rank failed first: the others often fail
+        # after it, because of it ("connection closed by peer"), and the launchers'
+        # pipes do not keep the order of lines across ranks
+        print(
+            f"dagtrain rank {rank} failed [t={time.time():.6f}]: {type(e).__name__}: {e}",
+            file=sys.stderr,
+            flush=True,
+        )
         raise
     if result.rank == 0:
         out = Path(args[1])
@@ -46,6 +54,14 @@ def main(argv: list[str] | None = None) -> int:
         with os.fdopen(fd, "w") as f:
             f.write(result.to_json())
         os.replace(tmp, out)
+    if cfg.backend == "torch":
+        # gloo's threads sometimes abort the interpreter's own exit ("terminate called
+        # without an active exception") after all work is done; the process group is
+        # already destroyed and the result written, so leave without the teardown
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 

@@ -102,10 +102,14 @@ def train(cfg: TrainConfig, backend: Backend | None = None) -> TrainResult:
     if backend is None:
         backend = get_backend(cfg.backend, cfg.collective_timeout)
     try:
-        return _train(cfg, backend)
-    finally:
+        result = _train(cfg, backend)
+    except BaseException:
         if own:
-            backend.close()
+            backend.close(failed=True)
+        raise
+    if own:
+        backend.close()
+    return result
 
 
 def _train(cfg: TrainConfig, backend: Backend) -> TrainResult:

@@ -128,11 +128,10 @@ def test_keyboard_interrupt_stops_the_run_promptly():
     for i in range(200):
         g.add(lambda i=i: (ran.append(i), time.sleep(0.01)), name=f"t{i}", inout="x")
     before = threading.active_count()
-    t0 = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
         g.run(workers=2)
-    assert time.monotonic() - t0 < 1.0  # 200 x 10 ms would be 2 s
-    assert len(ran) < 200
+    # the interrupt comes after ~5 of the 200 serial 10 ms tasks; counted, not timed
+    assert len(ran) < 100
     time.sleep(0.1)  # the Timer thread ends
     assert threading.active_count() <= before
 
