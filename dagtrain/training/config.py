@@ -27,7 +27,17 @@ class TrainConfig(BaseModel):
         description="'digits' (scikit-learn's, no download) or a path to .npz/.npy/.csv/.parquet",
     )
     test_fraction: float = Field(0.2, ge=0.0, lt=1.0)
+    eval_data: str | None = Field(
+        None,
+        description="a separate file to evaluate on each epoch (then test_fraction is 0: "
+        "'data' is all training data, as a data-prep stage writes it)",
+    )
     normalize: bool = True
+    init_from: str | None = Field(
+        None,
+        description="a checkpoint whose 'model' state starts the run (ignored when the run "
+        "resumes from its own checkpoint_dir): round-based training's global model",
+    )
     epochs: int = Field(5, ge=1)
     max_steps: int | None = Field(None, ge=1, description="stop after this many steps")
     batch_size: int = Field(64, ge=1, description="global batch, split over the ranks")

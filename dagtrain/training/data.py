@@ -3,13 +3,14 @@ user arrays; deterministic, seeded sharding of each global batch over the ranks.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-__all__ = ["Dataset", "load_dataset", "shard_batches"]
+__all__ = ["Dataset", "load_dataset", "read_arrays", "shard_batches"]
 
 
 @dataclass
@@ -22,12 +23,15 @@ class Dataset:
     classes: int
 
 
-def _read(spec: str) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
+def read_arrays(spec: str) -> tuple[np.ndarray, np.ndarray, tuple[int, ...], int]:
+    """(features, labels, sample shape, number of classes)."""
     if spec == "digits":
         from sklearn.datasets import load_digits
 
         d = load_digits()
-        return d.data.astype(np.float32), d.target.astype(np.int64), (1, 8, 8)
+        return d.data.astype(np.float32), d.target.astype(np.int64), (1, 8, 8), 10
+    shape: tuple[int, ...] | None = None
+    classes = 0
     path = Path(spec)
     if not path.exists():
         raise ValueError(f"data {spec!r}: no such file (or use 'digits')")
@@ -42,6 +46,11 @@ def _read(spec: str) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
                     f"found {sorted(keys)}"
                 )
             x, y = z[xk], z["y"]
+            # written by the data-prep stage: a shard may lack a class, its model must not
+            if "in_shape" in keys:
+                shape = tuple(int(v) for v in z["in_shape"])
+            if "classes" in keys:
+                classes = int(z["classes"])
     elif suffix == ".npy":
         a = np.load(path, allow_pickle=False)
         if a.ndim != 2 or a.shape[1] < 2:
@@ -70,12 +79,15 @@ def _read(spec: str) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
     yi = y.astype(np.int64)
     if not np.array_equal(yi, y) or yi.min() < 0:
         raise ValueError(f"data {spec!r}: labels must be integers 0..C-1")
-    return x.astype(np.float32), yi, tuple(x.shape[1:])
+    if shape is not None and math.prod(shape) != math.prod(x.shape[1:]):
+        raise ValueError(f"data {spec!r}: in_shape {shape} does not fit samples of {x.shape[1:]}")
+    classes = max(classes, int(yi.max()) + 1)
+    return x.astype(np.float32), yi, shape or tuple(x.shape[1:]), classes
 
 
 def load_dataset(spec: str, test_fraction: float, seed: int, normalize: bool = True) -> Dataset:
     """Load, split (seeded), and standardise with statistics of the training part only."""
-    x, y, shape = _read(spec)
+    x, y, shape, classes = read_arrays(spec)
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(x))
     n_test = round(len(x) * test_fraction)
@@ -91,7 +103,7 @@ def load_dataset(spec: str, test_fraction: float, seed: int, normalize: bool = T
         torch.from_numpy(np.ascontiguousarray(xte)),
         torch.from_numpy(y[test]),
         shape,
-        int(y.max()) + 1,
+        classes,
     )
 
 

@@ -45,6 +45,7 @@ class TrainResult:
     epochs: list[dict[str, float]] = field(default_factory=list)
     checkpoint: str | None = None
     resumed_from_step: int | None = None
+    resumed_epochs: int = 0  # epochs complete in the checkpoint resumed from
     step_seconds: list[float] = field(default_factory=list)
     samples_per_second: float = 0.0
     trace: str | None = None
@@ -114,7 +115,18 @@ def train(cfg: TrainConfig, backend: Backend | None = None) -> TrainResult:
 
 def _train(cfg: TrainConfig, backend: Backend) -> TrainResult:
     rank, world = backend.rank, backend.size
-    ds = load_dataset(cfg.data, cfg.test_fraction, cfg.seed, cfg.normalize)
+    ds = load_dataset(
+        cfg.data, 0.0 if cfg.eval_data else cfg.test_fraction, cfg.seed, cfg.normalize
+    )
+    if cfg.eval_data:
+        held = load_dataset(cfg.eval_data, 0.0, cfg.seed, normalize=False)
+        if held.in_shape != ds.in_shape:
+            raise ValueError(
+                f"eval_data {cfg.eval_data!r} has samples of shape {held.in_shape}, "
+                f"data {cfg.data!r} of shape {ds.in_shape}"
+            )
+        ds.x_test, ds.y_test = held.x_train, held.y_train
+        ds.classes = max(ds.classes, held.classes)
     if cfg.batch_size < world:
         raise ValueError(
             f"batch_size {cfg.batch_size} is smaller than the {world} ranks: "
@@ -122,6 +134,8 @@ def _train(cfg: TrainConfig, backend: Backend) -> TrainResult:
         )
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, ds.in_shape, ds.classes, **cfg.model_args)
+    if cfg.init_from:
+        model.load_state_dict(checkpoint.load(cfg.init_from)["model"])
     result = TrainResult(rank=rank, world=world, backend=backend.name)
     writer = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-writer") if rank == 0 else None
     pending: list[Future] = []
@@ -269,5 +283,6 @@ def _resume(
     if backend.rank == 0:  # global partial sums of the epoch; the others add their own
         state["sums"][:] = json.loads(snap["sums"])
     result.resumed_from_step = int(snap["step"])
+    result.resumed_epochs = len(state["epochs"])
     log.info("rank %d resumes from %s (step %d)", backend.rank, path, snap["step"])
     return int(snap["step"])

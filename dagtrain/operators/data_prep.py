@@ -1,0 +1,49 @@
+"""DataPrepOperator: load, split, normalise (train statistics), shard, write with a manifest."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._base import DagtrainOperator
+
+__all__ = ["DataPrepOperator"]
+
+
+class DataPrepOperator(DagtrainOperator):
+    """Prepare a pipeline's data; return ``{"manifest", "version", "dir", "shards", ...}``.
+
+    The arrays go to ``<artifacts>/<pipeline>/data/<version>/`` (version: a hash of the
+    source and the settings), each with its sha256 in ``manifest.json``, which is written
+    last. ``shards`` (default: ``rounds.shards`` when given ``for_rounds=True``, else 1)
+    training shards are cut from the training split. Give ``outlets``
+    an Asset to emit a data event; its extra carries the version and the row counts.
+    """
+
+    def __init__(self, *, shards: int | None = None, for_rounds: bool = False, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.shards = shards
+        self.for_rounds = for_rounds
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from dagtrain.pipeline.prep import prepare
+
+        cfg = self.run_config(context)
+        shards = self.shards or (cfg.rounds.shards if self.for_rounds else 1)
+        m = prepare(cfg, shards)
+        rows = {k: f["rows"] for k, f in m["files"].items()}
+        self.log.info("data %s prepared in %s: %s", m["version"], m["dir"], rows)
+        out = {
+            "manifest": f"{m['dir']}/manifest.json",
+            "version": m["version"],
+            "dir": m["dir"],
+            "rows": rows,
+            "shards": list(range(shards)),
+        }
+        for outlet in self.outlets or []:
+            try:
+                context["outlet_events"][outlet].extra.update(
+                    {"version": m["version"], "rows": rows}
+                )
+            except (KeyError, TypeError, AttributeError):  # not an Asset we can annotate
+                pass
+        return out

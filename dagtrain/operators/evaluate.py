@@ -1,0 +1,96 @@
+"""EvaluateOperator and PromoteOperator: champion / challenger over the model registry."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._base import DagtrainOperator
+
+__all__ = ["EvaluateOperator", "PromoteOperator"]
+
+
+class EvaluateOperator(DagtrainOperator):
+    """Test metrics of a checkpoint, compared with the promoted model's.
+
+    ``model`` is a training or sync task's output (a dict with ``checkpoint``) or a
+    checkpoint path; ``data`` a DataPrepOperator's output. Returns the metrics, the
+    champion's version and metrics, and ``better`` with the reason.
+    """
+
+    template_fields = ("data", "model")
+
+    def __init__(self, *, data: Any, model: Any, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.data = data
+        self.model = model
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from dagtrain.pipeline.files import write_json
+        from dagtrain.pipeline.registry import better, champion, evaluate
+
+        cfg = self.run_config(context)
+        manifest = self.manifest(self.data)
+        ckpt = self.model["checkpoint"] if isinstance(self.model, dict) else str(self.model)
+        if not ckpt:
+            raise ValueError("model: the training task returned no checkpoint")
+        metrics = evaluate(cfg, manifest, ckpt)
+        champ = champion(cfg)
+        ok, why = better(cfg, metrics, champ)
+        self.log.info("challenger %s: %s; %s", ckpt, metrics, why)
+        out = {
+            "checkpoint": ckpt,
+            "metrics": metrics,
+            "champion": None if champ is None else champ["version"],
+            "champion_metrics": None if champ is None else champ["metrics"],
+            "better": ok,
+            "reason": why,
+            "data_version": manifest["version"],
+            "manifest": f"{manifest['dir']}/manifest.json",
+        }
+        write_json(self.run_dir(cfg, context) / "eval.json", out)
+        return out
+
+
+class PromoteOperator(DagtrainOperator):
+    """Register the evaluated model; promote it only if it beats the champion.
+
+    Every challenger becomes a registry version (metrics, lineage to the config, the
+    data manifest and the run); only a better one becomes the champion, and only then
+    does the task succeed and emit its ``outlets`` (the model's Asset). A model that is
+    not better leaves the task *skipped*: no model event, the champion unchanged.
+    """
+
+    template_fields = ("evaluation",)
+
+    def __init__(self, *, evaluation: Any, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.evaluation = evaluation
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        from dagtrain.pipeline.registry import promote
+
+        cfg = self.run_config(context)
+        ev = self.evaluation
+        lineage = {
+            "dag_id": context["dag"].dag_id if context.get("dag") else None,
+            "run_id": context["run_id"],
+            "config": self.config_path,
+            "config_values": cfg.model_dump(mode="json"),
+            "data_manifest": ev["manifest"],
+            "data_version": ev["data_version"],
+            "checkpoint": ev["checkpoint"],
+        }
+        entry = promote(cfg, ev["checkpoint"], ev["metrics"], lineage)
+        self.log.info("registered v%d: %s", entry["version"], entry["reason"])
+        if not entry["promoted"]:
+            raise AirflowSkipException(f"not promoted: {entry['reason']}")
+        for outlet in self.outlets or []:
+            try:
+                context["outlet_events"][outlet].extra.update(
+                    {"version": entry["version"], "path": entry["path"], **ev["metrics"]}
+                )
+            except (KeyError, TypeError, AttributeError):
+                pass
+        return {k: entry[k] for k in ("version", "path", "sha256", "metrics", "reason")}

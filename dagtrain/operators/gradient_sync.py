@@ -1,0 +1,47 @@
+"""GradientSyncOperator: the barrier and aggregation stage of round-based training."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._base import DagtrainOperator
+
+__all__ = ["GradientSyncOperator"]
+
+
+class GradientSyncOperator(DagtrainOperator):
+    """Close round ``round``: check every shard's delta, average, apply the outer optimizer.
+
+    It refuses to proceed unless each of the K shards' contributions (K: ``shards``, by
+    default the data's shard count) is present, matches its sha256, has the global
+    model's parameter shapes, started from this round's global model and is finite; a
+    bad one fails the task with ``shard N: why`` and nothing is written. Then the mean
+    delta goes through SGD with Nesterov momentum (``rounds.outer_lr``,
+    ``rounds.outer_momentum``, as in DiLoCo) into the next round's global checkpoint.
+    """
+
+    template_fields = ("data",)
+
+    def __init__(
+        self, *, data: Any, round: int, shards: int | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        self.data = data
+        self.round = round
+        self.shards = shards
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from dagtrain.pipeline.rounds import sync_round
+
+        cfg = self.run_config(context)
+        manifest = self.manifest(self.data)
+        k = self.shards or manifest["shards"]
+        result = sync_round(cfg, manifest, self.run_dir(cfg, context), self.round, k)
+        self.log.info(
+            "round %d: %d shards averaged, |pseudo-gradient| %.4g; global model %s",
+            self.round,
+            k,
+            result["pseudo_gradient_norm"],
+            result["checkpoint"],
+        )
+        return result

@@ -1,0 +1,127 @@
+"""DistributedTrainOperator: the ranks of a training run, through ``dagtrain.launch``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ._base import DagtrainOperator
+
+__all__ = ["DistributedTrainOperator"]
+
+
+class DistributedTrainOperator(DagtrainOperator):
+    """Train on ``distributed.ranks`` ranks of ``distributed.backend``; return metrics.
+
+    ``data`` is a DataPrepOperator's output (an XComArg). Checkpoints go to the run's
+    artifact directory (``runs/<run>/train/checkpoints``), which does not change between
+    tries: a retry resumes from the newest valid checkpoint there, and the result says
+    how many epochs it trained itself (``epochs_trained_now``). ``on_kill`` (and an
+    ``execution_timeout``) kills every rank's process group.
+
+    With ``round`` set, the task is one shard of round-based training: it starts from
+    the round's global model, trains ``rounds.local_steps`` steps on shard ``shard``'s
+    data, and writes its parameter delta for the GradientSyncOperator of the round.
+    """
+
+    template_fields = ("data", "shard")
+
+    def __init__(
+        self,
+        *,
+        data: Any,
+        ranks: int | None = None,
+        round: int | None = None,
+        shard: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.data = data
+        self.ranks = ranks
+        self.round = round
+        self.shard = shard
+        self._job = None
+
+    def _on_start(self, job) -> None:
+        self._job = job
+
+    def on_kill(self) -> None:
+        job = self._job
+        if job is not None:
+            self.log.info("killing every rank of the training job")
+            job.kill(grace=2.0)
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from dagtrain.pipeline.prep import data_file
+        from dagtrain.pipeline.train import run_train, train_config
+
+        cfg = self.run_config(context)
+        manifest = self.manifest(self.data)
+        run = self.run_dir(cfg, context)
+        timeout = self.execution_timeout.total_seconds() if self.execution_timeout else None
+        ranks = self.ranks or cfg.distributed.ranks
+        if self.round is None:
+            out = run / "train"
+            tcfg = train_config(
+                cfg,
+                data_file(manifest, "train"),
+                data_file(manifest, "val"),
+                out / "checkpoints",
+                out / "traces",
+            )
+        else:
+            from dagtrain.pipeline.rounds import global_model, round_dir
+
+            shard = int(self.shard if self.shard is not None else context["ti"].map_index)
+            if not 0 <= shard < manifest["shards"]:
+                raise ValueError(
+                    f"shard {shard} does not exist: the data has {manifest['shards']} shards"
+                )
+            out = round_dir(run, self.round) / f"shard-{shard:02d}"
+            _, _, init = global_model(cfg, manifest, run, self.round) if self.round else ({}, {}, None)
+            tcfg = train_config(
+                cfg,
+                data_file(manifest, f"shard-{shard:02d}"),
+                data_file(manifest, "val"),
+                out / "checkpoints",
+                out / "traces",
+                max_steps=cfg.rounds.local_steps,
+                epochs=10**6,  # local_steps decides
+                init_from=init,
+                checkpoint_every=cfg.rounds.local_steps,
+                seed=cfg.training.seed,
+            )
+            ranks = self.ranks or 1
+        self.log.info(
+            "training %s on %d %s rank(s); checkpoints in %s",
+            cfg.model.name,
+            ranks,
+            cfg.distributed.backend,
+            tcfg.checkpoint_dir,
+        )
+        summary = run_train(
+            cfg,
+            tcfg,
+            out,
+            ranks,
+            timeout=timeout,
+            on_line=self.log.info,
+            on_start=self._on_start,
+        )
+        if summary.get("resumed_from_step") is not None:
+            self.log.info(
+                "resumed from step %s; %s epoch(s) trained in this try",
+                summary["resumed_from_step"],
+                summary["epochs_trained_now"],
+            )
+        if self.round is not None:
+            summary["delta"] = self._write_delta(cfg, manifest, run, out, shard, summary)
+        return summary
+
+    def _write_delta(self, cfg, manifest, run: Path, out: Path, shard: int, summary) -> dict:
+        from dagtrain.pipeline.rounds import global_model, write_delta
+        from dagtrain.training import checkpoint
+
+        base, _, _ = global_model(cfg, manifest, run, self.round)
+        local = checkpoint.load(summary["checkpoint"])["model"]
+        return write_delta(out, shard, base, local)

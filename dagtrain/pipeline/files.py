@@ -1,0 +1,65 @@
+"""Artifact files: atomic writes, checksums, the layout of a pipeline's artifact root.
+
+::
+
+    <root>/<pipeline>/
+      data/<version>/        train.npz val.npz test.npz shard-00.npz ... manifest.json
+      runs/<run>/train/      checkpoints/ (ckpt-*.pt + sidecars), result.json, traces/
+      runs/<run>/rounds/     global/ (ckpt-<round>.pt), round-01/shard-00/delta.pt ...
+      runs/<run>/eval.json
+      registry/              registry.json, models/v0001/model.pt (+ .json sidecar)
+
+Everything is written to a temporary name, fsynced and renamed, so a reader sees a
+whole file or none. No torch here: operators use it at parse time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+__all__ = ["atomic_write", "read_json", "run_dir", "safe_name", "sha256_file", "write_json"]
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path, obj: Any) -> None:
+    atomic_write(path, (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode())
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def safe_name(s: str) -> str:
+    """A run id (``manual__2026-11-30T04:32:18+00:00``) as one safe path component."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", s).strip("._") or "run"
+
+
+def run_dir(root: Path, run_id: str) -> Path:
+    return root / "runs" / safe_name(run_id)

@@ -1,0 +1,123 @@
+"""Data preparation: load, split (seeded), normalise with train statistics, shard, write.
+
+The output is a versioned data directory: its version is a hash of the source's bytes
+and of every setting that changes the arrays, so the same data and settings are
+prepared once and every run that uses them shares them (and its lineage names them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dagtrain.config import PipelineConfig
+
+from .files import atomic_write, read_json, sha256_file, write_json
+
+__all__ = ["prepare", "verify_manifest"]
+
+
+def _npz_bytes(**arrays: np.ndarray) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+def _source_digest(cfg: PipelineConfig) -> str:
+    src = cfg.data_source()
+    if src == "digits":
+        import sklearn
+
+        return f"sklearn-digits-{sklearn.__version__}"
+    return sha256_file(Path(src))
+
+
+def prepare(cfg: PipelineConfig, shards: int = 1) -> dict[str, Any]:
+    """Write train/val/test (and ``shards`` training shards); return the manifest."""
+    from dagtrain.training.data import read_arrays
+
+    d = cfg.data
+    if d.val_fraction + d.test_fraction >= 0.9:
+        raise ValueError(
+            f"data.val_fraction ({d.val_fraction}) + data.test_fraction ({d.test_fraction}) "
+            "leave under 10% for training; lower them"
+        )
+    key = json.dumps(
+        {"source": _source_digest(cfg), **d.model_dump(exclude={"source"}), "shards": shards},
+        sort_keys=True,
+    )
+    version = hashlib.sha256(key.encode()).hexdigest()[:16]
+    out = cfg.artifact_root() / "data" / version
+    manifest_path = out / "manifest.json"
+    if manifest_path.exists():
+        try:
+            return verify_manifest(manifest_path)
+        except ValueError:
+            pass  # damaged: prepare again, over it
+    x, y, shape, classes = read_arrays(cfg.data_source())
+    n = len(x)
+    order = np.random.default_rng(d.seed).permutation(n)
+    n_test, n_val = round(n * d.test_fraction), round(n * d.val_fraction)
+    parts = {
+        "test": order[:n_test],
+        "val": order[n_test : n_test + n_val],
+        "train": order[n_test + n_val :],
+    }
+    if len(parts["train"]) < shards:
+        raise ValueError(f"data: {len(parts['train'])} training samples for {shards} shards")
+    xtr = x[parts["train"]]
+    mean = xtr.mean(axis=0) if d.normalize else np.zeros(x.shape[1:], np.float32)
+    std = xtr.std(axis=0) if d.normalize else np.ones(x.shape[1:], np.float32)
+    std[std == 0] = 1.0
+    meta = {"in_shape": np.array(shape, np.int64), "classes": np.array(classes, np.int64)}
+    files: dict[str, dict[str, Any]] = {}
+
+    def put(name: str, idx: np.ndarray) -> None:
+        xs = ((x[idx] - mean) / std).astype(np.float32)
+        path = out / f"{name}.npz"
+        atomic_write(path, _npz_bytes(x=xs, y=y[idx], **meta))
+        files[name] = {"path": path.name, "rows": len(idx), "sha256": sha256_file(path)}
+
+    for name, idx in parts.items():
+        put(name, idx)
+    # shards: contiguous slices of a seeded shuffle of train (each sample in one shard)
+    for k, idx in enumerate(np.array_split(parts["train"], shards)):
+        put(f"shard-{k:02d}", idx)
+    np_stats = _npz_bytes(mean=mean.astype(np.float32), std=std.astype(np.float32))
+    atomic_write(out / "stats.npz", np_stats)
+    manifest = {
+        "version": version,
+        "dir": str(out),
+        "source": cfg.data.source,
+        "source_digest": _source_digest(cfg),
+        "settings": d.model_dump(),
+        "in_shape": list(shape),
+        "classes": classes,
+        "shards": shards,
+        "files": files,
+        "stats": {"path": "stats.npz", "sha256": sha256_file(out / "stats.npz")},
+    }
+    write_json(manifest_path, manifest)  # last: a manifest means the rest is complete
+    return manifest
+
+
+def verify_manifest(path: Path) -> dict[str, Any]:
+    """The manifest, after checking every file it lists against its checksum."""
+    m = read_json(path)
+    base = path.parent
+    for name, f in m["files"].items():
+        p = base / f["path"]
+        if not p.exists() or sha256_file(p) != f["sha256"]:
+            raise ValueError(f"data file {name} ({p}) is missing or does not match its checksum")
+    m["dir"] = str(base)
+    return m
+
+
+def data_file(manifest: dict[str, Any], name: str) -> str:
+    return str(Path(manifest["dir"]) / manifest["files"][name]["path"])

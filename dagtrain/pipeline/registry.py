@@ -1,0 +1,133 @@
+"""Evaluation and the model registry (champion / challenger).
+
+The registry lives in the artifact store, ``<root>/<pipeline>/registry/``:
+``registry.json`` lists every registered version (metrics, lineage: run, config,
+data manifest, source checkpoint) and names the champion; ``models/vNNNN/model.pt`` is
+the model's state with a sha256 sidecar. Updates take a file lock and replace
+``registry.json`` atomically, so two runs promoting at once cannot lose a version.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from dagtrain.config import PipelineConfig
+
+from .files import atomic_write, read_json, write_json
+
+__all__ = ["better", "champion", "evaluate", "promote"]
+
+
+def evaluate(cfg: PipelineConfig, manifest: dict[str, Any], ckpt: str) -> dict[str, float]:
+    """Test metrics of the model in checkpoint ``ckpt`` on the prepared test split."""
+    import torch
+
+    from dagtrain.training import checkpoint
+    from dagtrain.training.data import load_dataset
+    from dagtrain.training.models import build_model
+
+    from .prep import data_file
+
+    test = load_dataset(data_file(manifest, "test"), 0.0, 0, normalize=False)
+    model = build_model(
+        cfg.model.name, tuple(manifest["in_shape"]), manifest["classes"], **cfg.model.args
+    )
+    model.load_state_dict(checkpoint.load(ckpt)["model"])
+    model.eval()
+    with torch.no_grad():
+        out = model(test.x_train)
+        loss = torch.nn.functional.cross_entropy(out, test.y_train).item()
+        acc = (out.argmax(dim=1) == test.y_train).float().mean().item()
+    return {"test_accuracy": acc, "test_loss": loss, "test_samples": len(test.y_train)}
+
+
+def _dir(cfg: PipelineConfig) -> Path:
+    return cfg.artifact_root() / "registry"
+
+
+@contextlib.contextmanager
+def _locked(cfg: PipelineConfig) -> Iterator[dict[str, Any]]:
+    d = _dir(cfg)
+    d.mkdir(parents=True, exist_ok=True)
+    with open(d / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        path = d / "registry.json"
+        reg = read_json(path) if path.exists() else {"champion": None, "versions": []}
+        yield reg
+        write_json(path, reg)
+
+
+def champion(cfg: PipelineConfig) -> dict[str, Any] | None:
+    path = _dir(cfg) / "registry.json"
+    if not path.exists():
+        return None
+    reg = read_json(path)
+    return next((v for v in reg["versions"] if v["version"] == reg["champion"]), None)
+
+
+def better(cfg: PipelineConfig, challenger: dict[str, float], champ: dict | None) -> tuple:
+    """(promote?, why) for a challenger's metrics against the champion's."""
+    ev = cfg.evaluation
+    acc = challenger.get("test_accuracy", 0.0)
+    if acc < ev.min_accuracy:
+        return False, f"test accuracy {acc:.4f} is below evaluation.min_accuracy {ev.min_accuracy}"
+    if champ is None:
+        return True, "no champion yet"
+    mine, theirs = challenger[ev.metric], champ["metrics"][ev.metric]
+    gain = mine - theirs if ev.metric == "test_accuracy" else theirs - mine
+    if gain > ev.min_improvement:
+        return True, f"{ev.metric} {mine:.4f} beats the champion's {theirs:.4f}"
+    return False, (
+        f"{ev.metric} {mine:.4f} does not beat champion v{champ['version']}'s {theirs:.4f} "
+        f"by more than {ev.min_improvement}"
+    )
+
+
+def promote(
+    cfg: PipelineConfig,
+    ckpt: str,
+    metrics: dict[str, float],
+    lineage: dict[str, Any],
+) -> dict[str, Any]:
+    """Register the challenger; make it the champion if it is better. Returns the entry
+    with ``promoted`` and ``reason``."""
+    from dagtrain.training import checkpoint
+
+    state = checkpoint.load(ckpt)["model"]  # verified against its checksum
+    import io
+
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    data = buf.getvalue()
+    with _locked(cfg) as reg:
+        champ = next((v for v in reg["versions"] if v["version"] == reg["champion"]), None)
+        ok, why = better(cfg, metrics, champ)
+        version = max((v["version"] for v in reg["versions"]), default=0) + 1
+        out = _dir(cfg) / "models" / f"v{version:04d}"
+        atomic_write(out / "model.pt", data)
+        meta = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+        atomic_write(out / "model.pt.json", json.dumps(meta).encode())
+        entry = {
+            "version": version,
+            "path": str(out / "model.pt"),
+            "sha256": meta["sha256"],
+            "metrics": metrics,
+            "lineage": lineage,
+            "registered_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "promoted": ok,
+            "reason": why,
+            "previous_champion": reg["champion"],
+        }
+        reg["versions"].append(entry)
+        if ok:
+            reg["champion"] = version
+    return entry

@@ -1,0 +1,168 @@
+"""Round-based low-communication training (local SGD / DiLoCo).
+
+Each round, K shards start from the round's global model and train ``local_steps``
+inner steps on their own data; each writes its *pseudo-gradient*, the parameter delta
+``global - local``, with a sidecar (sha256, shapes, base model digest). The sync stage
+checks every contribution (present, complete, checksummed, same shapes and base, finite)
+before it reads any of them into the model, averages the deltas, and applies the outer
+optimizer, SGD with Nesterov momentum (DiLoCo: lr 0.7, momentum 0.9)::
+
+    v <- mu * v + mean(delta)
+    w <- w - lr * (mean(delta) + mu * v)
+
+and writes the next global checkpoint (model + momentum) atomically. Round 0's global
+model is the seeded initialisation, rebuilt where needed (deterministic on CPU).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from dagtrain.config import PipelineConfig
+
+from .files import atomic_write, sha256_file
+
+__all__ = ["ShardError", "global_model", "round_dir", "sync_round", "write_delta"]
+
+
+class ShardError(ValueError):
+    """A shard's contribution is missing or bad; names the shard."""
+
+    def __init__(self, shard: int, why: str) -> None:
+        super().__init__(f"shard {shard}: {why}")
+        self.shard = shard
+
+
+def round_dir(run: Path, r: int) -> Path:
+    return run / "rounds" / f"round-{r:02d}"
+
+
+def global_dir(run: Path) -> Path:
+    return run / "rounds" / "global"
+
+
+def _digest(state: dict[str, Any]) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for k in sorted(state):
+        h.update(k.encode())
+        h.update(state[k].detach().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def initial_model(cfg: PipelineConfig, manifest: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    from dagtrain.training.models import build_model
+
+    torch.manual_seed(cfg.training.seed)  # as the trainer does before building
+    model = build_model(
+        cfg.model.name, tuple(manifest["in_shape"]), manifest["classes"], **cfg.model.args
+    )
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def global_model(
+    cfg: PipelineConfig, manifest: dict[str, Any], run: Path, r: int
+) -> tuple[dict[str, Any], dict[str, Any], str | None]:
+    """(model state, outer momentum, checkpoint path) that round ``r`` starts from."""
+    from dagtrain.training import checkpoint
+
+    if r == 0:
+        return initial_model(cfg, manifest), {}, None
+    path = global_dir(run) / f"ckpt-{r:08d}.pt"
+    snap = checkpoint.load(path)
+    return snap["model"], snap.get("momentum", {}), str(path)
+
+
+def write_delta(out: Path, shard: int, base: dict[str, Any], local: dict[str, Any]) -> dict:
+    """Write shard ``shard``'s delta (base - local) and its sidecar; return the sidecar."""
+    import torch
+
+    delta = {k: (base[k].float() - local[k].float()) for k in base if base[k].is_floating_point()}
+    buf = io.BytesIO()
+    torch.save(delta, buf)
+    data = buf.getvalue()
+    path = out / "delta.pt"
+    atomic_write(path, data)
+    import hashlib
+
+    meta = {
+        "shard": shard,
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "bytes": len(data),
+        "shapes": {k: list(v.shape) for k, v in delta.items()},
+        "base_sha256": _digest(base),
+    }
+    atomic_write(out / "delta.pt.json", json.dumps(meta, indent=1).encode())
+    return meta
+
+
+def _check(shard: int, d: Path, expect_shapes: dict[str, list[int]], base_digest: str):
+    import torch
+
+    path, side = d / "delta.pt", d / "delta.pt.json"
+    if not path.exists() or not side.exists():
+        raise ShardError(shard, f"no contribution at {path} (did its training task succeed?)")
+    try:
+        meta = json.loads(side.read_text())
+    except ValueError as e:
+        raise ShardError(shard, f"unreadable sidecar {side}: {e}") from None
+    if path.stat().st_size != meta.get("bytes") or sha256_file(path) != meta.get("sha256"):
+        raise ShardError(shard, f"{path} is truncated or corrupted (checksum mismatch)")
+    if meta.get("base_sha256") != base_digest:
+        raise ShardError(shard, "it trained from a different global model than this round's")
+    delta = torch.load(path, weights_only=True)
+    if set(delta) != set(expect_shapes):
+        missing = sorted(set(expect_shapes) - set(delta))
+        extra = sorted(set(delta) - set(expect_shapes))
+        raise ShardError(shard, f"parameters differ: missing {missing}, unexpected {extra}")
+    for k, v in delta.items():
+        if list(v.shape) != expect_shapes[k]:
+            raise ShardError(
+                shard, f"parameter {k} has shape {list(v.shape)}, expected {expect_shapes[k]}"
+            )
+        if not torch.isfinite(v).all():
+            raise ShardError(shard, f"parameter {k} has non-finite values (NaN or inf)")
+    return delta
+
+
+def sync_round(
+    cfg: PipelineConfig, manifest: dict[str, Any], run: Path, r: int, shards: int
+) -> dict[str, Any]:
+    """Check all K contributions of round ``r``, then write the global model of ``r + 1``.
+
+    Nothing is written unless every shard is good (ShardError names the first bad one).
+    """
+    import torch
+
+    from dagtrain.training import checkpoint
+
+    base, momentum, _ = global_model(cfg, manifest, run, r)
+    shapes = {k: list(v.shape) for k, v in base.items() if v.is_floating_point()}
+    digest = _digest(base)
+    rd = round_dir(run, r)
+    deltas = [_check(k, rd / f"shard-{k:02d}", shapes, digest) for k in range(shards)]
+    mu, lr = cfg.rounds.outer_momentum, cfg.rounds.outer_lr
+    new = dict(base)
+    new_m: dict[str, Any] = {}
+    norm = 0.0
+    for k in shapes:
+        g = torch.stack([d[k] for d in deltas]).mean(dim=0)
+        v = momentum.get(k, torch.zeros_like(g)) * mu + g
+        new_m[k] = v
+        new[k] = (base[k].float() - lr * (g + mu * v)).to(base[k].dtype)
+        norm += float(g.pow(2).sum())
+    snap = {"model": new, "momentum": new_m, "round": r + 1}
+    path = checkpoint.save(snap, global_dir(run), r + 1, keep=cfg.rounds.rounds + 1)
+    return {
+        "round": r,
+        "shards": shards,
+        "checkpoint": str(path),
+        "pseudo_gradient_norm": math.sqrt(norm),
+    }
