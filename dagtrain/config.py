@@ -163,6 +163,11 @@ class PipelineConfig(_Section):
     """A training pipeline: data prep, distributed training, evaluation, promotion."""
 
     name: str = Field("digits", pattern=r"^[A-Za-z0-9_.-]+$", description="pipeline name")
+    pipeline: Literal["retraining", "rounds"] = Field(
+        "retraining",
+        description="the DAG a bare config gets from `dagtrain run`: prep -> train -> "
+        "evaluate -> promote, or round-based training",
+    )
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
@@ -254,6 +259,7 @@ def _author_only(cfg: PipelineConfig) -> dict[str, Any]:
         "artifacts.root": cfg.artifacts.root,
         "distributed.hosts": list(cfg.distributed.hosts),
         "name": cfg.name,
+        "pipeline": cfg.pipeline,
         "rounds.rounds": cfg.rounds.rounds,
         "rounds.shards": cfg.rounds.shards,
     }
@@ -283,7 +289,9 @@ def merge_conf(cfg: PipelineConfig, conf: dict[str, Any] | None) -> PipelineConf
     known = set(PipelineConfig.model_fields) - {"base_dir"}
     for k in conf:
         if k not in known:
-            raise ConfigError(f"conf: unknown section {k!r}; sections are {', '.join(sorted(known))}")
+            raise ConfigError(
+                f"conf: unknown section {k!r}; sections are {', '.join(sorted(known))}"
+            )
     for field, value in _author_only(cfg).items():
         got = _get(conf, field)
         if got is not _MISSING and got != value:
@@ -358,7 +366,7 @@ def dag_params(cfg: PipelineConfig) -> dict[str, Any]:
     values = cfg.model_dump(mode="json")
     params: dict[str, Any] = {}
     for section, sub in schema["properties"].items():
-        if section in ("name", "base_dir"):
+        if section in ("name", "pipeline", "base_dir"):
             continue
         sub = copy.deepcopy(sub)
         sub.pop("default", None)

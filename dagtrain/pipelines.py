@@ -37,9 +37,7 @@ def data_asset(cfg: PipelineConfig) -> Asset:
 
 
 def model_asset(cfg: PipelineConfig) -> Asset:
-    return Asset(
-        name=f"dagtrain.{cfg.name}.model", uri=(cfg.artifact_root() / "registry").as_uri()
-    )
+    return Asset(name=f"dagtrain.{cfg.name}.model", uri=(cfg.artifact_root() / "registry").as_uri())
 
 
 def _schedule(cfg: PipelineConfig):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from ._base import DagtrainOperator
@@ -14,7 +15,7 @@ class DataPrepOperator(DagtrainOperator):
 
     The arrays go to ``<artifacts>/<pipeline>/data/<version>/`` (version: a hash of the
     source and the settings), each with its sha256 in ``manifest.json``, which is written
-    last. ``shards`` (default: ``rounds.shards`` when given ``for_rounds=True``, else 1)
+    last. ``shards`` (default: ``rounds.shards`` when given ``for_rounds=True``, else none)
     training shards are cut from the training split. Give ``outlets``
     an Asset to emit a data event; its extra carries the version and the row counts.
     """
@@ -28,7 +29,7 @@ class DataPrepOperator(DagtrainOperator):
         from dagtrain.pipeline.prep import prepare
 
         cfg = self.run_config(context)
-        shards = self.shards or (cfg.rounds.shards if self.for_rounds else 1)
+        shards = self.shards or (cfg.rounds.shards if self.for_rounds else 0)
         m = prepare(cfg, shards)
         rows = {k: f["rows"] for k, f in m["files"].items()}
         self.log.info("data %s prepared in %s: %s", m["version"], m["dir"], rows)
@@ -40,10 +41,8 @@ class DataPrepOperator(DagtrainOperator):
             "shards": list(range(shards)),
         }
         for outlet in self.outlets or []:
-            try:
+            with contextlib.suppress(KeyError, TypeError, AttributeError):
                 context["outlet_events"][outlet].extra.update(
                     {"version": m["version"], "rows": rows}
                 )
-            except (KeyError, TypeError, AttributeError):  # not an Asset we can annotate
-                pass
         return out

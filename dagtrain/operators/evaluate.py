@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from ._base import DagtrainOperator
@@ -87,10 +88,8 @@ class PromoteOperator(DagtrainOperator):
         if not entry["promoted"]:
             raise AirflowSkipException(f"not promoted: {entry['reason']}")
         for outlet in self.outlets or []:
-            try:
+            with contextlib.suppress(KeyError, TypeError, AttributeError):
                 context["outlet_events"][outlet].extra.update(
                     {"version": entry["version"], "path": entry["path"], **ev["metrics"]}
                 )
-            except (KeyError, TypeError, AttributeError):
-                pass
         return {k: entry[k] for k in ("version", "path", "sha256", "metrics", "reason")}

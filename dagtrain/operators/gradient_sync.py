@@ -22,9 +22,7 @@ class GradientSyncOperator(DagtrainOperator):
 
     template_fields = ("data",)
 
-    def __init__(
-        self, *, data: Any, round: int, shards: int | None = None, **kwargs: Any
-    ) -> None:
+    def __init__(self, *, data: Any, round: int, shards: int | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.data = data
         self.round = round

@@ -78,7 +78,9 @@ class DistributedTrainOperator(DagtrainOperator):
                     f"shard {shard} does not exist: the data has {manifest['shards']} shards"
                 )
             out = round_dir(run, self.round) / f"shard-{shard:02d}"
-            _, _, init = global_model(cfg, manifest, run, self.round) if self.round else ({}, {}, None)
+            _, _, init = (
+                global_model(cfg, manifest, run, self.round) if self.round else ({}, {}, None)
+            )
             tcfg = train_config(
                 cfg,
                 data_file(manifest, f"shard-{shard:02d}"),

@@ -38,7 +38,7 @@ def _source_digest(cfg: PipelineConfig) -> str:
     return sha256_file(Path(src))
 
 
-def prepare(cfg: PipelineConfig, shards: int = 1) -> dict[str, Any]:
+def prepare(cfg: PipelineConfig, shards: int = 0) -> dict[str, Any]:
     """Write train/val/test (and ``shards`` training shards); return the manifest."""
     from dagtrain.training.data import read_arrays
 
@@ -87,7 +87,7 @@ def prepare(cfg: PipelineConfig, shards: int = 1) -> dict[str, Any]:
     for name, idx in parts.items():
         put(name, idx)
     # shards: contiguous slices of a seeded shuffle of train (each sample in one shard)
-    for k, idx in enumerate(np.array_split(parts["train"], shards)):
+    for k, idx in enumerate(np.array_split(parts["train"], shards) if shards else []):
         put(f"shard-{k:02d}", idx)
     np_stats = _npz_bytes(mean=mean.astype(np.float32), std=std.astype(np.float32))
     atomic_write(out / "stats.npz", np_stats)

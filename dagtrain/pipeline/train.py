@@ -91,9 +91,7 @@ def run_train(
         on_line=on_line,
         on_start=on_start,
     )
-    summary = {
-        k: v for k, v in asdict(res).items() if k not in ("step_seconds",)
-    } | {
+    summary = {k: v for k, v in asdict(res).items() if k not in ("step_seconds",)} | {
         "test_accuracy": res.test_accuracy,
         "median_step_seconds": sorted(res.step_seconds)[len(res.step_seconds) // 2]
         if res.step_seconds
@@ -102,4 +100,3 @@ def run_train(
     }
     write_json(out_dir / "result.json", summary)
     return summary
-

@@ -78,3 +78,28 @@ def hang_on_rank1(in_shape, classes):
     import math
 
     return _Hang(math.prod(in_shape), classes)
+
+
+class _FailOnce(nn.Module):
+    def __init__(self, n, classes, marker, at_call):
+        super().__init__()
+        self.lin = nn.Linear(n, classes)
+        self.marker, self.at_call, self.calls = marker, at_call, 0
+
+    def forward(self, x):
+        import os
+
+        from dagtrain.launch import env_rank
+
+        self.calls += 1
+        if env_rank() == "1" and self.calls == self.at_call and not os.path.exists(self.marker):
+            open(self.marker, "w").close()  # the next try (a retry) passes
+            raise RuntimeError("injected fault: rank 1 fails once")
+        return self.lin(x.reshape(x.shape[0], -1))
+
+
+def fail_once(in_shape, classes, marker, at_call):
+    """Rank 1 raises in its ``at_call``-th forward, the first time only (a marker file)."""
+    import math
+
+    return _FailOnce(math.prod(in_shape), classes, marker, at_call)

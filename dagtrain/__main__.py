@@ -1,0 +1,3 @@
+from dagtrain.cli import main
+
+main()

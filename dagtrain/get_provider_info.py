@@ -1,0 +1,34 @@
+"""What Airflow's providers manager reads (the ``apache_airflow_provider`` entry point)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def get_provider_info() -> dict[str, Any]:
+    return {
+        "package-name": "airflow-provider-dagtrain",
+        "name": "dagtrain",
+        "description": "Distributed deep-learning training (Horovod, MPI, torch.distributed) "
+        "as Airflow operators, with an op-level task-graph executor inside each rank.",
+        "versions": ["0.1.0"],
+        "integrations": [
+            {
+                "integration-name": "dagtrain",
+                "external-doc-url": "https://github.com/dagtrain/dagtrain",
+                "tags": ["software"],
+            }
+        ],
+        "operators": [
+            {
+                "integration-name": "dagtrain",
+                "python-modules": [
+                    "dagtrain.operators.data_prep",
+                    "dagtrain.operators.train",
+                    "dagtrain.operators.gradient_sync",
+                    "dagtrain.operators.evaluate",
+                ],
+            }
+        ],
+        "plugins": [{"name": "dagtrain", "plugin-class": "dagtrain.plugins.DagtrainPlugin"}],
+    }

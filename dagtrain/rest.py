@@ -1,0 +1,119 @@
+"""A small client of a running Airflow 3's REST API: log in, trigger a run, follow it.
+
+``POST /auth/token`` (the simple auth manager's login) gives a JWT; runs are triggered
+with ``POST /api/v2/dags/{dag_id}/dagRuns`` and followed with ``GET`` on the run and its
+task instances. Every failure becomes a RestError that says what to do.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+__all__ = ["Client", "RestError"]
+
+FINISHED = {"success", "failed"}
+
+
+class RestError(RuntimeError):
+    """A REST call failed; the message says why and what to try."""
+
+
+def _detail(r: httpx.Response) -> str:
+    try:
+        body = r.json()
+    except ValueError:
+        return r.text.strip()[:500]
+    d = body.get("detail", body) if isinstance(body, dict) else body
+    if isinstance(d, list):  # FastAPI validation errors
+        return "; ".join(f"{'.'.join(str(x) for x in e.get('loc', []))}: {e.get('msg')}" for e in d)
+    return d if isinstance(d, str) else str(d)
+
+
+class Client:
+    def __init__(self, url: str, user: str, password: str, timeout: float = 30.0) -> None:
+        self.url = url.rstrip("/")
+        self.user = user
+        self.password = password
+        self.http = httpx.Client(base_url=self.url, timeout=timeout)
+        self.token: str | None = None
+
+    def _send(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        try:
+            return self.http.request(method, path, headers=headers, **kw)
+        except httpx.ConnectError:
+            raise RestError(
+                f"cannot reach Airflow at {self.url}: is it running (`dagtrain up`)? check --url"
+            ) from None
+        except httpx.TimeoutException:
+            raise RestError(f"Airflow at {self.url} did not answer in time") from None
+
+    def login(self) -> None:
+        r = self._send(
+            "POST", "/auth/token", json={"username": self.user, "password": self.password}
+        )
+        if r.status_code in (401, 403):
+            raise RestError(
+                f"Airflow at {self.url} refused the credentials of user {self.user!r} "
+                f"({r.status_code}: {_detail(r)}); check --user/--password "
+                "(dagtrain up prints them)"
+            )
+        if r.status_code == 404:
+            raise RestError(f"{self.url} has no /auth/token: is it an Airflow 3 api-server?")
+        if r.status_code >= 400:
+            raise RestError(f"login failed ({r.status_code}): {_detail(r)}")
+        self.token = r.json()["access_token"]
+
+    def trigger(self, dag_id: str, conf: dict[str, Any]) -> dict[str, Any]:
+        if self.token is None:
+            self.login()
+        r = self._send(
+            "POST", f"/api/v2/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": conf}
+        )
+        if r.status_code == 404:
+            raise RestError(
+                f"no DAG {dag_id!r} on {self.url} (is its file in the DAGs folder, and parsed?)"
+            )
+        if r.status_code in (400, 422):
+            raise RestError(f"Airflow refused the run's conf: {_detail(r)}")
+        if r.status_code in (401, 403):
+            raise RestError(f"user {self.user!r} may not trigger {dag_id!r}: {_detail(r)}")
+        if r.status_code >= 400:
+            raise RestError(f"triggering {dag_id!r} failed ({r.status_code}): {_detail(r)}")
+        return r.json()
+
+    def run(self, dag_id: str, run_id: str) -> dict[str, Any]:
+        r = self._send("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}")
+        if r.status_code >= 400:
+            raise RestError(f"reading run {run_id!r} failed ({r.status_code}): {_detail(r)}")
+        return r.json()
+
+    def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
+        r = self._send("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances")
+        if r.status_code >= 400:
+            return []
+        return r.json().get("task_instances", [])
+
+    def wait(
+        self,
+        dag_id: str,
+        run_id: str,
+        timeout: float | None = None,
+        on_poll: Callable[[dict, list], None] | None = None,
+        every: float = 2.0,
+    ) -> dict[str, Any]:
+        """Poll until the run finishes; return it. TimeoutError after ``timeout``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            run = self.run(dag_id, run_id)
+            if on_poll:
+                on_poll(run, self.task_instances(dag_id, run_id))
+            if run.get("state") in FINISHED:
+                return run
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"run {run_id} of {dag_id} still {run.get('state')}")
+            time.sleep(every)

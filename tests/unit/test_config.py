@@ -1,0 +1,124 @@
+"""The pipeline config: YAML in, clear errors, one schema for files, conf and Params."""
+
+from __future__ import annotations
+
+import pytest
+
+from dagtrain.config import (
+    ConfigError,
+    PipelineConfig,
+    apply_sets,
+    config_schema,
+    dag_params,
+    load_config,
+    merge_conf,
+)
+
+
+def write(tmp_path, text: str):
+    p = tmp_path / "p.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_a_file_loads_with_defaults_and_paths_relative_to_it(tmp_path):
+    cfg = load_config(write(tmp_path, "name: x\ntraining: {epochs: 2}\n"))
+    assert cfg.training.epochs == 2 and cfg.distributed.backend == "mpi"
+    assert cfg.artifact_root() == (tmp_path / "../.dagtrain/artifacts/x").resolve()
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("training: {epochs: 0}", "training.epochs"),
+        ("training: {epoch: 3}", "training.epoch: unknown field"),
+        ("distributed: {backend: nccl2}", "distributed.backend"),
+        ("model: {name: resnet}", "model.name"),
+        ("data: {val_fraction: 1.5}", "data.val_fraction"),
+        ("- a\n- b", "top level must be a mapping"),
+        ("training: {epochs: [1", "not valid YAML"),
+    ],
+)
+def test_errors_name_the_field_path(tmp_path, text, needle):
+    with pytest.raises(ConfigError, match=None) as info:
+        load_config(write(tmp_path, text))
+    assert needle in str(info.value), str(info.value)
+
+
+def test_yaml_is_read_safely(tmp_path):
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(write(tmp_path, "name: !!python/object/apply:os.system ['true']\n"))
+
+
+def test_conf_merges_into_the_file_and_keeps_what_it_does_not_name(tmp_path):
+    cfg = load_config(write(tmp_path, "training: {epochs: 7, lr: 0.1}\n"))
+    run = merge_conf(cfg, {"training": {"epochs": 2}})
+    assert (run.training.epochs, run.training.lr) == (2, 0.1)
+    assert run.base_dir == cfg.base_dir
+
+
+@pytest.mark.parametrize(
+    ("conf", "needle"),
+    [
+        ({"model": {"name": "evil.module:build"}}, "model.name"),
+        ({"artifacts": {"root": "/etc"}}, "artifacts.root"),
+        ({"distributed": {"hosts": ["attacker:4"]}}, "distributed.hosts"),
+        ({"bogus": {}}, "unknown section 'bogus'"),
+        ({"training": {"epochs": -1}}, "training.epochs"),
+    ],
+)
+def test_a_runs_conf_cannot_name_code_or_places(tmp_path, conf, needle):
+    cfg = load_config(write(tmp_path, "model: {name: mlp}\n"))
+    with pytest.raises(ConfigError) as info:
+        merge_conf(cfg, conf)
+    assert needle in str(info.value)
+
+
+def test_the_files_own_factory_may_be_repeated_by_conf(tmp_path):
+    cfg = load_config(write(tmp_path, "model: {name: 'tests.unit.training.factory:tiny'}\n"))
+    assert merge_conf(cfg, {"model": {"name": cfg.model.name}}).model.name == cfg.model.name
+    assert merge_conf(cfg, {"model": {"name": "cnn"}}).model.name == "cnn"
+
+
+def test_set_overrides_parse_scalars_and_are_validated():
+    cfg = PipelineConfig()
+    conf = apply_sets(cfg, ["training.epochs=3", "distributed.overlap=false", "model.args={}"])
+    assert conf == {
+        "training": {"epochs": 3},
+        "distributed": {"overlap": False},
+        "model": {"args": {}},
+    }
+    with pytest.raises(ConfigError, match=r"training\.epochs"):
+        apply_sets(cfg, ["training.epochs=zero"])
+    with pytest.raises(ConfigError, match="key=value"):
+        apply_sets(cfg, ["training.epochs"])
+
+
+def test_schema_has_every_section_inlined():
+    s = config_schema()
+    assert "$defs" not in s and "$ref" not in str(s)
+    assert s["properties"]["training"]["properties"]["epochs"]["minimum"] == 1
+
+
+def test_params_refuse_a_bad_conf_naming_the_field(tmp_path):
+    from airflow.sdk.definitions.param import ParamsDict
+    from airflow.sdk.exceptions import ParamValidationError
+
+    cfg = load_config(write(tmp_path, "training: {epochs: 4}\n"))
+    params = ParamsDict(dag_params(cfg))
+    assert params.validate()["training"]["epochs"] == 4  # the file's values are the defaults
+    for bad, needle in [
+        ({"training": {"epochs": 0}}, "training"),
+        ({"training": {"epochs": 2, "typo": 1}}, "typo"),
+        ({"model": {"name": "os:system"}}, "model"),
+        ({"artifacts": {"root": "/tmp/elsewhere"}}, "artifacts"),
+    ]:
+        p = ParamsDict(dag_params(cfg))
+        with pytest.raises(ParamValidationError) as info:
+            for k, v in bad.items():  # checked as it is set, or at validate()
+                p[k] = v
+            p.validate()
+        assert needle in str(info.value), str(info.value)
+    ok = ParamsDict(dag_params(cfg))
+    ok["training"] = {"epochs": 2}  # part of a section: the rest stays the file's
+    assert ok.validate()["training"] == {"epochs": 2}

@@ -1,0 +1,104 @@
+"""GradientSyncOperator: all shards checked before anything is read or written."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from dagtrain.config import load_config
+from dagtrain.operators import DataPrepOperator, GradientSyncOperator
+from dagtrain.pipeline.files import run_dir
+from dagtrain.pipeline.rounds import ShardError, global_dir, global_model, round_dir, write_delta
+
+RUN = "manual__test"
+
+
+@pytest.fixture
+def setup(tmp_path):
+    cfg_path = tmp_path / "rounds.yaml"
+    cfg_path.write_text(
+        "name: r\npipeline: rounds\nmodel: {name: mlp, args: {hidden: [8]}}\n"
+        "rounds: {rounds: 2, shards: 3, outer_lr: 0.5, outer_momentum: 0.9}\n"
+        "artifacts: {root: art}\n"
+    )
+    ctx = {"run_id": RUN, "dag_run": SimpleNamespace(conf={}), "ti": None, "outlet_events": {}}
+    data = DataPrepOperator(task_id="prep", config=cfg_path, for_rounds=True).execute(ctx)
+    cfg = load_config(cfg_path)
+    manifest = json.loads(open(data["manifest"]).read())
+    manifest["dir"] = data["dir"]
+    run = run_dir(cfg.artifact_root(), RUN)
+    base, _, _ = global_model(cfg, manifest, run, 0)
+    torch.manual_seed(1)
+    locals_ = []
+    for k in range(3):
+        local = {n: v - 0.01 * (k + 1) * torch.ones_like(v) for n, v in base.items()}
+        write_delta(round_dir(run, 0) / f"shard-{k:02d}", k, base, local)
+        locals_.append(local)
+    op = GradientSyncOperator(task_id="sync", config=cfg_path, data=data, round=0)
+    return SimpleNamespace(op=op, ctx=ctx, run=run, base=base, cfg=cfg, locals=locals_)
+
+
+def test_good_shards_are_averaged_with_an_outer_nesterov_step(setup):
+    s = setup
+    out = s.op.execute(s.ctx)
+    snap = torch.load(out["checkpoint"], weights_only=True)
+    # mean delta = 0.02 everywhere; v = 0.02; w - 0.5 * (0.02 + 0.9 * 0.02)
+    for n, w in s.base.items():
+        assert torch.allclose(snap["model"][n], w - 0.5 * 0.038, atol=1e-6), n
+        assert torch.allclose(snap["momentum"][n], torch.full_like(w, 0.02))
+    assert snap["round"] == 1
+
+
+def _damage(path, how):
+    if how == "missing":
+        path.unlink()
+    elif how == "truncated":
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+
+
+@pytest.mark.parametrize("how", ["missing", "truncated", "misshaped", "nonfinite"])
+def test_a_bad_shard_fails_naming_it_and_nothing_is_written(setup, how):
+    s = setup
+    shard = s.run / "rounds" / "round-00" / "shard-01"
+    if how in ("missing", "truncated"):
+        _damage(shard / "delta.pt", how)
+    else:
+        local = dict(s.locals[1])
+        name = next(iter(local))
+        if how == "misshaped":
+            bad_base = {**s.base, name: torch.zeros(3, 3)}
+            local[name] = torch.zeros(3, 3)
+            write_delta(shard, 1, bad_base, local)
+            # keep the base digest honest so only the shape is wrong
+            meta = json.loads((shard / "delta.pt.json").read_text())
+            good = json.loads((s.run / "rounds/round-00/shard-00/delta.pt.json").read_text())
+            meta["base_sha256"] = good["base_sha256"]
+            (shard / "delta.pt.json").write_text(json.dumps(meta))
+        else:
+            local[name] = local[name].clone()
+            local[name].view(-1)[0] = float("nan")
+            write_delta(shard, 1, s.base, local)
+    with pytest.raises(ShardError) as info:
+        s.op.execute(s.ctx)
+    assert info.value.shard == 1
+    assert str(info.value).startswith("shard 1:"), str(info.value)
+    why = {
+        "missing": "no contribution",
+        "truncated": "checksum",
+        "misshaped": "shape",
+        "nonfinite": "non-finite",
+    }[how]
+    assert why in str(info.value), str(info.value)
+    assert not global_dir(s.run).exists() or not any(global_dir(s.run).iterdir())
+
+
+def test_a_shard_trained_from_another_global_model_is_refused(setup):
+    s = setup
+    other = {n: v + 1 for n, v in s.base.items()}
+    write_delta(s.run / "rounds" / "round-00" / "shard-02", 2, other, s.locals[2])
+    with pytest.raises(ShardError, match=r"shard 2: .*different global model"):
+        s.op.execute(s.ctx)
