@@ -204,7 +204,7 @@ def trigger(
     timeout: Annotated[float | None, typer.Option(help="seconds to --wait")] = None,
     home: HomeOpt = Path(".dagtrain"),
 ) -> None:
-    """Trigger a DAG run on a running Airflow through its REST API."""
+    """Trigger a DAG run on a running Airflow through its REST API (unpausing the DAG)."""
     from dagtrain.rest import Client, RestError
 
     conf: dict[str, Any] = {}
@@ -238,6 +238,8 @@ def trigger(
     client = Client(url, user, password)
     try:
         client.login()
+        if client.unpause(dag_id):
+            out.print(f"{dag_id} was paused (as new DAGs are): unpaused it")
         dr = client.trigger(dag_id, conf)
         out.print(f"triggered [bold]{dag_id}[/] run {dr['dag_run_id']} ({dr.get('state')})")
         if not wait:
@@ -258,6 +260,7 @@ def trigger(
                 live.update(t)
 
             final = client.wait(dag_id, dr["dag_run_id"], timeout=timeout, on_poll=show)
+        out.print()
     except RestError as e:
         raise _fail(str(e)) from None
     except TimeoutError as e:

@@ -88,6 +88,10 @@ class Home:
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "30",
             "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "10",
             "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(self.logs / "airflow"),
+            # the log servers of the workers and the triggerer: next to the api-server's
+            # port, so two projects' Airflows do not collide on the defaults (8793/8794)
+            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(self.port + 1),
+            "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(self.port + 2),
         }
 
     def activate(self) -> None:

@@ -86,6 +86,22 @@ class Client:
             raise RestError(f"triggering {dag_id!r} failed ({r.status_code}): {_detail(r)}")
         return r.json()
 
+    def unpause(self, dag_id: str) -> bool:
+        """Unpause the DAG if it is paused (new DAGs are); True if it was paused."""
+        r = self._send("GET", f"/api/v2/dags/{dag_id}")
+        if r.status_code == 404:
+            raise RestError(
+                f"no DAG {dag_id!r} on {self.url} (is its file in the DAGs folder, and parsed?)"
+            )
+        if r.status_code >= 400:
+            raise RestError(f"reading DAG {dag_id!r} failed ({r.status_code}): {_detail(r)}")
+        if not r.json().get("is_paused"):
+            return False
+        r = self._send("PATCH", f"/api/v2/dags/{dag_id}", json={"is_paused": False})
+        if r.status_code >= 400:
+            raise RestError(f"unpausing {dag_id!r} failed ({r.status_code}): {_detail(r)}")
+        return True
+
     def run(self, dag_id: str, run_id: str) -> dict[str, Any]:
         r = self._send("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}")
         if r.status_code >= 400:

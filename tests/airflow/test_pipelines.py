@@ -36,7 +36,9 @@ def dagtrain_run(tmp_path: Path, cfg: Path, *sets: str) -> subprocess.CompletedP
     for s in sets:
         args += ["--set", s]
     env = {**os.environ, "COLUMNS": "200"}
-    return subprocess.run(args, cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
+    return subprocess.run(
+        args, cwd=REPO, capture_output=True, text=True, env=env, timeout=600, check=False
+    )
 
 
 def task_rows(tmp_path: Path) -> dict[str, tuple[str, int]]:
