@@ -23,6 +23,7 @@ module of their choosing. This module imports neither torch nor airflow.
 from __future__ import annotations
 
 import copy
+import functools
 from pathlib import Path
 from typing import Any, Literal
 
@@ -219,11 +220,31 @@ def validate(data: dict[str, Any], where: str = "config", base_dir: str | None =
     return cfg
 
 
+_loaded: dict[tuple[str, int, int], PipelineConfig] = {}
+
+
 def load_config(path: str | Path) -> PipelineConfig:
-    """Read and validate a YAML config file (``yaml.safe_load`` only)."""
+    """Read and validate a YAML config file (``yaml.safe_load`` only).
+
+    A file is read again only when it changed (Airflow parses DAG files every few
+    seconds, in a process that keeps this module loaded)."""
+    p = Path(path)
+    try:
+        st = p.stat()
+        key = (str(p.resolve()), st.st_mtime_ns, st.st_size)
+    except OSError:
+        key = None
+    if key in _loaded:
+        return _loaded[key].model_copy(deep=True)
+    cfg = _load_config(p)
+    if key is not None:
+        _loaded[key] = cfg.model_copy(deep=True)
+    return cfg
+
+
+def _load_config(p: Path) -> PipelineConfig:
     import yaml
 
-    p = Path(path)
     try:
         text = p.read_text()
     except OSError as e:
@@ -339,6 +360,11 @@ def apply_sets(cfg: PipelineConfig, sets: list[str]) -> dict[str, Any]:
 
 def config_schema() -> dict[str, Any]:
     """JSON Schema of a pipeline config, with references inlined."""
+    return copy.deepcopy(_schema())
+
+
+@functools.cache
+def _schema() -> dict[str, Any]:
     schema = PipelineConfig.model_json_schema()
     defs = schema.pop("$defs", {})
 
@@ -353,7 +379,22 @@ def config_schema() -> dict[str, Any]:
             return [inline(v) for v in node]
         return node
 
-    return inline(schema)
+    def untitled(node: Any) -> Any:  # pydantic's titles repeat the names; parsing pays
+        if isinstance(node, dict):  # for every key in Airflow's schema checks
+            return {k: untitled(v) for k, v in node.items() if k != "title"}
+        if isinstance(node, list):
+            return [untitled(v) for v in node]
+        return node
+
+    return untitled(inline(schema))
+
+
+def _lean(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: _lean(v) for k, v in node.items() if k not in ("default", "description")}
+    if isinstance(node, list):
+        return [_lean(v) for v in node]
+    return node
 
 
 def dag_params(cfg: PipelineConfig) -> dict[str, Any]:
@@ -383,5 +424,13 @@ def dag_params(cfg: PipelineConfig) -> dict[str, Any]:
             props["shards"] = {**props["shards"], "const": cfg.rounds.shards}
         sub["additionalProperties"] = False
         sub.pop("required", None)  # a conf may give part of a section; the rest is the file's
-        params[section] = Param(values[section], schema=sub, description=sub.get("description"))
+        description = sub.pop("description", None)
+        # only what validates: Airflow deep-copies every Param into every task at parse
+        # time, so defaults (the Param's value holds them) and field descriptions (the
+        # config reference has them) would be paid for on every parse
+        # draft 7 has all we use, and jsonschema checks a schema against draft 7's
+        # metaschema several times faster than against 2020-12's (Airflow checks every
+        # Param of a scheduled DAG at each parse)
+        schema = {"$schema": "http://json-schema.org/draft-07/schema#", **_lean(sub)}
+        params[section] = Param(values[section], schema=schema, description=description)
     return params
