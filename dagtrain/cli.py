@@ -95,7 +95,7 @@ def schema(markdown: Annotated[bool, typer.Option(help="the config reference")] 
         return
     from dagtrain.docs import config_reference
 
-    print(config_reference())
+    sys.stdout.write(config_reference())
 
 
 def _table(rows, title: str) -> Table:
@@ -179,7 +179,7 @@ def _summary(cfg: PipelineConfig, dr, rows, seconds: float, log: Path) -> None:
     champ = champion(cfg)
     if champ:
         out.print(
-            f"promoted model: v{champ['version']} {champ['path']} "
+            f"champion (the promoted model): v{champ['version']} {champ['path']} "
             f"(test accuracy {champ['metrics']['test_accuracy']:.4f})",
             highlight=False,
         )
@@ -188,8 +188,8 @@ def _summary(cfg: PipelineConfig, dr, rows, seconds: float, log: Path) -> None:
         out.print(f"step traces (open in https://ui.perfetto.dev): {traces[0].parent}")
     out.print(f"artifacts: {run}\nAirflow log: {log}", highlight=False)
     if state != "success":
-        failed = [r.task_id for r in rows if r.state in ("failed", "upstream_failed")]
-        raise _fail(f"the run {state}; failed stages: {', '.join(failed) or '?'}; see {log}")
+        failed = [r.task_id for r in rows if r.state == "failed"]
+        raise _fail(f"the run {state}; failed stage(s): {', '.join(failed) or '?'}; see {log}")
 
 
 @app.command()

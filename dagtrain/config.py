@@ -27,10 +27,11 @@ import functools
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 __all__ = [
     "BUILTIN_MODELS",
+    "FILE_ONLY",
     "ConfigError",
     "PipelineConfig",
     "apply_sets",
@@ -42,6 +43,16 @@ __all__ = [
 
 # the training layer's registry (kept here as names only: no torch at import)
 BUILTIN_MODELS = ("mlp", "cnn", "rescnn", "transformer")
+# fields only a config file may set: a run's conf may repeat the file's value, no other
+# (model.name too, unless the conf names a built-in)
+FILE_ONLY = (
+    "name",
+    "pipeline",
+    "artifacts.root",
+    "distributed.hosts",
+    "rounds.rounds",
+    "rounds.shards",
+)
 
 
 class ConfigError(ValueError):
@@ -180,7 +191,15 @@ class PipelineConfig(_Section):
     artifacts: ArtifactsConfig = Field(default_factory=ArtifactsConfig)
     # where the file was read from: relative paths resolve against it (not a field of
     # the file, never part of the schema)
-    base_dir: str | None = Field(None, exclude=True)
+    _base_dir: str | None = PrivateAttr(None)
+
+    @property
+    def base_dir(self) -> str | None:
+        return self._base_dir
+
+    @base_dir.setter
+    def base_dir(self, value: str | None) -> None:
+        self._base_dir = value
 
     def path(self, p: str) -> Path:
         """A path of the config, resolved against the config file's folder."""
@@ -276,15 +295,8 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 def _author_only(cfg: PipelineConfig) -> dict[str, Any]:
     """Dotted field -> the file's value, for fields a run's conf may not change."""
-    pinned: dict[str, Any] = {
-        "artifacts.root": cfg.artifacts.root,
-        "distributed.hosts": list(cfg.distributed.hosts),
-        "name": cfg.name,
-        "pipeline": cfg.pipeline,
-        "rounds.rounds": cfg.rounds.rounds,
-        "rounds.shards": cfg.rounds.shards,
-    }
-    return pinned
+    values = cfg.model_dump(mode="json")
+    return {f: _get(values, f) for f in FILE_ONLY}
 
 
 def _get(d: dict[str, Any], dotted: str) -> Any:
@@ -307,7 +319,7 @@ def merge_conf(cfg: PipelineConfig, conf: dict[str, Any] | None) -> PipelineConf
     conf = dict(conf or {})
     if not conf:
         return cfg
-    known = set(PipelineConfig.model_fields) - {"base_dir"}
+    known = set(PipelineConfig.model_fields)
     for k in conf:
         if k not in known:
             raise ConfigError(
@@ -407,7 +419,7 @@ def dag_params(cfg: PipelineConfig) -> dict[str, Any]:
     values = cfg.model_dump(mode="json")
     params: dict[str, Any] = {}
     for section, sub in schema["properties"].items():
-        if section in ("name", "pipeline", "base_dir"):
+        if section in ("name", "pipeline"):
             continue
         sub = copy.deepcopy(sub)
         sub.pop("default", None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from dagtrain.config import config_schema
+from dagtrain.config import FILE_ONLY, config_schema
 
 __all__ = ["config_reference"]
 
@@ -37,6 +37,10 @@ def _limits(p: dict[str, Any]) -> str:
     return ", ".join(bits)
 
 
+def _mark(field: str) -> str:
+    return "*file only.* " if field in FILE_ONLY else ""
+
+
 def config_reference() -> str:
     s = config_schema()
     lines = [
@@ -55,7 +59,7 @@ def config_reference() -> str:
     for k, p in top.items():
         lines.append(
             f"| `{k}` | {_type(p)} | `{json.dumps(p.get('default'))}` | "
-            f"{p.get('description', '')} |"
+            f"{_mark(k)}{p.get('description', '')} |"
         )
     for section, sub in s["properties"].items():
         if section in top:
@@ -65,8 +69,9 @@ def config_reference() -> str:
             lines += [sub["description"], ""]
         lines += ["| field | type | default | limits | description |", "|---|---|---|---|---|"]
         for k, p in sub.get("properties", {}).items():
+            default = p.get("default", {} if p.get("type") == "object" else [])
             lines.append(
-                f"| `{section}.{k}` | {_type(p)} | `{json.dumps(p.get('default'))}` | "
-                f"{_limits(p)} | {p.get('description', '')} |"
+                f"| `{section}.{k}` | {_type(p)} | `{json.dumps(default)}` | "
+                f"{_limits(p)} | {_mark(f'{section}.{k}')}{p.get('description', '')} |"
             )
     return "\n".join(lines) + "\n"

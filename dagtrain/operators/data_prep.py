@@ -43,6 +43,6 @@ class DataPrepOperator(DagtrainOperator):
         for outlet in self.outlets or []:
             with contextlib.suppress(KeyError, TypeError, AttributeError):
                 context["outlet_events"][outlet].extra.update(
-                    {"version": m["version"], "rows": rows}
+                    {"version": m["version"], "dir": m["dir"], "rows": rows}
                 )
         return out

@@ -85,7 +85,7 @@ def test_scheduled_retraining_runs_end_to_end(tmp_path):
     assert ev["metrics"]["test_accuracy"] > 0.8
     reg = json.loads((tmp_path / "art" / "sched" / "registry" / "registry.json").read_text())
     assert reg["champion"] == 1 and reg["versions"][0]["lineage"]["data_version"]
-    assert "test accuracy" in r.stdout and "promoted model: v1" in r.stdout
+    assert "test accuracy" in r.stdout and "champion (the promoted model): v1" in r.stdout
 
 
 def test_asset_scheduled_retraining_runs_and_a_worse_model_is_not_promoted(tmp_path):

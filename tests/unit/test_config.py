@@ -122,3 +122,20 @@ def test_params_refuse_a_bad_conf_naming_the_field(tmp_path):
     ok = ParamsDict(dag_params(cfg))
     ok["training"] = {"epochs": 2}  # part of a section: the rest stays the file's
     assert ok.validate()["training"] == {"epochs": 2}
+
+
+def test_the_config_reference_in_docs_is_generated_from_the_schema():
+    from pathlib import Path
+
+    from dagtrain.docs import config_reference
+
+    doc = Path(__file__).parents[2] / "docs" / "config.md"
+    assert doc.read_text() == config_reference(), "run: dagtrain schema --markdown > docs/config.md"
+
+
+def test_every_example_config_validates():
+    from pathlib import Path
+
+    for f in sorted((Path(__file__).parents[2] / "dags").glob("*.yaml")):
+        cfg = load_config(f)
+        assert cfg.distributed.backend != "horovod", f"{f}: the quick start must not need Horovod"
