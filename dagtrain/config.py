@@ -208,6 +208,15 @@ class PipelineConfig(_Section):
             q = Path(self.base_dir) / q
         return q.resolve()
 
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> PipelineConfig:
+        """Read and validate a YAML config file (same as ``load_config``)."""
+        return load_config(path)
+
+    def params(self) -> dict[str, Any]:
+        """The Airflow ``Params`` of a DAG built from this config (``dag_params``)."""
+        return dag_params(self)
+
     def artifact_root(self) -> Path:
         return self.path(self.artifacts.root) / self.name
 
