@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -189,7 +190,31 @@ def _summary(cfg: PipelineConfig, dr, rows, seconds: float, log: Path) -> None:
     out.print(f"artifacts: {run}\nAirflow log: {log}", highlight=False)
     if state != "success":
         failed = [r.task_id for r in rows if r.state == "failed"]
-        raise _fail(f"the run {state}; failed stage(s): {', '.join(failed) or '?'}; see {log}")
+        why = _last_error(log)
+        raise _fail(
+            f"the run {state}; failed stage(s): {', '.join(failed) or '?'}"
+            + (f"\n  {why}" if why else "")
+            + f"\nAirflow's log of the run: {log}"
+        )
+
+
+_ERROR_LINE = re.compile(
+    r"^(?:[A-Za-z_][\w.]*\.)?([A-Z]\w*(?:Error|Exception|Failure|Input|Timeout)): (.+)$"
+)
+
+
+def _last_error(log: Path) -> str | None:
+    """The last exception line a task wrote to the log ("BadInput: data ...")."""
+    last = None
+    try:
+        with open(log, errors="replace") as f:
+            for line in f:
+                m = _ERROR_LINE.match(line.rstrip("\n"))
+                if m:
+                    last = f"{m.group(1)}: {m.group(2)}"
+    except OSError:
+        return None
+    return last
 
 
 @app.command()

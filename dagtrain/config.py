@@ -27,7 +27,15 @@ import functools
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 __all__ = [
     "BUILTIN_MODELS",
@@ -201,6 +209,21 @@ class PipelineConfig(_Section):
     def base_dir(self, value: str | None) -> None:
         self._base_dir = value
 
+    @model_validator(mode="after")
+    def _consistent(self) -> PipelineConfig:
+        d = self.distributed
+        if d.backend == "local" and d.ranks != 1:
+            raise ValueError(
+                f"distributed.ranks is {d.ranks} but backend 'local' is one process: "
+                "set distributed.ranks: 1 or choose mpi, torch or horovod"
+            )
+        if self.training.batch_size < d.ranks:
+            raise ValueError(
+                f"training.batch_size {self.training.batch_size} is smaller than "
+                f"distributed.ranks {d.ranks}: each rank needs a sample per step"
+            )
+        return self
+
     def path(self, p: str) -> Path:
         """A path of the config, resolved against the config file's folder."""
         q = Path(p).expanduser()
@@ -231,11 +254,14 @@ class PipelineConfig(_Section):
 def _explain(e: ValidationError, where: str) -> ConfigError:
     lines = []
     for err in e.errors():
-        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
-        msg = err["msg"]
+        loc = ".".join(str(x) for x in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown field (check its spelling and its section)"
-        lines.append(f"  {loc}: {msg} (got {err.get('input')!r})")
+        if not loc:  # a check across fields: its message names them
+            lines.append(f"  {msg}")
+        else:
+            lines.append(f"  {loc}: {msg} (got {err.get('input')!r})")
     return ConfigError(f"{where}: invalid config\n" + "\n".join(lines))
 
 

@@ -8,14 +8,43 @@ trigger form, the REST API and ``dagtrain run --set`` all mean the same thing.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowFailException
 
 from dagtrain.config import PipelineConfig, load_config, merge_conf
 
-__all__ = ["DagtrainOperator"]
+__all__ = ["BadInput", "DagtrainOperator", "fails_fast_on_bad_input"]
+
+
+class BadInput(AirflowFailException, ValueError):
+    """Bad input (config, conf, data, a shard's contribution): the task fails without
+    retries, since another try would read the same input. ``__cause__`` is the original
+    error; ``shard`` is set when a shard is to blame."""
+
+    def __init__(self, message: str, shard: int | None = None) -> None:
+        super().__init__(message)
+        self.shard = shard
+
+
+def fails_fast_on_bad_input(execute: Callable) -> Callable:
+    """Turn a ValueError raised by ``execute`` into BadInput (no retry). Errors of the
+    machinery (a rank that died, a timeout) keep their type and are retried."""
+
+    @functools.wraps(execute)
+    def wrapper(self, context: Any) -> Any:
+        try:
+            return execute(self, context)
+        except BadInput:
+            raise
+        except ValueError as e:
+            raise BadInput(str(e), getattr(e, "shard", None)) from e
+
+    return wrapper
 
 
 class DagtrainOperator(BaseOperator):

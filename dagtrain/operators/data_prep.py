@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from ._base import DagtrainOperator
+from ._base import DagtrainOperator, fails_fast_on_bad_input
 
 __all__ = ["DataPrepOperator"]
 
@@ -25,6 +25,7 @@ class DataPrepOperator(DagtrainOperator):
         self.shards = shards
         self.for_rounds = for_rounds
 
+    @fails_fast_on_bad_input
     def execute(self, context: Any) -> dict[str, Any]:
         from dagtrain.pipeline.prep import prepare
 

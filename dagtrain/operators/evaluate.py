@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from ._base import DagtrainOperator
+from ._base import DagtrainOperator, fails_fast_on_bad_input
 
 __all__ = ["EvaluateOperator", "PromoteOperator"]
 
@@ -25,6 +25,7 @@ class EvaluateOperator(DagtrainOperator):
         self.data = data
         self.model = model
 
+    @fails_fast_on_bad_input
     def execute(self, context: Any) -> dict[str, Any]:
         from dagtrain.pipeline.files import write_json
         from dagtrain.pipeline.registry import better, champion, evaluate
@@ -67,6 +68,7 @@ class PromoteOperator(DagtrainOperator):
         super().__init__(**kwargs)
         self.evaluation = evaluation
 
+    @fails_fast_on_bad_input
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow.sdk.exceptions import AirflowSkipException
 

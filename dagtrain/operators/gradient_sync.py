@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._base import DagtrainOperator
+from ._base import DagtrainOperator, fails_fast_on_bad_input
 
 __all__ = ["GradientSyncOperator"]
 
@@ -28,6 +28,7 @@ class GradientSyncOperator(DagtrainOperator):
         self.round = round
         self.shards = shards
 
+    @fails_fast_on_bad_input
     def execute(self, context: Any) -> dict[str, Any]:
         from dagtrain.pipeline.rounds import sync_round
 

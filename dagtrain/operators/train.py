@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ._base import DagtrainOperator
+from ._base import DagtrainOperator, fails_fast_on_bad_input
 
 __all__ = ["DistributedTrainOperator"]
 
@@ -51,6 +51,7 @@ class DistributedTrainOperator(DagtrainOperator):
             self.log.info("killing every rank of the training job")
             job.kill(grace=2.0)
 
+    @fails_fast_on_bad_input
     def execute(self, context: Any) -> dict[str, Any]:
         from dagtrain.pipeline.prep import data_file
         from dagtrain.pipeline.train import run_train, train_config
@@ -93,7 +94,6 @@ class DistributedTrainOperator(DagtrainOperator):
                 checkpoint_every=cfg.rounds.local_steps,
                 seed=cfg.training.seed,
             )
-            ranks = self.ranks or 1
         self.log.info(
             "training %s on %d %s rank(s); checkpoints in %s",
             cfg.model.name,

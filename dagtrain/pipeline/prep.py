@@ -35,6 +35,11 @@ def _source_digest(cfg: PipelineConfig) -> str:
         import sklearn
 
         return f"sklearn-digits-{sklearn.__version__}"
+    if not Path(src).is_file():
+        raise ValueError(
+            f"data.source {cfg.data.source!r}: no such file ({src}); give 'digits' or a "
+            ".npz/.npy/.csv/.parquet path, relative to the config file"
+        )
     return sha256_file(Path(src))
 
 

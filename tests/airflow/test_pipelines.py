@@ -174,3 +174,17 @@ def test_a_failing_pipeline_exits_non_zero_naming_the_stage(tmp_path):
     assert r.returncode != 0
     assert "prepare_data" in r.stderr, r.stderr
     assert task_rows(tmp_path)["prepare_data"][0] == "failed"
+
+
+def test_a_bare_config_runs_through_a_generated_dag_and_bad_input_is_not_retried(tmp_path):
+    cfg = tmp_path / "elsewhere" / "bare.yaml"
+    cfg.parent.mkdir()
+    cfg.write_text(
+        "name: bare\ndata: {source: no-such.csv}\ntraining: {retries: 2, retry_delay_seconds: 5}\n"
+        f"distributed: {{backend: local, ranks: 1}}\nartifacts: {{root: {tmp_path / 'art'}}}\n"
+    )
+    r = dagtrain_run(tmp_path, cfg)
+    assert r.returncode != 0
+    assert task_rows(tmp_path)["prepare_data"] == ("failed", 1)  # no retry of bad input
+    # the path is resolved against the config's own folder, and the error says so
+    assert "no-such.csv" in r.stderr and str(cfg.parent) in r.stderr.replace("\n", ""), r.stderr

@@ -139,3 +139,15 @@ def test_every_example_config_validates():
     for f in sorted((Path(__file__).parents[2] / "dags").glob("*.yaml")):
         cfg = load_config(f)
         assert cfg.distributed.backend != "horovod", f"{f}: the quick start must not need Horovod"
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("distributed: {backend: local, ranks: 2}", "distributed.ranks is 2"),
+        ("training: {batch_size: 2}\ndistributed: {ranks: 4}", "training.batch_size 2"),
+    ],
+)
+def test_checks_across_fields_name_both(tmp_path, text, needle):
+    with pytest.raises(ConfigError, match=needle):
+        load_config(write(tmp_path, text))

@@ -10,6 +10,7 @@ import torch
 
 from dagtrain.config import load_config
 from dagtrain.operators import DataPrepOperator, GradientSyncOperator
+from dagtrain.operators._base import BadInput
 from dagtrain.pipeline.files import run_dir
 from dagtrain.pipeline.rounds import ShardError, global_dir, global_model, round_dir, write_delta
 
@@ -82,8 +83,10 @@ def test_a_bad_shard_fails_naming_it_and_nothing_is_written(setup, how):
             local[name] = local[name].clone()
             local[name].view(-1)[0] = float("nan")
             write_delta(shard, 1, s.base, local)
-    with pytest.raises(ShardError) as info:
+    with pytest.raises(BadInput) as info:  # a ValueError that Airflow does not retry
         s.op.execute(s.ctx)
+    assert isinstance(info.value.__cause__, ShardError)
+    assert isinstance(info.value, ValueError)
     assert info.value.shard == 1
     assert str(info.value).startswith("shard 1:"), str(info.value)
     why = {
@@ -100,5 +103,5 @@ def test_a_shard_trained_from_another_global_model_is_refused(setup):
     s = setup
     other = {n: v + 1 for n, v in s.base.items()}
     write_delta(s.run / "rounds" / "round-00" / "shard-02", 2, other, s.locals[2])
-    with pytest.raises(ShardError, match=r"shard 2: .*different global model"):
+    with pytest.raises(BadInput, match=r"shard 2: .*different global model"):
         s.op.execute(s.ctx)
