@@ -19,37 +19,17 @@ import json
 import logging
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from dagtrain.atomic import atomic_write, fsync_dir
+
 __all__ = ["latest", "load", "save"]
 
 log = logging.getLogger(__name__)
 _NAME = re.compile(r"^ckpt-(\d{8})\.pt$")
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def save(state: dict[str, Any], directory: str | os.PathLike, step: int, keep: int = 3) -> Path:
@@ -64,10 +44,10 @@ def save(state: dict[str, Any], directory: str | os.PathLike, step: int, keep: i
     torch.save(state, buf)
     data = buf.getvalue()
     path = d / f"ckpt-{step:08d}.pt"
-    _atomic_write(path, data)
+    atomic_write(path, data)
     meta = {"step": step, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
-    _atomic_write(path.with_name(path.name + ".json"), json.dumps(meta).encode())
-    _fsync_dir(d)
+    atomic_write(path.with_name(path.name + ".json"), json.dumps(meta).encode())
+    fsync_dir(d)
     for old in _steps(d)[:-keep]:
         p = d / f"ckpt-{old:08d}.pt"
         p.with_name(p.name + ".json").unlink(missing_ok=True)
