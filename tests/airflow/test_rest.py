@@ -55,6 +55,15 @@ def airflow(tmp_path_factory):
     )
     port = free_port()
     home = tmp / "home"
+    # first a run made by `dagtrain run` on the same home: `up` must show it
+    ran = subprocess.run(
+        [*DAGTRAIN, "run", str(dags / "tiny.yaml"), "--home", str(home)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert ran.returncode == 0, ran.stdout + ran.stderr
     proc = subprocess.Popen(
         [*DAGTRAIN, "up", "--port", str(port), "--home", str(home), "--dags", str(dags)],
         cwd=REPO,
@@ -82,7 +91,7 @@ def airflow(tmp_path_factory):
             except (httpx.HTTPError, FileNotFoundError, KeyError):
                 pass
             time.sleep(2)
-        yield {"url": url, "home": home, "port": port}
+        yield {"url": url, "home": home, "port": port, "headers": h}
     finally:
         os.killpg(proc.pid, signal.SIGTERM)  # dagtrain up stops its four processes
         try:
@@ -137,3 +146,11 @@ def test_an_unreachable_server_is_named(airflow):
         check=False,
     )
     assert r.returncode != 0 and "cannot reach Airflow" in r.stderr, r.stderr
+
+
+def test_a_run_made_by_dagtrain_run_is_visible_in_the_api(airflow):
+    r = httpx.get(f"{airflow['url']}/api/v2/dags/dagtrain_tiny/dagRuns", headers=airflow["headers"])
+    assert r.status_code == 200, r.text
+    runs = r.json()["dag_runs"]
+    # dag.test() marks its runs triggered_by "test"; the trigger test's run is "rest_api"
+    assert any(x["state"] == "success" and x.get("triggered_by") == "test" for x in runs), runs
