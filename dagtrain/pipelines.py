@@ -108,7 +108,11 @@ def rounds_dag(config: str | Path, dag_id: str | None = None) -> DAG:
                 execution_timeout=_timeout(cfg),
             ).expand(shard=list(range(cfg.rounds.shards)))
             sync = GradientSyncOperator(
-                task_id=f"round_{r}_sync", config=path, data=prep.output, round=r
+                task_id=f"round_{r}_sync",
+                config=path,
+                data=prep.output,
+                round=r,
+                contributions=shards.output,
             )
             last >> shards >> sync
             last = sync

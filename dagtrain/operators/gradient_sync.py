@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from ._base import DagtrainOperator, fails_fast_on_bad_input
@@ -18,15 +19,29 @@ class GradientSyncOperator(DagtrainOperator):
     bad one fails the task with ``shard N: why`` and nothing is written. Then the mean
     delta goes through SGD with Nesterov momentum (``rounds.outer_lr``,
     ``rounds.outer_momentum``, as in DiLoCo) into the next round's global checkpoint.
+
+    ``contributions``, optional: the round's mapped training outputs (an XComArg; each a
+    dict with ``shard`` and ``dir``) or ``{shard: folder}``; by default each shard's
+    contribution is looked for in the round's artifact folder ``shard-NN``. Either way
+    all K shards must be there.
     """
 
-    template_fields = ("data",)
+    template_fields = ("data", "contributions")
 
-    def __init__(self, *, data: Any, round: int, shards: int | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        data: Any,
+        round: int,
+        shards: int | None = None,
+        contributions: Any = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.data = data
         self.round = round
         self.shards = shards
+        self.contributions = contributions
 
     @fails_fast_on_bad_input
     def execute(self, context: Any) -> dict[str, Any]:
@@ -35,7 +50,7 @@ class GradientSyncOperator(DagtrainOperator):
         cfg = self.run_config(context)
         manifest = self.manifest(self.data)
         k = self.shards or manifest["shards"]
-        result = sync_round(cfg, manifest, self.run_dir(cfg, context), self.round, k)
+        result = sync_round(cfg, manifest, self.run_dir(cfg, context), self.round, k, self._dirs())
         self.log.info(
             "round %d: %d shards averaged, |pseudo-gradient| %.4g; global model %s",
             self.round,
@@ -44,3 +59,19 @@ class GradientSyncOperator(DagtrainOperator):
             result["checkpoint"],
         )
         return result
+
+    def _dirs(self) -> dict[int, Path] | None:
+        c = self.contributions
+        if c is None:
+            return None
+        if isinstance(c, dict):
+            return {int(k): Path(v) for k, v in c.items()}
+        out: dict[int, Path] = {}
+        for item in c:
+            if not isinstance(item, dict) or "shard" not in item or "dir" not in item:
+                raise ValueError(
+                    f"contributions: expected dicts with 'shard' and 'dir' (a round's "
+                    f"training outputs), got {item!r}"
+                )
+            out[int(item["shard"])] = Path(item["dir"])
+        return out

@@ -118,6 +118,8 @@ class DistributedTrainOperator(DagtrainOperator):
             )
         if self.round is not None:
             summary["delta"] = self._write_delta(cfg, manifest, run, out, shard, summary)
+            summary["shard"] = shard
+            summary["dir"] = str(out)
         return summary
 
     def _write_delta(self, cfg, manifest, run: Path, out: Path, shard: int, summary) -> dict:

@@ -133,11 +133,18 @@ def _check(shard: int, d: Path, expect_shapes: dict[str, list[int]], base_digest
 
 
 def sync_round(
-    cfg: PipelineConfig, manifest: dict[str, Any], run: Path, r: int, shards: int
+    cfg: PipelineConfig,
+    manifest: dict[str, Any],
+    run: Path,
+    r: int,
+    shards: int,
+    dirs: dict[int, Path] | None = None,
 ) -> dict[str, Any]:
     """Check all K contributions of round ``r``, then write the global model of ``r + 1``.
 
-    Nothing is written unless every shard is good (ShardError names the first bad one).
+    ``dirs`` maps each shard to the folder of its contribution (default: the round's
+    ``shard-NN`` folders). Nothing is written unless every shard is good (ShardError names the
+    first bad one).
     """
     import torch
 
@@ -147,7 +154,12 @@ def sync_round(
     shapes = {k: list(v.shape) for k, v in base.items() if v.is_floating_point()}
     digest = _digest(base)
     rd = round_dir(run, r)
-    deltas = [_check(k, rd / f"shard-{k:02d}", shapes, digest) for k in range(shards)]
+    if dirs is None:
+        dirs = {k: rd / f"shard-{k:02d}" for k in range(shards)}
+    for k in range(shards):
+        if k not in dirs:
+            raise ShardError(k, "no contribution among the round's outputs (did its task succeed?)")
+    deltas = [_check(k, Path(dirs[k]), shapes, digest) for k in range(shards)]
     mu, lr = cfg.rounds.outer_momentum, cfg.rounds.outer_lr
     new = dict(base)
     new_m: dict[str, Any] = {}

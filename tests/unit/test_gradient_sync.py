@@ -105,3 +105,14 @@ def test_a_shard_trained_from_another_global_model_is_refused(setup):
     write_delta(s.run / "rounds" / "round-00" / "shard-02", 2, other, s.locals[2])
     with pytest.raises(BadInput, match=r"shard 2: .*different global model"):
         s.op.execute(s.ctx)
+
+
+def test_contributions_can_be_given_and_a_missing_one_is_named(setup):
+    s = setup
+    rd = s.run / "rounds" / "round-00"
+    given = [{"shard": k, "dir": str(rd / f"shard-{k:02d}")} for k in (0, 2)]
+    s.op.contributions = given  # shard 1's output is absent
+    with pytest.raises(BadInput, match=r"^shard 1: no contribution"):
+        s.op.execute(s.ctx)
+    s.op.contributions = [*given, {"shard": 1, "dir": str(rd / "shard-01")}]
+    assert s.op.execute(s.ctx)["checkpoint"].endswith("ckpt-00000001.pt")
