@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 SAGA   := .venv-saga
 
-.PHONY: setup horovod run up demo test lint format bench bench-parse bench-schedule clean
+.PHONY: setup horovod run up ui demo test lint format bench bench-parse bench-schedule clean
 
 setup: $(VENV)/.installed
 
@@ -28,8 +28,9 @@ $(VENV)/.horovod: $(VENV)/.installed tools/horovod.sh
 run: setup
 	$(BIN)/dagtrain run dags/digits_retraining.yaml
 
-# Airflow's api-server, scheduler, dag-processor and triggerer on this project's DAGs.
-up: setup
+# Airflow's api-server, scheduler, dag-processor and triggerer on this project's DAGs;
+# prints the web UI's address and login (`ui` is the same).
+up ui: setup
 	$(BIN)/dagtrain up
 
 # The executor alone: a simulated training step replayed, with a Perfetto trace.
