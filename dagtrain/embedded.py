@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import sqlite3
 import sys
@@ -202,6 +203,48 @@ class Poller:
         return self.rows
 
 
+_START = re.compile(r"\[DAG TEST\] starting task_id=(\S+) map_index=(-?\d+)")
+_END = re.compile(r"\[DAG TEST\] end task task_id=(\S+) map_index=(-?\d+)")
+
+
+def write_task_logs(log_path: Path, offset: int, base: Path, dag_id: str, run_id: str) -> int:
+    """Cut this run's part of ``log_path`` (from byte ``offset``) into one file per task
+    try, where Airflow's UI looks for task logs (the default ``log_filename_template``).
+    ``dag.test()`` runs the tasks in this process and writes no task log files itself.
+    Returns the number of files written."""
+    tries: dict[tuple[str, int], int] = {}
+    current: tuple[str, int] | None = None
+    lines: list[str] = []
+    written = 0
+
+    def flush() -> None:
+        nonlocal written
+        if current is None or not lines:
+            return
+        task, index = current
+        tries[current] = tries.get(current, 0) + 1
+        d = base / f"dag_id={dag_id}" / f"run_id={run_id}" / f"task_id={task}"
+        if index >= 0:
+            d = d / f"map_index={index}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"attempt={tries[current]}.log").write_text("".join(lines))
+        written += 1
+
+    with open(log_path, errors="replace") as f:
+        f.seek(offset)
+        for line in f:
+            if (m := _START.search(line)) is not None:
+                flush()
+                current, lines = (m.group(1), int(m.group(2))), []
+            if current is not None:
+                lines.append(line)
+            if _END.search(line) is not None:
+                flush()
+                current, lines = None, []
+    flush()
+    return written
+
+
 def run_pipeline(
     dag: Any, conf: dict[str, Any], log_path: Path, db: Path, on_poll=None
 ) -> tuple[Any, list[StageRow]]:
@@ -216,6 +259,7 @@ def run_pipeline(
                 on_poll(poller.poll())
 
     watcher = threading.Thread(target=watch, daemon=True)
+    offset = log_path.stat().st_size if log_path.exists() else 0
     with output_to(log_path):
         watcher.start()
         try:
@@ -224,6 +268,9 @@ def run_pipeline(
             done.set()
             watcher.join()
     poller.run_id = dr.run_id
+    base = os.environ.get("AIRFLOW__LOGGING__BASE_LOG_FOLDER")
+    if base:
+        write_task_logs(log_path, offset, Path(base), dag.dag_id, dr.run_id)
     rows = poller.poll()
     if on_poll:
         on_poll(rows)

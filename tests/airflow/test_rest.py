@@ -153,4 +153,13 @@ def test_a_run_made_by_dagtrain_run_is_visible_in_the_api(airflow):
     assert r.status_code == 200, r.text
     runs = r.json()["dag_runs"]
     # dag.test() marks its runs triggered_by "test"; the trigger test's run is "rest_api"
-    assert any(x["state"] == "success" and x.get("triggered_by") == "test" for x in runs), runs
+    mine = [x for x in runs if x["state"] == "success" and x.get("triggered_by") == "test"]
+    assert mine, runs
+    # and its task logs are where the UI reads them, ranks' lines included
+    run_id = mine[0]["dag_run_id"]
+    log = httpx.get(
+        f"{airflow['url']}/api/v2/dags/dagtrain_tiny/dagRuns/{run_id}/taskInstances/train/logs/1",
+        headers={**airflow["headers"], "Accept": "application/json"},
+    )
+    assert log.status_code == 200, log.text
+    assert "[rank 1]" in log.text and "[rank 0]" in log.text, log.text[:2000]
