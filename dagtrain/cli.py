@@ -26,7 +26,14 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from dagtrain.config import ConfigError, PipelineConfig, apply_sets, load_config
+from dagtrain.config import (
+    ConfigError,
+    PipelineConfig,
+    apply_sets,
+    deep_merge,
+    load_config,
+    parse_sets,
+)
 
 app = typer.Typer(
     add_completion=False,
@@ -240,20 +247,12 @@ def trigger(
         raw = yaml.safe_load(config.read_text()) or {}
         # what the file states, less what only the DAG's own file may set
         conf = {k: v for k, v in raw.items() if k not in ("name", "pipeline", "artifacts")}
-        from dagtrain.config import _deep_merge
-
-        conf = _deep_merge(conf, over)
+        conf = deep_merge(conf, over)
     elif sets:
-        conf = {}
-        for item in sets:
-            key, _, raw_value = item.partition("=")
-            d = conf
-            parts = key.split(".")
-            for part in parts[:-1]:
-                d = d.setdefault(part, {})
-            import yaml
-
-            d[parts[-1]] = yaml.safe_load(raw_value)
+        try:  # checked by the server, against the DAG's own config
+            conf = parse_sets(sets)
+        except ConfigError as e:
+            raise _fail(str(e), 2) from None
     if password is None:
         pw_file = home.resolve() / "airflow" / "passwords.json"
         if pw_file.exists():

@@ -43,7 +43,9 @@ __all__ = [
     "ConfigError",
     "PipelineConfig",
     "apply_sets",
+    "parse_sets",
     "config_schema",
+    "deep_merge",
     "dag_params",
     "load_config",
     "merge_conf",
@@ -318,11 +320,11 @@ def _load_config(p: Path) -> PipelineConfig:
 # -- overrides ---------------------------------------------------------------------------
 
 
-def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(base)
     for k, v in over.items():
         if isinstance(v, dict) and isinstance(out.get(k), dict) and k != "args":
-            out[k] = _deep_merge(out[k], v)
+            out[k] = deep_merge(out[k], v)
         else:
             out[k] = copy.deepcopy(v)
     return out
@@ -374,12 +376,13 @@ def merge_conf(cfg: PipelineConfig, conf: dict[str, Any] | None) -> PipelineConf
             f"({', '.join(BUILTIN_MODELS)}) or the file's own model; put a factory path in "
             "the config file"
         )
-    merged = _deep_merge(cfg.model_dump(mode="json"), conf)
+    merged = deep_merge(cfg.model_dump(mode="json"), conf)
     return validate(merged, "conf", cfg.base_dir)
 
 
-def apply_sets(cfg: PipelineConfig, sets: list[str]) -> dict[str, Any]:
-    """``--set training.epochs=3`` items as a conf dict (values parsed as YAML scalars)."""
+def parse_sets(sets: list[str]) -> dict[str, Any]:
+    """``--set training.epochs=3`` items as a conf dict (values parsed as YAML scalars),
+    not validated."""
     import yaml
 
     conf: dict[str, Any] = {}
@@ -398,7 +401,13 @@ def apply_sets(cfg: PipelineConfig, sets: list[str]) -> dict[str, Any]:
             if not isinstance(d, dict):
                 raise ConfigError(f"--set {item!r}: {part} is set twice")
         d[parts[-1]] = value
-    merge_conf(cfg, conf)  # validates: the error names the field
+    return conf
+
+
+def apply_sets(cfg: PipelineConfig, sets: list[str]) -> dict[str, Any]:
+    """``--set`` items as a conf dict, validated against ``cfg`` (errors name the field)."""
+    conf = parse_sets(sets)
+    merge_conf(cfg, conf)
     return conf
 
 
