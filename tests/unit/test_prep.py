@@ -1,0 +1,56 @@
+"""Data prep: a seeded, disjoint split, train-only statistics, shards, checksums."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dagtrain.config import load_config
+from dagtrain.pipeline.prep import prepare, verify_manifest
+
+
+def config(tmp_path, extra: str = ""):
+    p = tmp_path / "p.yaml"
+    p.write_text(f"name: d\nartifacts: {{root: art}}\n{extra}")
+    return load_config(p)
+
+
+def arrays(m, name):
+    with np.load(f"{m['dir']}/{m['files'][name]['path']}") as z:
+        return z["x"], z["y"], tuple(z["in_shape"]), int(z["classes"])
+
+
+def test_split_is_disjoint_complete_and_normalised_with_train_statistics(tmp_path):
+    m = prepare(config(tmp_path), shards=3)
+    rows = {k: f["rows"] for k, f in m["files"].items()}
+    assert rows["train"] + rows["val"] + rows["test"] == 1797  # sklearn's digits
+    assert sum(rows[f"shard-{k:02d}"] for k in range(3)) == rows["train"]
+    xtr, _, shape, classes = arrays(m, "train")
+    assert shape == (1, 8, 8) and classes == 10
+    assert np.allclose(xtr.mean(axis=0), 0, atol=1e-5)  # train statistics
+    xte, _, _, _ = arrays(m, "test")
+    assert not np.allclose(xte.mean(axis=0), 0, atol=1e-3)  # not the test split's
+    # the shards are the training split, each sample once
+    shards = np.concatenate([arrays(m, f"shard-{k:02d}")[0] for k in range(3)])
+    assert sorted(map(bytes, shards)) == sorted(map(bytes, xtr))
+
+
+def test_same_data_and_settings_same_version_and_files_are_reused(tmp_path):
+    a = prepare(config(tmp_path))
+    b = prepare(config(tmp_path))
+    assert a["version"] == b["version"] and a["files"] == b["files"]
+    c = prepare(config(tmp_path, "data: {seed: 1}\n"))
+    assert c["version"] != a["version"]
+
+
+def test_a_damaged_file_is_detected_and_prepared_again(tmp_path):
+    m = prepare(config(tmp_path))
+    victim = f"{m['dir']}/train.npz"
+    with open(victim, "r+b") as f:
+        f.write(b"garbage")
+    with pytest.raises(ValueError, match="train"):
+        verify_manifest(Path(m["dir"]) / "manifest.json")
+    again = prepare(config(tmp_path))
+    assert verify_manifest(Path(again["dir"]) / "manifest.json")["version"] == m["version"]
