@@ -1,0 +1,44 @@
+"""Champion / challenger: only a better model is promoted; every one is recorded."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from dagtrain.config import load_config
+from dagtrain.pipeline.registry import better, champion, promote
+from dagtrain.training import checkpoint
+
+
+def cfg_with(tmp_path, evaluation: str = ""):
+    p = tmp_path / "p.yaml"
+    p.write_text(f"name: r\nartifacts: {{root: art}}\nevaluation: {{{evaluation}}}\n")
+    return load_config(p)
+
+
+def test_better_follows_the_metric_its_direction_and_the_margins(tmp_path):
+    acc = cfg_with(tmp_path, "min_improvement: 0.01, min_accuracy: 0.5")
+    champ = {"version": 1, "metrics": {"test_accuracy": 0.90, "test_loss": 0.3}}
+    assert better(acc, {"test_accuracy": 0.92, "test_loss": 0.5}, champ)[0]
+    assert not better(acc, {"test_accuracy": 0.905, "test_loss": 0.1}, champ)[0]
+    assert not better(acc, {"test_accuracy": 0.4, "test_loss": 0.1}, None)[0]  # floor
+    assert better(acc, {"test_accuracy": 0.6, "test_loss": 0.1}, None)[0]  # first one
+    loss = cfg_with(tmp_path, "metric: test_loss")
+    assert better(loss, {"test_accuracy": 0.1, "test_loss": 0.2}, champ)[0]  # lower wins
+    assert not better(loss, {"test_accuracy": 0.99, "test_loss": 0.4}, champ)[0]
+
+
+def test_promote_records_every_version_and_keeps_the_best_as_champion(tmp_path):
+    cfg = cfg_with(tmp_path)
+    ckpt = checkpoint.save({"model": {"w": torch.ones(2)}}, tmp_path / "ck", 1)
+    lineage = {"run_id": "r1", "data_manifest": "m.json"}
+    first = promote(cfg, str(ckpt), {"test_accuracy": 0.9, "test_loss": 0.3}, lineage)
+    second = promote(cfg, str(ckpt), {"test_accuracy": 0.8, "test_loss": 0.5}, lineage)
+    third = promote(cfg, str(ckpt), {"test_accuracy": 0.95, "test_loss": 0.2}, lineage)
+    assert [first["promoted"], second["promoted"], third["promoted"]] == [True, False, True]
+    assert champion(cfg)["version"] == 3
+    reg = json.loads((cfg.artifact_root() / "registry" / "registry.json").read_text())
+    assert [v["version"] for v in reg["versions"]] == [1, 2, 3]
+    assert reg["versions"][1]["lineage"] == lineage and reg["versions"][2]["previous_champion"] == 1
+    assert torch.equal(torch.load(third["path"], weights_only=True)["w"], torch.ones(2))
