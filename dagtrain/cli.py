@@ -29,9 +29,9 @@ from rich.table import Table
 from dagtrain.config import (
     ConfigError,
     PipelineConfig,
-    apply_sets,
     deep_merge,
     load_config,
+    merge_conf,
     parse_sets,
 )
 
@@ -62,13 +62,16 @@ def _fail(msg: str, code: int = 1) -> typer.Exit:
     return typer.Exit(code)
 
 
-def _load(config: Path, sets: list[str] | None) -> tuple[PipelineConfig, dict[str, Any]]:
+def _load(
+    config: Path, sets: list[str] | None
+) -> tuple[PipelineConfig, dict[str, Any], PipelineConfig]:
+    """(the file's config, the --set overrides as a conf, the run's config)."""
     try:
         cfg = load_config(config)
-        conf = apply_sets(cfg, sets or [])
+        conf = parse_sets(sets or [])
+        return cfg, conf, merge_conf(cfg, conf)
     except ConfigError as e:
         raise _fail(str(e), 2) from None
-    return cfg, conf
 
 
 def _home(home: Path, dags: Path | None = None, port: int = 8080):
@@ -81,10 +84,7 @@ def _home(home: Path, dags: Path | None = None, port: int = 8080):
 @app.command()
 def validate(config: Path, sets: Sets = None) -> None:
     """Check a pipeline config (and --set overrides) without running anything."""
-    cfg, conf = _load(config, sets)
-    from dagtrain.config import merge_conf
-
-    eff = merge_conf(cfg, conf)
+    _, _, eff = _load(config, sets)
     out.print(
         f"[green]ok[/] {config}: pipeline [bold]{eff.name}[/] ({eff.pipeline}), model "
         f"{eff.model.name}, {eff.distributed.ranks} {eff.distributed.backend} rank(s), "
@@ -132,11 +132,9 @@ def run(
     home: HomeOpt = Path(".dagtrain"),
 ) -> None:
     """Run a pipeline through Airflow (embedded, SQLite) and print its summary."""
-    cfg, conf = _load(config, sets)
-    from dagtrain.config import merge_conf
+    cfg, conf, eff = _load(config, sets)
     from dagtrain.embedded import dag_file_for, output_to, run_pipeline
 
-    eff = merge_conf(cfg, conf)
     dag_file = dag_file_for(config.resolve(), cfg, home.resolve())
     h = _home(home, dag_file.parent)
     h.activate()
@@ -243,7 +241,7 @@ def trigger(
     if config is not None:
         import yaml
 
-        _, over = _load(config, sets)
+        _, over, _ = _load(config, sets)
         raw = yaml.safe_load(config.read_text()) or {}
         # what the file states, less what only the DAG's own file may set
         conf = {k: v for k, v in raw.items() if k not in ("name", "pipeline", "artifacts")}
@@ -303,7 +301,7 @@ def up(
     """Start an embedded Airflow (api-server, scheduler, dag-processor, triggerer)."""
     h = _home(home, dags, port)
     h.activate()
-    env = {**os.environ, **h.environment()}
+    env = dict(os.environ)  # activate() put the home's environment there
     with out.status("migrating the metadata database"):
         subprocess.run(
             [sys.executable, "-m", "airflow", "db", "migrate"],

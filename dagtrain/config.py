@@ -465,8 +465,7 @@ def dag_params(cfg: PipelineConfig) -> dict[str, Any]:
     for section, sub in schema["properties"].items():
         if section in ("name", "pipeline"):
             continue
-        sub = copy.deepcopy(sub)
-        sub.pop("default", None)
+        sub.pop("default", None)  # config_schema() returned a copy of its own
         props = sub.get("properties", {})
         if section == "model":
             names = sorted({*BUILTIN_MODELS, cfg.model.name})

@@ -18,7 +18,6 @@ import secrets
 import sqlite3
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -171,7 +170,6 @@ class Poller:
 
     db: Path
     dag_id: str
-    since: float
     rows: list[StageRow] = field(default_factory=list)
     run_id: str | None = None
 
@@ -250,7 +248,7 @@ def run_pipeline(
 ) -> tuple[Any, list[StageRow]]:
     """``dag.test(run_conf=conf)`` with stdout/stderr into ``log_path``; returns the run
     and its task rows. ``on_poll(rows)`` is called about twice a second."""
-    poller = Poller(db, dag.dag_id, time.time())
+    poller = Poller(db, dag.dag_id)
     done = threading.Event()
 
     def watch() -> None:

@@ -77,8 +77,9 @@ class DagtrainOperator(BaseOperator):
         return run_dir(cfg.artifact_root(), context["run_id"])
 
     @staticmethod
-    def manifest(data: Any) -> dict[str, Any]:
-        """The data manifest a DataPrepOperator returned (checked against its checksums)."""
+    def manifest(data: Any, names: tuple[str, ...] | None = None) -> dict[str, Any]:
+        """The data manifest a DataPrepOperator returned, the files ``names`` (default:
+        all) checked against their checksums."""
         from dagtrain.pipeline.prep import verify_manifest
 
         if not isinstance(data, dict) or "manifest" not in data:
@@ -86,4 +87,4 @@ class DagtrainOperator(BaseOperator):
                 "data must be the output of a DataPrepOperator (its XCom: a dict with "
                 f"'manifest'), got {type(data).__name__}"
             )
-        return verify_manifest(Path(data["manifest"]))
+        return verify_manifest(Path(data["manifest"]), names)

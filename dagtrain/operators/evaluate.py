@@ -31,7 +31,7 @@ class EvaluateOperator(DagtrainOperator):
         from dagtrain.pipeline.registry import better, champion, evaluate
 
         cfg = self.run_config(context)
-        manifest = self.manifest(self.data)
+        manifest = self.manifest(self.data, ("test",))
         ckpt = self.model["checkpoint"] if isinstance(self.model, dict) else str(self.model)
         if not ckpt:
             raise ValueError("model: the training task returned no checkpoint")

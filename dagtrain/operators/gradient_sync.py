@@ -48,7 +48,7 @@ class GradientSyncOperator(DagtrainOperator):
         from dagtrain.pipeline.rounds import sync_round
 
         cfg = self.run_config(context)
-        manifest = self.manifest(self.data)
+        manifest = self.manifest(self.data, ())  # reads no data file
         k = self.shards or manifest["shards"]
         result = sync_round(cfg, manifest, self.run_dir(cfg, context), self.round, k, self._dirs())
         self.log.info(

@@ -57,11 +57,11 @@ class DistributedTrainOperator(DagtrainOperator):
         from dagtrain.pipeline.train import run_train, train_config
 
         cfg = self.run_config(context)
-        manifest = self.manifest(self.data)
         run = self.run_dir(cfg, context)
         timeout = self.execution_timeout.total_seconds() if self.execution_timeout else None
         ranks = self.ranks or cfg.distributed.ranks
         if self.round is None:
+            manifest = self.manifest(self.data, ("train", "val"))
             out = run / "train"
             tcfg = train_config(
                 cfg,
@@ -71,17 +71,12 @@ class DistributedTrainOperator(DagtrainOperator):
                 out / "traces",
             )
         else:
-            from dagtrain.pipeline.rounds import global_model, round_dir
+            from dagtrain.pipeline.rounds import global_path, round_dir
 
             shard = int(self.shard if self.shard is not None else context["ti"].map_index)
-            if not 0 <= shard < manifest["shards"]:
-                raise ValueError(
-                    f"shard {shard} does not exist: the data has {manifest['shards']} shards"
-                )
+            # a shard the data lacks is refused there, with the files it has
+            manifest = self.manifest(self.data, (f"shard-{shard:02d}", "val"))
             out = round_dir(run, self.round) / f"shard-{shard:02d}"
-            _, _, init = (
-                global_model(cfg, manifest, run, self.round) if self.round else ({}, {}, None)
-            )
             tcfg = train_config(
                 cfg,
                 data_file(manifest, f"shard-{shard:02d}"),
@@ -90,7 +85,7 @@ class DistributedTrainOperator(DagtrainOperator):
                 out / "traces",
                 max_steps=cfg.rounds.local_steps,
                 epochs=10**6,  # local_steps decides
-                init_from=init,
+                init_from=str(global_path(run, self.round)) if self.round else None,
                 checkpoint_every=cfg.rounds.local_steps,
                 seed=cfg.training.seed,
             )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +54,9 @@ def prepare(cfg: PipelineConfig, shards: int = 0) -> dict[str, Any]:
             f"data.val_fraction ({d.val_fraction}) + data.test_fraction ({d.test_fraction}) "
             "leave under 10% for training; lower them"
         )
+    digest = _source_digest(cfg)
     key = json.dumps(
-        {"source": _source_digest(cfg), **d.model_dump(exclude={"source"}), "shards": shards},
+        {"source": digest, **d.model_dump(exclude={"source"}), "shards": shards},
         sort_keys=True,
     )
     version = hashlib.sha256(key.encode()).hexdigest()[:16]
@@ -100,7 +102,7 @@ def prepare(cfg: PipelineConfig, shards: int = 0) -> dict[str, Any]:
         "version": version,
         "dir": str(out),
         "source": cfg.data.source,
-        "source_digest": _source_digest(cfg),
+        "source_digest": digest,
         "settings": d.model_dump(),
         "in_shape": list(shape),
         "classes": classes,
@@ -112,11 +114,15 @@ def prepare(cfg: PipelineConfig, shards: int = 0) -> dict[str, Any]:
     return manifest
 
 
-def verify_manifest(path: Path) -> dict[str, Any]:
-    """The manifest, after checking every file it lists against its checksum."""
+def verify_manifest(path: Path, names: Sequence[str] | None = None) -> dict[str, Any]:
+    """The manifest, after checking the files ``names`` (default: all it lists) against
+    their checksums: a task hashes only what it reads."""
     m = read_json(path)
     base = path.parent
-    for name, f in m["files"].items():
+    for name in m["files"] if names is None else names:
+        f = m["files"].get(name)
+        if f is None:
+            raise ValueError(f"data file {name} is not in {path} (its files: {sorted(m['files'])})")
         p = base / f["path"]
         if not p.exists() or sha256_file(p) != f["sha256"]:
             raise ValueError(f"data file {name} ({p}) is missing or does not match its checksum")

@@ -16,6 +16,7 @@ model is the seeded initialisation, rebuilt where needed (deterministic on CPU).
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import math
@@ -45,9 +46,13 @@ def global_dir(run: Path) -> Path:
     return run / "rounds" / "global"
 
 
-def _digest(state: dict[str, Any]) -> str:
-    import hashlib
+def global_path(run: Path, r: int) -> Path:
+    """The global checkpoint round ``r`` starts from (r >= 1; round 0's is the seeded
+    initialisation)."""
+    return global_dir(run) / f"ckpt-{r:08d}.pt"
 
+
+def _digest(state: dict[str, Any]) -> str:
     h = hashlib.sha256()
     for k in sorted(state):
         h.update(k.encode())
@@ -75,7 +80,7 @@ def global_model(
 
     if r == 0:
         return initial_model(cfg, manifest), {}, None
-    path = global_dir(run) / f"ckpt-{r:08d}.pt"
+    path = global_path(run, r)
     snap = checkpoint.load(path)
     return snap["model"], snap.get("momentum", {}), str(path)
 
@@ -90,8 +95,6 @@ def write_delta(out: Path, shard: int, base: dict[str, Any], local: dict[str, An
     data = buf.getvalue()
     path = out / "delta.pt"
     atomic_write(path, data)
-    import hashlib
-
     meta = {
         "shard": shard,
         "sha256": hashlib.sha256(data).hexdigest(),
