@@ -1,4 +1,4 @@
-"""Static schedules of dagtrain.taskgraph.schedule against anrg-saga's HEFT and CPoP.
+"""Static schedules of dagtrain.taskgraph.analysis.schedule vs anrg-saga's HEFT and CPoP.
 
     make bench-schedule     (runs in .venv-saga: saga is never a dependency of dagtrain)
 
@@ -34,7 +34,7 @@ from saga import Network, Schedule, ScheduledTask, TaskGraph  # noqa: E402
 from saga.schedulers.cpop import CpopScheduler  # noqa: E402
 from saga.schedulers.heft import HeftScheduler  # noqa: E402
 
-from dagtrain.taskgraph.schedule import Problem, plan  # noqa: E402
+from dagtrain.taskgraph.analysis.schedule import Problem, plan  # noqa: E402
 
 logging.disable(logging.WARNING)  # saga warns about super sources; ours have one
 

@@ -2,6 +2,11 @@
 
 Pure Python: importing it imports neither torch nor airflow. See docs/taskgraph.md.
 
+The executor is :mod:`.graph` (building, dependence inference in :mod:`.deps`),
+:mod:`.runtime` (running; :mod:`.inline` for tiny tasks), :mod:`.report` and
+:mod:`.trace`. The :mod:`.analysis` subpackage (critical path, bounds, static plans in
+:mod:`.analysis.schedule`) only analyses graphs; nothing in it runs one.
+
 >>> from dagtrain.taskgraph import TaskGraph
 >>> g = TaskGraph()
 >>> _ = g.add(print, "load", name="load", out="batch")
@@ -13,10 +18,10 @@ step
 
 from __future__ import annotations
 
+from .analysis import Plan, Problem, plan
 from .errors import CycleError, TaskError, TaskTimeoutError
 from .graph import TaskGraph, gc_paused
 from .report import RunReport, TaskRecord
-from .schedule import Plan, Problem, plan
 from .task import Event, Outputs, Ref, Task
 from .trace import write_trace
 

@@ -19,18 +19,17 @@ order the task after *every* earlier task that conflicts with it, and adding a t
 costs O(items it names) whatever the size of the graph.
 
 ``build_task`` validates everything first and changes the graph only once every
-check passed: a bad ``add`` raises and leaves the graph as it was.
+check passed: a bad ``add`` raises and leaves the graph as it was. It changes only what
+it is given (the scope's items and their value slots, the graph's slot list, the new
+task and its event); the caller links the task to its predecessors and records it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .task import DONE, IN, INOUTSET, MUTEX, OUT, Bound, Event, Item, Mutex, Ref, Slot, Task
-
-if TYPE_CHECKING:
-    from .graph import TaskGraph
 
 __all__ = ["IdKey", "build_task", "find_cycle", "items", "key_of"]
 
@@ -127,7 +126,7 @@ def _ref_items(
                 f"task {name!r}: Ref({a.item!r}) reads a value, but no earlier "
                 "task writes that item with out= or inout="
             )
-        if dynamic and st.slot is None and st.group._state == DONE:
+        if dynamic and st.slot is None and st.group.run_state == DONE:
             raise ValueError(
                 f"task {name!r}: Ref({a.item!r}) reads the value of task "
                 f"{st.group.name!r}, which finished before anyone asked for it; "
@@ -150,25 +149,44 @@ def _event(name: str, detach: Any, kwargs: dict | None) -> Event | None:
             )
         return Event()
     if isinstance(detach, Event):
-        if detach._task is not None:
+        owner = detach.task
+        if owner is not None:
             raise ValueError(
                 f"task {name!r}: this event already detaches task "
-                f"{detach._task.name!r}; use one Event per task"
+                f"{owner.name!r}; use one Event per task"
             )
         return detach
     raise TypeError(f"task {name!r}: detach= takes an Event or True, not {type(detach).__name__}")
 
 
-def build_task(
-    graph: TaskGraph, parent: Task | None, scope: dict, index: int, spec: tuple, dynamic: bool
-) -> tuple[Task, list[Task]]:
-    """Make a task and wire its dependences; the caller links it to ``deps``.
+def _named(siblings: list[Task], target: str, by: str) -> list[Task]:
+    found = [t for t in siblings if t.name == target]
+    if not found:
+        raise ValueError(f"task {by!r}: after={target!r} names no task of this graph")
+    return found
 
-    ``spec``: what ``TaskGraph.add`` was given, as (fn, args, kwargs, name, clauses,
-    after, priority, cost, detach). ``dynamic``: the graph is running (its tasks have
-    states; values may be pinned).
+
+def build_task(
+    slots: list[Slot],
+    parent: Task | None,
+    scope: dict,
+    index: int,
+    spec: tuple,
+    siblings: list[Task] | None,
+) -> tuple[Task, list[Task], list[str]]:
+    """Make a task and wire its dependences; return it, the tasks it waits for, and the
+    ``after`` names left for ``TaskGraph.prepare`` to resolve. The caller links the task
+    to those predecessors.
+
+    ``slots``: the graph's value versions of top-level items, to which a new one is
+    appended. ``spec``: what ``TaskGraph.add`` was given, as (fn, args, kwargs, name,
+    clauses, after, priority, cost, detach). ``siblings``: None while the graph is being
+    built (``after`` names may then point forward and are returned); while it runs, the
+    tasks added so far under the same parent, among which ``after`` names are resolved
+    at once (the task is dynamic: its graph's tasks have states, values may be pinned).
     """
     fn, args, kwargs, name, clauses, after, priority, cost, detach = spec
+    dynamic = siblings is not None
     # 1. check everything; nothing in the graph changes before all checks passed
     kinds = kinds_of(clauses)
     refs = _ref_items(name, args, kwargs, kinds, scope, dynamic) if args or kwargs else None
@@ -184,8 +202,8 @@ def build_task(
                     )
                 after_tasks.append(a)
             elif isinstance(a, str):
-                if dynamic:
-                    after_tasks.extend(graph._named(a, parent, name))
+                if siblings is not None:
+                    after_tasks.extend(_named(siblings, a, name))
                 else:
                     after_names.append(a)
             else:
@@ -205,7 +223,7 @@ def build_task(
         if st is None:
             st = scope[item] = Item()
         if refs is not None and item in refs:
-            refs[item] = _reader_slot(graph, st, item, dynamic, parent is None)
+            refs[item] = _reader_slot(slots, st, item, dynamic, parent is None)
         k = st.kind
         if kind == IN:
             if k == OUT:
@@ -256,21 +274,18 @@ def build_task(
                 k: Bound(refs[key_of(v.item)]) if v.__class__ is Ref else v
                 for k, v in kwargs.items()
             }
-    if after_names:
-        graph._after_names.extend((task, n) for n in after_names)
-        graph._forward = True
     if ev is not None:
         if detach is True:
             task.kwargs = {**(task.kwargs or {}), "event": ev}
-        ev._task = task
+        ev.bind(task)
         task.event = ev
     if len(deps) > 1:
         deps = list(dict.fromkeys(deps))
     task.npred = len(deps)
-    return task, deps
+    return task, deps, after_names
 
 
-def _reader_slot(graph: TaskGraph, st: Item, item: Hashable, dynamic: bool, top: bool) -> Slot:
+def _reader_slot(slots: list[Slot], st: Item, item: Hashable, dynamic: bool, top: bool) -> Slot:
     """The value slot of the item's current version, made when its first reader comes."""
     slot = st.slot
     if slot is None:
@@ -281,7 +296,7 @@ def _reader_slot(graph: TaskGraph, st: Item, item: Hashable, dynamic: bool, top:
         else:
             writer.publishes.append(slot)
         if top:
-            graph._slots.append(slot)
+            slots.append(slot)
         if dynamic:
             slot.pin = True  # the graph is running: later adds may read it too
     slot.readers += 1

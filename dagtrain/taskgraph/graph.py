@@ -10,15 +10,16 @@ Values: a task's return value is published under the items it writes (out/inout)
 ``Ref(item)`` arguments of later tasks receive it. A version's value is dropped as
 soon as its last reader finished, unless ``run(keep=...)`` asked for it.
 
-Running is in :mod:`.runtime`; analysis (critical path, static schedules) in
-:mod:`.analysis` and :mod:`.schedule`.
+Running is in :mod:`.runtime` (and :mod:`.inline`); analysis (critical path, lower
+bound, static schedules), which never runs anything, in the :mod:`.analysis`
+subpackage.
 """
 
 from __future__ import annotations
 
 import gc
 from collections import deque
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -30,12 +31,25 @@ if TYPE_CHECKING:
     from .report import RunReport
     from .runtime import Run
 
-__all__ = ["TaskGraph", "gc_paused"]
+__all__ = ["TaskGraph", "gc_paused", "upward_ranks_of"]
+
+
+def upward_ranks_of(costs: Sequence[float], order: Sequence[Task]) -> list[float]:
+    """rank[i] = costs[i] plus the costliest chain of successors after task i.
+
+    ``order``: the tasks in a topological order. ``prepare`` keys the ready queue by
+    these ranks; :func:`.analysis.upward_ranks` is the same with the costs checked.
+    """
+    rank = [0.0] * len(costs)
+    for t in reversed(order):
+        rank[t.index] = costs[t.index] + max((rank[s.index] for s in t.succs), default=0.0)
+    return rank
 
 
 class TaskGraph:
     """A graph of tasks with OpenMP-style data dependences; build once, run many times.
 
+    >>> from dagtrain.taskgraph import Ref
     >>> g = TaskGraph()
     >>> a = g.add(lambda: 1, name="a", out="x")
     >>> b = g.add(lambda x: x + 1, Ref("x"), name="b", out="y")
@@ -44,22 +58,39 @@ class TaskGraph:
 
     Not thread-safe while being built (build it from one thread); while it runs,
     ``add`` may be called from the thread that started it and from task bodies.
+
+    ``name`` and ``tasks`` (in the order they were added) are for everyone. The other
+    attributes without an underscore are state the graph shares with the runtime
+    (:mod:`.deps`, :mod:`.runtime`, :mod:`.inline` read them; only the graph and
+    ``build_task`` change them); do not set them:
+
+    ==============  ==============================================================
+    ``scope``       ``{item: Item}``: the dependence state of the top-level items
+    ``slots``       the value versions of top-level items that someone reads or
+                    keeps, reset by each run
+    ``order``       after ``prepare``: the tasks in a topological order, or None when
+                    the add order is one (no ``after=`` name points forward)
+    ``heap``        after ``prepare``: the tasks' ready-queue keys differ, so the
+                    runtime keeps ready tasks in a heap (else a FIFO)
+    ``task_names``  after ``prepare``: every task's name, shared by the reports of
+                    its replays
+    ==============  ==============================================================
     """
 
     def __init__(self, name: str = "taskgraph") -> None:
         self.name = name
         self.tasks: list[Task] = []
-        self._scope: dict[Hashable, Item] = {}
-        self._slots: list[Slot] = []
+        self.scope: dict[Hashable, Item] = {}
+        self.slots: list[Slot] = []
+        self.order: list[Task] | None = None
+        self.heap = False
+        self.task_names: list[str] = []
         self._after_names: list[tuple[Task, str]] = []
         self._forward = False  # an after= name may point forward: cycles possible
         self._prepared = False
-        self._order: list[Task] | None = None
-        self._heap = False
         self._run: Run | None = None
         self._plain = False  # no task has values, an event, a mutex: inline replay is safe
         self._grain: float | None = None  # mean seconds per task in the last run
-        self._names: list[str] = []
 
     def __len__(self) -> int:
         return len(self.tasks)
@@ -119,22 +150,19 @@ class TaskGraph:
         )
         run = self._run
         if run is not None:
-            return run.add(self, spec)
-        task, deps = build_task(self, None, self._scope, len(self.tasks), spec, dynamic=False)
+            task = run.add(self, spec)
+            if task.parent is None:  # a top-level task: names, keys and plainness change
+                self._prepared = False
+            return task
+        task, deps, later = build_task(self.slots, None, self.scope, len(self.tasks), spec, None)
         for p in deps:
             p.succs.append(task)
+        if later:
+            self._after_names.extend((task, n) for n in later)
+            self._forward = True
         self.tasks.append(task)
         self._prepared = False
         return task
-
-    def _named(self, target: str, parent: Task | None, by: str) -> list[Task]:
-        siblings = (
-            self.tasks if parent is None else (self._run.children_of(parent) if self._run else [])
-        )
-        found = [t for t in siblings if t.name == target]
-        if not found:
-            raise ValueError(f"task {by!r}: after={target!r} names no task of this graph")
-        return found
 
     # ---------------------------------------------------------------- preparing
     def prepare(self) -> None:
@@ -161,26 +189,26 @@ class TaskGraph:
                     p.succs.append(task)
                     task.npred += 1
             self._after_names.clear()
-        self._order = self._toposort() if self._forward else None
-        self._prepared = True  # before the keys: computing ranks asks for the order
+        self.order = self._toposort() if self._forward else None
+        self._prepared = True
         self._set_keys()
         self._plain = all(t.x is None for t in self.tasks)
-        self._names = [t.name for t in self.tasks]  # shared by the reports of its replays
+        self.task_names = [t.name for t in self.tasks]  # shared by the reports of its replays
 
     def _set_keys(self) -> None:
         """Ready-queue keys: minus the upward rank when every task has a cost, else
         minus ``priority``; a FIFO queue (cheaper) when all keys are equal."""
         tasks = self.tasks
         if tasks and all(t.cost is not None for t in tasks):
-            from .analysis import upward_ranks
-
-            for t, r in zip(tasks, upward_ranks(self)):
-                t._key = -r
+            costs = [float(t.cost) for t in tasks]
+            ranks = upward_ranks_of(costs, self.order if self.order is not None else tasks)
+            for t, r in zip(tasks, ranks):
+                t.key = -r
         else:
             for t in tasks:
-                t._key = -t.priority
-        k0 = tasks[0]._key if tasks else 0
-        self._heap = any(t._key != k0 for t in tasks)
+                t.key = -t.priority
+        k0 = tasks[0].key if tasks else 0
+        self.heap = any(t.key != k0 for t in tasks)
 
     def _toposort(self) -> list[Task]:
         npred = [t.npred for t in self.tasks]
@@ -201,7 +229,7 @@ class TaskGraph:
     def topological_order(self) -> list[Task]:
         """The tasks in an order that respects every edge (the add order if it does)."""
         self.prepare()
-        return list(self._order if self._order is not None else self.tasks)
+        return list(self.order if self.order is not None else self.tasks)
 
     static_order = topological_order  # graphlib's name for it
 
@@ -265,7 +293,7 @@ class TaskGraph:
         if not isinstance(workers, int) or workers < 1:
             raise ValueError(f"workers must be an int >= 1, not {workers!r}")
         self.prepare()
-        for slot in self._slots:
+        for slot in self.slots:
             slot.keep = False
         for item in items(keep):
             self._keep(item)
@@ -312,17 +340,18 @@ class TaskGraph:
 
     def _keep(self, item: Hashable) -> None:
         item = key_of(item)
-        st = self._scope.get(item)
+        st = self.scope.get(item)
         if st is None or st.kind != OUT:
             raise ValueError(f"keep={item!r}: no task writes that item with out= or inout=")
         if st.slot is None:
             st.slot = Slot(item)
             writer = st.group
             writer.publishes = [*(writer.publishes or ()), st.slot]
-            self._slots.append(st.slot)
+            self.slots.append(st.slot)
         st.slot.keep = True
 
     # ----------------------------------------------------------------- analysis
+    # Shortcuts to the analysis subpackage, which never runs the graph.
     def critical_path(self) -> tuple[list[Task], float]:
         """The costliest chain of tasks and its total cost (every task needs a ``cost``)."""
         from .analysis import critical_path
@@ -336,7 +365,9 @@ class TaskGraph:
         return lower_bound(self, workers)
 
     def schedule(self, workers: int = 2, **kwargs: Any):
-        """A static schedule on ``workers`` processors; see :func:`.schedule.plan`."""
+        """A static schedule on ``workers`` processors, computed from the tasks' costs
+        and not executed: ``run`` schedules dynamically. See
+        :func:`.analysis.plan_graph` and :func:`.analysis.schedule.plan`."""
         from .analysis import plan_graph
 
         return plan_graph(self, workers, **kwargs)

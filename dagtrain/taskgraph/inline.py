@@ -27,7 +27,7 @@ def run_inline(graph: TaskGraph, workers: int, trace: str | None) -> RunReport:
     """Run a prepared plain graph (no values, events, mutexes) in the calling thread, in
     a topological order: the serial elision of a graph whose tasks are too small to
     gain from other threads. Same report, same errors as a threaded run."""
-    order = graph._order if graph._order is not None else graph.tasks
+    order = graph.order if graph.order is not None else graph.tasks
     perf = perf_counter
     ends: list[float] = []
     mark = ends.append
@@ -45,11 +45,11 @@ def run_inline(graph: TaskGraph, workers: int, trace: str | None) -> RunReport:
     ran = len(ends)
     if ran == len(order) and order is graph.tasks:  # the common case, in C-speed list ops
         for task in order:
-            task._state = DONE
+            task.run_state = DONE
         rel = [e - t0 for e in ends]
         n = len(rel)
         report = RunReport(
-            graph._names,
+            graph.task_names,
             [0.0, *rel[:-1]] if n else [],
             rel,
             [0] * n,
@@ -62,12 +62,12 @@ def run_inline(graph: TaskGraph, workers: int, trace: str | None) -> RunReport:
         start = t0
         for k, task in enumerate(order):
             if k < ran:
-                task._t0, task._t1, task._wid = start, ends[k], 0
-                task._state = DONE
+                task.t0, task.t1, task.worker = start, ends[k], 0
+                task.run_state = DONE
                 start = ends[k]
             else:
-                task._wid = -1
-                task._state = CANCELLED
+                task.worker = -1
+                task.run_state = CANCELLED
         report = RunReport.from_tasks(graph.tasks, t0, end, workers, {})
     if trace is not None:
         from .trace import write_trace
@@ -75,7 +75,7 @@ def run_inline(graph: TaskGraph, workers: int, trace: str | None) -> RunReport:
         write_trace(trace, report, graph.tasks)
     if failed is not None:
         task, exc = failed
-        task._state = FAILED
+        task.run_state = FAILED
         if isinstance(exc, KeyboardInterrupt):
             raise exc
         raise TaskError(task.name, exc) from exc

@@ -60,13 +60,13 @@ class RunReport:
     def from_tasks(
         cls, tasks: list[Task], t0: float, end: float, workers: int, values: dict[Hashable, Any]
     ) -> RunReport:
-        ran = [t._wid >= 0 for t in tasks]  # its function was called in this run
+        ran = [t.worker >= 0 for t in tasks]  # its function was called in this run
         return cls(
             names=[t.name for t in tasks],
-            starts=[t._t0 - t0 if r else 0.0 for t, r in zip(tasks, ran)],
-            ends=[t._t1 - t0 if r else 0.0 for t, r in zip(tasks, ran)],
-            workers_of=[t._wid if r else -1 for t, r in zip(tasks, ran)],
-            states=[STATE_NAMES[t._state] for t in tasks],
+            starts=[t.t0 - t0 if r else 0.0 for t, r in zip(tasks, ran)],
+            ends=[t.t1 - t0 if r else 0.0 for t, r in zip(tasks, ran)],
+            workers_of=[t.worker if r else -1 for t, r in zip(tasks, ran)],
+            states=[STATE_NAMES[t.run_state] for t in tasks],
             workers=workers,
             wall=end - t0,
             values=values,
@@ -85,9 +85,9 @@ class RunReport:
         """The report of a run in which every task ran and is done."""
         return cls(
             names=names,
-            starts=[t._t0 - t0 for t in tasks],
-            ends=[t._t1 - t0 for t in tasks],
-            workers_of=[t._wid for t in tasks],
+            starts=[t.t0 - t0 for t in tasks],
+            ends=[t.t1 - t0 for t in tasks],
+            workers_of=[t.worker for t in tasks],
             states=["done"] * len(tasks),
             workers=workers,
             wall=end - t0,

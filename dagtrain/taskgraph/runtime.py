@@ -10,17 +10,25 @@ caller, with no thread started.
 
 State
 ~~~~~
-ready        FIFO deque in program order, or, when tasks have different keys, a heap
-             of ``(key, index, task)``: key is minus the upward rank when every task
-             has a cost (critical path first), else minus ``priority``.
-task._npred  predecessors not yet done in this run; at zero the task becomes ready
-             (``mutexinoutset`` tasks first take their item mutexes, or park on one).
-outstanding  tasks added and not yet done; the run is over at zero.
-idle         threads waiting on the condition; a retiring thread wakes only as many as
-             there are extra ready tasks (it takes one itself), so empty tasks do not
-             pay for wake-ups nobody needs.
-watchers     threads in taskwait/join, waiting for a predicate: every retirement wakes
-             them all.
+ready            FIFO deque in program order, or, when tasks have different keys, a
+                 heap of ``(key, index, task)``: key is minus the upward rank when every
+                 task has a cost (critical path first), else minus ``priority``.
+task.npred_left  predecessors not yet done in this run; at zero the task becomes
+                 ready (``mutexinoutset`` tasks first take their item mutexes, or park
+                 on one). It, ``task.run_state``, ``task.t0``/``t1`` and ``task.worker``
+                 are fields of the task itself (see :class:`~.task.Task`), written here
+                 directly: no lookup, no call per task.
+outstanding      tasks added and not yet done; the run is over at zero.
+idle             threads waiting on the condition; a retiring thread wakes only as many
+                 as there are extra ready tasks (it takes one itself), so empty tasks do
+                 not pay for wake-ups nobody needs.
+watchers         threads in taskwait/join, waiting for a predicate: every retirement
+                 wakes them all.
+
+What it uses of the graph: ``tasks`` (to which it appends the top-level tasks added
+while it runs), ``heap``, ``slots``, ``scope`` and ``task_names`` (see
+:class:`~.graph.TaskGraph`). A detach event changes only through
+its own methods (``arm``, ``settle``, ``disarm``).
 
 A task completes when its function has returned and, for a detached task, its event
 was fulfilled; the retiring thread then releases what the task read (dropping a value
@@ -53,6 +61,7 @@ from .task import (
     READY,
     RUNNING,
     Bound,
+    Event,
     Outputs,
     Task,
 )
@@ -92,7 +101,7 @@ class Run:
         self.trace = trace
         self.lock = threading.Lock()
         self.cond = threading.Condition(self.lock)
-        self.heap = graph._heap
+        self.heap = graph.heap
         self.ready: Any = [] if self.heap else deque()
         self.idle = 0
         self.watchers = 0
@@ -117,25 +126,23 @@ class Run:
         mutexes: set = set()
         special: list[Task] = []  # tasks with extras that are ready at once
         for t in tasks:  # one pass: reset, and ready the plain tasks that can go
-            t._npred = n = t.npred
-            t._wid = -1
+            t.npred_left = n = t.npred
+            t.worker = -1
             x = t.x
             if x is None:
                 if n:
-                    t._state = PENDING
+                    t.run_state = PENDING
                 else:
-                    t._state = READY
+                    t.run_state = READY
                     if heap:
-                        heapq.heappush(ready, (t._key, t.index, t))
+                        heapq.heappush(ready, (t.key, t.index, t))
                     else:
                         ready.append(t)
                 continue
-            t._state = PENDING
+            t.run_state = PENDING
             ev = x.event
             if ev is not None:
-                ev._run = self
-                ev._done = False
-                ev._error = None
+                ev.arm(self)
                 self.evtasks.append(t)
             if x.mutexes is not None:
                 mutexes.update(x.mutexes)
@@ -147,7 +154,7 @@ class Run:
         for t in special:
             self._make_ready(t)
         pin = self.incremental
-        for slot in self.graph._slots:
+        for slot in self.graph.slots:
             slot.value = None
             slot.remaining = slot.readers
             slot.pin = pin and slot.current
@@ -169,7 +176,7 @@ class Run:
         if self.incremental:
             with self.lock:  # no top-level task can be added from now on
                 self.incremental = False
-                for slot in self.graph._slots:
+                for slot in self.graph.slots:
                     slot.pin = False
                     if slot.droppable():
                         slot.value = None
@@ -190,19 +197,19 @@ class Run:
             th.join()
         end = perf_counter()
         for t in self.evtasks:
-            t.x.event._run = None  # a late fulfil() is now a no-op
+            t.x.event.disarm()  # a late fulfil() is now a no-op
         pending = []
         if timed_out or interrupted is not None or self.error is not None or self.outstanding:
             for t in self.tasks:
-                if t._state in (PENDING, READY, PARKED, DETACHED, RUNNING):
+                if t.run_state in (PENDING, READY, PARKED, DETACHED, RUNNING):
                     pending.append(t.name)
-                    t._state = CANCELLED
+                    t.run_state = CANCELLED
                 x = t.x
                 if x is not None and x.event is not None:
-                    x.event._run = None
+                    x.event.disarm()
             report = RunReport.from_tasks(self.tasks, self.t0, end, self.workers, self._values())
         else:  # every task is done: the report in three list passes
-            names = self.graph._names
+            names = self.graph.task_names
             if len(names) != len(self.tasks):
                 names = [t.name for t in self.tasks]
             report = RunReport.from_done(
@@ -225,7 +232,7 @@ class Run:
         return report
 
     def _values(self) -> dict:
-        return {s.item: s.value for s in self.graph._slots if s.keep}
+        return {s.item: s.value for s in self.graph.slots if s.keep}
 
     def _all_done(self) -> bool:
         return self.outstanding == 0
@@ -282,7 +289,7 @@ class Run:
                             self.watchers -= 1
                     continue
                 task = heapq.heappop(ready)[2] if heap else pop()
-                task._state = RUNNING
+                task.run_state = RUNNING
                 current[wid] = task
                 lock.release()
                 locked = False
@@ -302,23 +309,23 @@ class Run:
                 lock.acquire()
                 locked = True
                 current[wid] = prev
-                task._t0 = t0
-                task._t1 = t1
-                task._wid = wid
+                task.t0 = t0
+                task.t1 = t1
+                task.worker = wid
                 if exc is not None:
                     self._fail(task, exc)
                     exc = None
                     continue
                 if x is None:  # the common case, inlined: ready the successors
-                    task._state = DONE
+                    task.run_state = DONE
                     for s in task.succs:
-                        n = s._npred - 1
-                        s._npred = n
+                        n = s.npred_left - 1
+                        s.npred_left = n
                         if not n:
                             if s.x is None or s.x.mutexes is None:
-                                s._state = READY
+                                s.run_state = READY
                                 if heap:
-                                    heapq.heappush(ready, (s._key, s.index, s))
+                                    heapq.heappush(ready, (s.key, s.index, s))
                                 else:
                                     ready.append(s)
                             else:
@@ -351,21 +358,22 @@ class Run:
             _publish(x.publishes, result)
         ev = x.event
         if ev is not None:
-            if ev._error is not None:
-                self._fail(task, ev._error)
+            error = ev.error
+            if error is not None:
+                self._fail(task, error)
                 return False
-            if not ev._done:
-                task._state = DETACHED
+            if not ev.fulfilled:
+                task.run_state = DETACHED
                 return False
         self._complete(task)
         return True
 
     def _complete(self, task: Task) -> None:
         """Complete a task (lock held): ready its successors, release its mutexes."""
-        task._state = DONE
+        task.run_state = DONE
         for s in task.succs:
-            n = s._npred - 1
-            s._npred = n
+            n = s.npred_left - 1
+            s.npred_left = n
             if not n:
                 self._make_ready(s)
         x = task.x
@@ -376,7 +384,7 @@ class Run:
                         m.holder = None
                         waiters, m.waiters = m.waiters, []
                         for w in waiters:
-                            if w._state == PARKED:
+                            if w.run_state == PARKED:
                                 self._make_ready(w)
             if x.groups is not None:
                 for g in x.groups:
@@ -388,38 +396,37 @@ class Run:
             for m in t.mutexes:
                 if m.holder is not None and m.holder is not t:
                     m.waiters.append(t)
-                    t._state = PARKED
+                    t.run_state = PARKED
                     return
             for m in t.mutexes:
                 m.holder = t
-        t._state = READY
+        t.run_state = READY
         if self.heap:
-            heapq.heappush(self.ready, (t._key, t.index, t))
+            heapq.heappush(self.ready, (t.key, t.index, t))
         else:
             self.ready.append(t)
 
     def _fail(self, task: Task, exc: BaseException) -> None:
-        task._state = FAILED
+        task.run_state = FAILED
         if self.error is None:
             self.error = (task, exc)
         self.stopping = True
         self.cond.notify_all()
 
     # ------------------------------------------------------------ detach events
-    def signal(self, ev: Any, error: BaseException | None) -> None:
+    def signal(self, ev: Event, error: BaseException | None) -> None:
+        """``ev.fulfill()`` (``error`` None) or ``ev.fail(error)``, from any thread."""
         with self.lock:
             if self.closing and self.outstanding == 0:
                 return
-            task = ev._task
+            if not ev.settle(error):
+                return  # fulfilled already
+            task = ev.task
             if error is not None:
-                ev._error = error
-                if task._state == DETACHED:
+                if task.run_state == DETACHED:
                     self._fail(task, error)
                 return
-            if ev._done:
-                return
-            ev._done = True
-            if task._state == DETACHED and not self.stopping:
+            if task.run_state == DETACHED and not self.stopping:
                 self._complete(task)
                 if self.idle:
                     self.cond.notify_all() if self.watchers else self.cond.notify(len(self.ready))
@@ -439,24 +446,26 @@ class Run:
         parent = self.current[self._wid("add")]
         with self.lock:
             if parent is None:
-                scope = graph._scope
+                scope = graph.scope
                 index = len(graph.tasks)
+                siblings = graph.tasks
             else:
                 if parent.scope is None:
                     parent.scope = {}
                 scope = parent.scope
                 index = _CHILD_BASE + self.nchild
                 self.nchild += 1
-            task, deps = build_task(graph, parent, scope, index, spec, dynamic=True)
+                siblings = self.children_of(parent)
+            task, deps, _ = build_task(graph.slots, parent, scope, index, spec, siblings)
             npred = 0
             for p in deps:
                 p.succs.append(task)
-                if p._state != DONE:
+                if p.run_state != DONE:
                     npred += 1
-            task._npred = npred
-            task._key = -task.priority
+            task.npred_left = npred
+            task.key = -task.priority
             if task.event is not None:
-                task.event._run = self
+                task.event.arm(self)
                 self.evtasks.append(task)
             stack = self.main_groups if parent is None else parent.gstack
             inherited = None if parent is None else parent.groups
@@ -465,8 +474,7 @@ class Run:
                 for g in task.groups:
                     g.pending += 1
             if parent is None:
-                graph.tasks.append(task)
-                graph._prepared = False  # names, keys and plainness change with it
+                graph.tasks.append(task)  # TaskGraph.add then marks it unprepared
             else:
                 self.children.setdefault(parent, []).append(task)
             self.tasks.append(task)
@@ -486,16 +494,16 @@ class Run:
         with self.lock:
             if on is None:
                 siblings = self.graph.tasks if parent is None else self.children_of(parent)
-                targets = [t for t in siblings if t._state != DONE]
+                targets = [t for t in siblings if t.run_state != DONE]
             else:
                 from .deps import items, key_of
 
-                scope = self.graph._scope if parent is None else (parent.scope or {})
+                scope = self.graph.scope if parent is None else (parent.scope or {})
                 targets = []
                 for item in items(on):
                     st = scope.get(key_of(item))
                     if st is not None:
-                        targets.extend(t for t in st.last_tasks() if t._state != DONE)
+                        targets.extend(t for t in st.last_tasks() if t.run_state != DONE)
         self._wait(wid, _all_in(targets))
 
     def open_group(self) -> tuple[Group, list[Group], int]:
@@ -525,7 +533,7 @@ class Run:
 
 def _all_in(targets: list[Task]) -> Callable[[], bool]:
     def done() -> bool:
-        while targets and targets[-1]._state == DONE:
+        while targets and targets[-1].run_state == DONE:
             targets.pop()
         return not targets
 

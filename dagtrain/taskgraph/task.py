@@ -1,9 +1,13 @@
 """The records a graph is made of: tasks, data items, value slots, detach events.
 
 Small ``__slots__`` classes, no behaviour beyond their own invariants: the graph
-(:mod:`.graph`) wires them, the runtime (:mod:`.runtime`) moves them through their
-states. A million tasks must fit in well under a gigabyte, so every field earns its
-place and rarely used ones default to ``None`` rather than to an empty container.
+(:mod:`.graph`, :mod:`.deps`) wires them, the runtime (:mod:`.runtime`,
+:mod:`.inline`) moves them through their states. A task's run fields are plain
+attributes, documented in :class:`Task`, which the runtime writes directly (a method
+call per task would cost more than the rest of its bookkeeping); an :class:`Event`'s
+state changes only through its own methods. A million tasks must fit in well under a
+gigabyte, so every field earns its place and rarely used ones default to ``None``
+rather than to an empty container.
 """
 
 from __future__ import annotations
@@ -55,6 +59,22 @@ class Event:
     ``event.fulfill()`` has been called, from any thread, in either order. Tasks that
     depend on it wait for both. ``event.fail(exc)`` fails the task instead. The event
     is re-armed at the start of every run, so a replayed graph reuses it.
+
+    >>> from dagtrain.taskgraph import TaskGraph
+    >>> g = TaskGraph()
+    >>> ev = Event()
+    >>> _ = g.add(print, "sent", name="send", out="grad", detach=ev)
+    >>> _ = g.add(ev.fulfill, name="network")  # in real life, a callback
+    >>> _ = g.add(print, "reduced", name="use", in_="grad")
+    >>> _ = g.run(workers=1)
+    sent
+    reduced
+    >>> ev.fulfilled, ev.task.name
+    (True, 'send')
+
+    The package changes an event only through its methods: :meth:`bind` (``add``, once),
+    :meth:`arm` and :meth:`disarm` (the runtime, at the start and end of each run) and
+    :meth:`settle` (the runtime, under its lock, when ``fulfill``/``fail`` arrives).
     """
 
     __slots__ = ("_done", "_error", "_run", "_task")
@@ -67,7 +87,44 @@ class Event:
 
     @property
     def fulfilled(self) -> bool:
+        """``fulfill()`` was called in the current (or last) run."""
         return self._done
+
+    @property
+    def task(self) -> Task | None:
+        """The task this event detaches; None until it is passed as ``detach=``."""
+        return self._task
+
+    @property
+    def error(self) -> BaseException | None:
+        """The exception given to ``fail()`` in the current (or last) run, or None."""
+        return self._error
+
+    def bind(self, task: Task) -> None:
+        """Make this the event of ``task`` (by ``TaskGraph.add``, which checked that it
+        detaches no other task)."""
+        self._task = task
+
+    def arm(self, run: Any) -> None:
+        """Reset for a new run of its task (by the runtime): pending, no error."""
+        self._run = run
+        self._done = False
+        self._error = None
+
+    def disarm(self) -> None:
+        """The run ended (by the runtime): a late ``fulfill()`` is now a no-op."""
+        self._run = None
+
+    def settle(self, error: BaseException | None) -> bool:
+        """Record a ``fulfill()`` (``error`` None) or a ``fail(error)``; called by the
+        runtime under its lock. False for a repeated ``fulfill()``: nothing changed."""
+        if error is not None:
+            self._error = error
+            return True
+        if self._done:
+            return False
+        self._done = True
+        return True
 
     def fulfill(self) -> None:
         """Complete the detached task. Safe from any thread; a no-op once its run ended."""
@@ -199,26 +256,45 @@ def _extra(name: str) -> property:
 class Task:
     """One node of a graph: a callable, its arguments, and its place among the others.
 
-    Returned by :meth:`TaskGraph.add`; pass it to ``after=`` of a later task. Fields
-    prefixed ``_`` belong to the current run.
+    Returned by :meth:`TaskGraph.add`; pass it to ``after=`` of a later task.
+
+    Fields set by ``add`` (the graph's structure): ``fn``, ``args``, ``kwargs``,
+    ``name``, ``priority``, ``cost``, ``index`` (its position in ``TaskGraph.tasks``),
+    ``succs`` (the tasks that wait for it), ``npred`` (how many tasks it waits for) and
+    ``x`` (its rarely used fields, an ``Extras`` record, or None).
+
+    Fields shared between the graph and the runtime, written by :mod:`.graph`,
+    :mod:`.runtime` and :mod:`.inline` directly (they are the per-task hot path), not
+    meant to be set by users:
+
+    ==============  ==============================================================
+    ``key``         its ready-queue key, set by ``TaskGraph.prepare``: minus its
+                    upward rank when every task has a cost, else minus ``priority``
+    ``npred_left``  predecessors not yet done in this run; ready at zero
+    ``run_state``   its state in this run, ``PENDING`` ... ``PARKED`` (an int;
+                    ``state`` gives its name)
+    ``t0``, ``t1``  ``perf_counter()`` when its function was called and returned
+    ``worker``      the worker that ran it (0: the calling thread), -1 if it did not
+                    run in this run
+    ==============  ==============================================================
     """
 
     __slots__ = (
-        "_key",
-        "_npred",
-        "_state",
-        "_t0",
-        "_t1",
-        "_wid",
         "args",
         "cost",
         "fn",
         "index",
+        "key",
         "kwargs",
         "name",
         "npred",
+        "npred_left",
         "priority",
+        "run_state",
         "succs",
+        "t0",
+        "t1",
+        "worker",
         "x",
     )
 
@@ -242,11 +318,11 @@ class Task:
         self.succs: list[Task] = []
         self.npred = 0
         self.x: Extras | None = None
-        self._npred = 0
-        self._state = PENDING
-        self._key: Any = 0
-        self._t0 = self._t1 = 0.0
-        self._wid = -1
+        self.npred_left = 0
+        self.run_state = PENDING
+        self.key: Any = 0
+        self.t0 = self.t1 = 0.0
+        self.worker = -1
 
     event = _extra("event")
     reads = _extra("reads")
@@ -260,7 +336,7 @@ class Task:
     @property
     def state(self) -> str:
         """This task's state in the current or last run ("done", "cancelled", ...)."""
-        return STATE_NAMES[self._state]
+        return STATE_NAMES[self.run_state]
 
     def __repr__(self) -> str:
         return f"<Task {self.name!r} #{self.index} {self.state}>"

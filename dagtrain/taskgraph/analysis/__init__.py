@@ -1,17 +1,54 @@
-"""Analysis of a graph without running it: ranks, critical path, bounds, static plans."""
+"""Analysis and static planning of a graph, without running it.
+
+Nothing in this subpackage runs a graph, and the runtime uses none of it: the runtime
+(:mod:`dagtrain.taskgraph.runtime`) schedules *dynamically*, taking ready tasks in the
+order of keys that :meth:`TaskGraph.prepare <dagtrain.taskgraph.graph.TaskGraph.prepare>`
+computes. What is here answers questions about a graph from its tasks' ``cost=``
+estimates:
+
+* :func:`upward_ranks`, :func:`critical_path`, :func:`lower_bound`: how long a run
+  must take at least, and which chain of tasks decides it;
+* :func:`plan_graph` (``TaskGraph.schedule``) and :mod:`.schedule` (``plan``,
+  ``Problem``, ``Plan``): a *static* list schedule (HEFT, PEFT, ...) on heterogeneous
+  processors with communication delays, for capacity planning and for comparison with
+  other schedulers (``benchmarks/schedule_vs_saga.py``). A plan is never executed.
+
+>>> from dagtrain.taskgraph import TaskGraph
+>>> g = TaskGraph()
+>>> _ = g.add(print, name="load", out="x", cost=2.0)
+>>> _ = g.add(print, name="fwd", in_="x", out="y", cost=3.0)
+>>> _ = g.add(print, name="metrics", in_="x", cost=1.0)
+>>> path, length = critical_path(g)
+>>> [t.name for t in path], length
+(['load', 'fwd'], 5.0)
+>>> lower_bound(g, workers=2)
+5.0
+>>> plan_graph(g, workers=2).makespan
+5.0
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from dagtrain.taskgraph.graph import upward_ranks_of
+
 from .schedule import Plan, Problem, plan
 
 if TYPE_CHECKING:
-    from .graph import TaskGraph
-    from .task import Task
+    from dagtrain.taskgraph.graph import TaskGraph
+    from dagtrain.taskgraph.task import Task
 
-__all__ = ["critical_path", "lower_bound", "plan_graph", "upward_ranks"]
+__all__ = [
+    "Plan",
+    "Problem",
+    "critical_path",
+    "lower_bound",
+    "plan",
+    "plan_graph",
+    "upward_ranks",
+]
 
 
 def _costs(graph: TaskGraph) -> list[float]:
@@ -25,12 +62,13 @@ def _costs(graph: TaskGraph) -> list[float]:
 
 
 def upward_ranks(graph: TaskGraph) -> list[float]:
-    """rank[i] = cost of task i plus the costliest chain after it (by task index)."""
+    """rank[i] = cost of task i plus the costliest chain after it (by task index).
+
+    The same ranks order the runtime's ready queue when every task has a cost; this
+    function checks the costs first and names a task that lacks one.
+    """
     costs = _costs(graph)
-    rank = [0.0] * len(costs)
-    for t in reversed(graph.topological_order()):
-        rank[t.index] = costs[t.index] + max((rank[s.index] for s in t.succs), default=0.0)
-    return rank
+    return upward_ranks_of(costs, graph.topological_order())
 
 
 def critical_path(graph: TaskGraph) -> tuple[list[Task], float]:
@@ -65,6 +103,8 @@ def plan_graph(
 ) -> Plan:
     """A static schedule of the graph (see :mod:`.schedule`); ``plan.proc[i]`` is task i's.
 
+    A plan is an estimate from the tasks' costs: ``TaskGraph.run`` does not follow it.
+
     ``speeds``: per processor (default ``workers`` equal ones); ``data``: the data size of
     every edge, or a function of (pred, succ); ``bandwidth``: P x P link strengths.
     """
@@ -77,6 +117,3 @@ def plan_graph(
         for s in t.succs
     ]
     return plan(Problem(costs, edges, speeds, bandwidth), method=method)
-
-
-__all__ += ["Plan"]
