@@ -34,8 +34,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from dagtrain.launch import launch, run_training  # noqa: E402
-from dagtrain.training import TrainConfig  # noqa: E402
+from dagtrain.launch import launch  # noqa: E402
+from dagtrain.training import TrainConfig, run_training  # noqa: E402
 
 MODELS = {
     "mlp-21M": {"model": "mlp", "model_args": {"hidden": [2048] * 6}},

@@ -1,6 +1,6 @@
 """Round-based low-communication training (local SGD / DiLoCo) as an Airflow DAG built
 from digits_rounds.yaml: each round maps a training task over the data's shards, and a
-GradientSyncOperator closes it (check every shard, average the deltas, outer Nesterov
+RoundAveragingOperator closes it (check every shard, average the deltas, outer Nesterov
 step)."""
 
 from pathlib import Path

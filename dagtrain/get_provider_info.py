@@ -1,4 +1,8 @@
-"""What Airflow's providers manager reads (the ``apache_airflow_provider`` entry point)."""
+"""What Airflow's providers manager reads (the ``apache_airflow_provider`` entry point).
+
+The plugin is not listed here: it is registered once, as the ``airflow.plugins`` entry
+point, which Airflow loads whatever ``[core] lazy_discover_providers`` says (plugins
+listed here are loaded only when it is False, and then twice)."""
 
 from __future__ import annotations
 
@@ -25,10 +29,9 @@ def get_provider_info() -> dict[str, Any]:
                 "python-modules": [
                     "dagtrain.operators.data_prep",
                     "dagtrain.operators.train",
-                    "dagtrain.operators.gradient_sync",
+                    "dagtrain.operators.round_averaging",
                     "dagtrain.operators.evaluate",
                 ],
             }
         ],
-        "plugins": [{"name": "dagtrain", "plugin-class": "dagtrain.plugins.DagtrainPlugin"}],
     }

@@ -5,7 +5,7 @@
 is set, whenever that Asset is updated. ``rounds_dag(yaml)``: prepare_data, then for
 each of ``rounds.rounds`` rounds a training task mapped over the ``rounds.shards`` shards
 (the DAG's shape, so a run's conf cannot change either), closed by a
-GradientSyncOperator; then evaluate and promote.
+RoundAveragingOperator; then evaluate and promote.
 
 Parsing stays cheap: the config is read and validated (pydantic, yaml), nothing else;
 torch, Horovod and MPI are imported by the tasks when they run.
@@ -23,8 +23,8 @@ from dagtrain.operators import (
     DataPrepOperator,
     DistributedTrainOperator,
     EvaluateOperator,
-    GradientSyncOperator,
     PromoteOperator,
+    RoundAveragingOperator,
 )
 
 __all__ = ["data_asset", "model_asset", "retraining_dag", "rounds_dag"]
@@ -107,7 +107,7 @@ def rounds_dag(config: str | Path, dag_id: str | None = None) -> DAG:
                 round=r,
                 execution_timeout=_timeout(cfg),
             ).expand(shard=list(range(cfg.rounds.shards)))
-            sync = GradientSyncOperator(
+            sync = RoundAveragingOperator(
                 task_id=f"round_{r}_sync",
                 config=path,
                 data=prep.output,

@@ -35,11 +35,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import get_args
 
-__all__ = ["LAUNCHERS", "Job", "RankFailure", "build_argv", "env_rank", "launch"]
+from dagtrain.config import Launcher
+from dagtrain.errors import InputError
 
-LAUNCHERS = ("mpirun", "horovodrun", "torchrun", "direct")
-DEFAULT_LAUNCHER = {"mpi": "mpirun", "horovod": "mpirun", "torch": "direct", "local": "direct"}
+__all__ = ["LAUNCHERS", "Job", "RankFailure", "build_argv", "launch"]
+
+LAUNCHERS: tuple[str, ...] = get_args(Launcher)
 _TAIL = 30
 
 
@@ -64,15 +67,6 @@ class RankFailure(RuntimeError):
         self.exit_code = exit_code
         self.signal = signal_name
         self.log_tail = list(log_tail)
-
-
-def env_rank() -> str | None:
-    """This process's rank as its launcher set it (torchrun/direct, mpirun, horovodrun),
-    before any backend is initialised; None outside a launched job."""
-    for var in ("RANK", "OMPI_COMM_WORLD_RANK", "HOROVOD_RANK"):
-        if var in os.environ:
-            return os.environ[var]
-    return None
 
 
 def _free_port() -> int:
@@ -137,7 +131,7 @@ def build_argv(
             "3",
         ]
         if hosts:
-            raise ValueError(
+            raise InputError(
                 "torchrun over several hosts needs a rendezvous endpoint: start "
                 "it on each host yourself, or use mpirun"
             )

@@ -1,9 +1,9 @@
-"""dagtrain's Airflow operators. Thin: they validate and delegate to the pipeline layer,
+"""dagtrain's Airflow operators. Thin: they validate and delegate to dagtrain.stages,
 which imports torch only inside ``execute`` (DAG files are parsed every few seconds)."""
 
 from .data_prep import DataPrepOperator
 from .evaluate import EvaluateOperator, PromoteOperator
-from .gradient_sync import GradientSyncOperator
+from .round_averaging import RoundAveragingOperator
 from .train import DistributedTrainOperator
 
 __all__ = [
@@ -12,4 +12,8 @@ __all__ = [
     "EvaluateOperator",
     "GradientSyncOperator",
     "PromoteOperator",
+    "RoundAveragingOperator",
 ]
+
+# the name this operator had before 0.2, kept for DAG files written against it
+GradientSyncOperator = RoundAveragingOperator

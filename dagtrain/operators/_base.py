@@ -17,14 +17,15 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
 from dagtrain.config import PipelineConfig, load_config, merge_conf
+from dagtrain.errors import FAIL_FAST, InputError
 
 __all__ = ["BadInput", "DagtrainOperator", "fails_fast_on_bad_input"]
 
 
 class BadInput(AirflowFailException, ValueError):
-    """Bad input (config, conf, data, a shard's contribution): the task fails without
-    retries, since another try would read the same input. ``__cause__`` is the original
-    error; ``shard`` is set when a shard is to blame."""
+    """Bad input (config, conf, data, a shard's contribution) or a missing dependency:
+    the task fails without retries, since another try would meet the same. ``__cause__``
+    is the original error; ``shard`` is set when a shard is to blame."""
 
     def __init__(self, message: str, shard: int | None = None) -> None:
         super().__init__(message)
@@ -32,16 +33,16 @@ class BadInput(AirflowFailException, ValueError):
 
 
 def fails_fast_on_bad_input(execute: Callable) -> Callable:
-    """Turn a ValueError raised by ``execute`` into BadInput (no retry). Errors of the
-    machinery (a rank that died, a timeout) keep their type and are retried."""
+    """Turn the project's own input errors (``dagtrain.errors.InputError``, which
+    ConfigError and ShardError are, and ``MissingDependency``) raised by ``execute`` into
+    BadInput (no retry). Any other error, a ValueError from torch included, keeps its
+    type and is retried: it is the machinery's (a rank that died, a timeout)."""
 
     @functools.wraps(execute)
     def wrapper(self, context: Any) -> Any:
         try:
             return execute(self, context)
-        except BadInput:
-            raise
-        except ValueError as e:
+        except FAIL_FAST as e:
             raise BadInput(str(e), getattr(e, "shard", None)) from e
 
     return wrapper
@@ -72,7 +73,7 @@ class DagtrainOperator(BaseOperator):
 
     @staticmethod
     def run_dir(cfg: PipelineConfig, context: Any) -> Path:
-        from dagtrain.pipeline.files import run_dir
+        from dagtrain.stages.files import run_dir
 
         return run_dir(cfg.artifact_root(), context["run_id"])
 
@@ -80,10 +81,10 @@ class DagtrainOperator(BaseOperator):
     def manifest(data: Any, names: tuple[str, ...] | None = None) -> dict[str, Any]:
         """The data manifest a DataPrepOperator returned, the files ``names`` (default:
         all) checked against their checksums."""
-        from dagtrain.pipeline.prep import verify_manifest
+        from dagtrain.stages.prep import verify_manifest
 
         if not isinstance(data, dict) or "manifest" not in data:
-            raise ValueError(
+            raise InputError(
                 "data must be the output of a DataPrepOperator (its XCom: a dict with "
                 f"'manifest'), got {type(data).__name__}"
             )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 from ._base import DagtrainOperator, fails_fast_on_bad_input
@@ -27,7 +26,7 @@ class DataPrepOperator(DagtrainOperator):
 
     @fails_fast_on_bad_input
     def execute(self, context: Any) -> dict[str, Any]:
-        from dagtrain.pipeline.prep import prepare
+        from dagtrain.stages.prep import prepare
 
         cfg = self.run_config(context)
         shards = self.shards or (cfg.rounds.shards if self.for_rounds else 0)
@@ -42,8 +41,7 @@ class DataPrepOperator(DagtrainOperator):
             "shards": list(range(shards)),
         }
         for outlet in self.outlets or []:
-            with contextlib.suppress(KeyError, TypeError, AttributeError):
-                context["outlet_events"][outlet].extra.update(
-                    {"version": m["version"], "dir": m["dir"], "rows": rows}
-                )
+            context["outlet_events"][outlet].extra.update(
+                {"version": m["version"], "dir": m["dir"], "rows": rows}
+            )
         return out

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
+
+from dagtrain.errors import InputError
 
 from ._base import DagtrainOperator, fails_fast_on_bad_input
 
@@ -27,15 +28,15 @@ class EvaluateOperator(DagtrainOperator):
 
     @fails_fast_on_bad_input
     def execute(self, context: Any) -> dict[str, Any]:
-        from dagtrain.pipeline.files import write_json
-        from dagtrain.pipeline.registry import better, champion, evaluate
+        from dagtrain.stages.files import write_json
+        from dagtrain.stages.registry import better, champion, evaluate_checkpoint
 
         cfg = self.run_config(context)
         manifest = self.manifest(self.data, ("test",))
         ckpt = self.model["checkpoint"] if isinstance(self.model, dict) else str(self.model)
         if not ckpt:
-            raise ValueError("model: the training task returned no checkpoint")
-        metrics = evaluate(cfg, manifest, ckpt)
+            raise InputError("model: the training task returned no checkpoint")
+        metrics = evaluate_checkpoint(cfg, manifest, ckpt)
         champ = champion(cfg)
         ok, why = better(cfg, metrics, champ)
         self.log.info("challenger %s: %s; %s", ckpt, metrics, why)
@@ -72,7 +73,7 @@ class PromoteOperator(DagtrainOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow.sdk.exceptions import AirflowSkipException
 
-        from dagtrain.pipeline.registry import promote
+        from dagtrain.stages.registry import promote
 
         cfg = self.run_config(context)
         ev = self.evaluation
@@ -90,8 +91,7 @@ class PromoteOperator(DagtrainOperator):
         if not entry["promoted"]:
             raise AirflowSkipException(f"not promoted: {entry['reason']}")
         for outlet in self.outlets or []:
-            with contextlib.suppress(KeyError, TypeError, AttributeError):
-                context["outlet_events"][outlet].extra.update(
-                    {"version": entry["version"], "path": entry["path"], **ev["metrics"]}
-                )
+            context["outlet_events"][outlet].extra.update(
+                {"version": entry["version"], "path": entry["path"], **ev["metrics"]}
+            )
         return {k: entry[k] for k in ("version", "path", "sha256", "metrics", "reason")}

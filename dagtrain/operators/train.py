@@ -21,7 +21,7 @@ class DistributedTrainOperator(DagtrainOperator):
 
     With ``round`` set, the task is one shard of round-based training: it starts from
     the round's global model, trains ``rounds.local_steps`` steps on shard ``shard``'s
-    data, and writes its parameter delta for the GradientSyncOperator of the round.
+    data, and writes its parameter delta for the RoundAveragingOperator of the round.
     """
 
     template_fields = ("data", "shard")
@@ -53,54 +53,55 @@ class DistributedTrainOperator(DagtrainOperator):
 
     @fails_fast_on_bad_input
     def execute(self, context: Any) -> dict[str, Any]:
-        from dagtrain.pipeline.prep import data_file
-        from dagtrain.pipeline.train import run_train, train_config
+        from dagtrain.config import DistributedConfig
+        from dagtrain.stages.prep import data_file
+        from dagtrain.stages.train import run_train
 
         cfg = self.run_config(context)
         run = self.run_dir(cfg, context)
         timeout = self.execution_timeout.total_seconds() if self.execution_timeout else None
-        ranks = self.ranks or cfg.distributed.ranks
+        dist = cfg.distributed
+        if self.ranks:
+            dist = DistributedConfig.model_validate({**dist.model_dump(), "ranks": self.ranks})
         if self.round is None:
             manifest = self.manifest(self.data, ("train", "val"))
             out = run / "train"
-            tcfg = train_config(
-                cfg,
-                data_file(manifest, "train"),
-                data_file(manifest, "val"),
-                out / "checkpoints",
-                out / "traces",
+            tcfg = cfg.train_config(
+                distributed=dist,
+                data=data_file(manifest, "train"),
+                eval_data=data_file(manifest, "val"),
+                checkpoint_dir=str(out / "checkpoints"),
+                trace_dir=str(out / "traces"),
             )
         else:
-            from dagtrain.pipeline.rounds import global_path, round_dir
+            from dagtrain.stages.rounds import global_path, round_dir
 
             shard = int(self.shard if self.shard is not None else context["ti"].map_index)
             # a shard the data lacks is refused there, with the files it has
             manifest = self.manifest(self.data, (f"shard-{shard:02d}", "val"))
             out = round_dir(run, self.round) / f"shard-{shard:02d}"
-            tcfg = train_config(
-                cfg,
-                data_file(manifest, f"shard-{shard:02d}"),
-                data_file(manifest, "val"),
-                out / "checkpoints",
-                out / "traces",
-                max_steps=cfg.rounds.local_steps,
-                epochs=10**6,  # local_steps decides
+            steps = cfg.rounds.local_steps  # local_steps decides, not epochs
+            tcfg = cfg.train_config(
+                distributed=dist,
+                training=cfg.training.model_copy(
+                    update={"max_steps": steps, "epochs": 10**6, "checkpoint_every": steps}
+                ),
+                data=data_file(manifest, f"shard-{shard:02d}"),
+                eval_data=data_file(manifest, "val"),
                 init_from=str(global_path(run, self.round)) if self.round else None,
-                checkpoint_every=cfg.rounds.local_steps,
-                seed=cfg.training.seed,
+                checkpoint_dir=str(out / "checkpoints"),
+                trace_dir=str(out / "traces"),
             )
         self.log.info(
             "training %s on %d %s rank(s); checkpoints in %s",
             cfg.model.name,
-            ranks,
-            cfg.distributed.backend,
+            tcfg.distributed.ranks,
+            tcfg.distributed.backend,
             tcfg.checkpoint_dir,
         )
         summary = run_train(
-            cfg,
             tcfg,
             out,
-            ranks,
             timeout=timeout,
             on_line=self.log.info,
             on_start=self._on_start,
@@ -118,7 +119,7 @@ class DistributedTrainOperator(DagtrainOperator):
         return summary
 
     def _write_delta(self, cfg, manifest, run: Path, out: Path, shard: int, summary) -> dict:
-        from dagtrain.pipeline.rounds import global_model, write_delta
+        from dagtrain.stages.rounds import global_model, write_delta
         from dagtrain.training import checkpoint
 
         base, _, _ = global_model(cfg, manifest, run, self.round)

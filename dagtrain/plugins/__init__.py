@@ -1,4 +1,4 @@
-"""dagtrain's AirflowPlugin, registered through the provider's ``get_provider_info``.
+"""dagtrain's AirflowPlugin, registered once: the ``airflow.plugins`` entry point.
 
 For now it registers the plugin's name (so ``airflow plugins`` lists it next to the
 provider); the training page inside the Airflow UI (a FastAPI app and an external view)

@@ -6,13 +6,42 @@ only when asked: importing ``dagtrain.sync`` itself is cheap.
 
 from __future__ import annotations
 
-from typing import Any
+import importlib.util
+import sys
+from typing import Any, get_args
+
+from dagtrain.config import Backend as BackendName
+from dagtrain.errors import MissingDependency
 
 from .base import Backend, CollectiveTimeout, Handle
 
-__all__ = ["BACKENDS", "Backend", "CollectiveTimeout", "Handle", "get_backend"]
+__all__ = ["BACKENDS", "Backend", "CollectiveTimeout", "Handle", "get_backend", "require"]
 
-BACKENDS = ("local", "torch", "mpi", "horovod")
+BACKENDS: tuple[str, ...] = get_args(BackendName)
+
+# what each backend imports, and how to install it where it is missing
+_NEEDS = {
+    "local": ("torch", "pip install 'airflow-provider-dagtrain[train]'"),
+    "torch": ("torch", "pip install 'airflow-provider-dagtrain[train]'"),
+    "mpi": ("mpi4py", "pip install 'airflow-provider-dagtrain[train]' (mpi4py and Open MPI)"),
+    "horovod": (
+        "horovod",
+        "`make horovod` in a dagtrain checkout, or `tools/horovod.sh VENV` (it builds "
+        "Horovod 0.28.1 against this torch once, about 10 minutes, and caches the wheel)",
+    ),
+}
+
+
+def require(name: str) -> None:
+    """Raise MissingDependency, with the command that installs it, if backend ``name``
+    cannot be imported in this environment; a cheap check, done before any rank starts."""
+    module, how = _NEEDS[name]
+    if importlib.util.find_spec(module) is None:
+        raise MissingDependency(
+            f"distributed.backend is {name} but {module} is not installed in this "
+            f"environment ({sys.prefix}); install it with {how}"
+            + ("; or choose distributed.backend mpi" if name == "horovod" else "")
+        )
 
 
 def get_backend(name: str, timeout: float = 60.0, **kwargs: Any) -> Backend:

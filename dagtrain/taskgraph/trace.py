@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from .atomic import atomic_write
 
 if TYPE_CHECKING:
     from .report import RunReport
@@ -101,19 +102,11 @@ def write_trace(
     tasks: list[Task] | None = None,
     process_name: str = "taskgraph",
 ) -> Path:
-    """Write the trace atomically (temp file, then rename); return its path."""
+    """Write the trace atomically (temp file, fsync, rename); return its path."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     doc = {
         "traceEvents": trace_events(report, tasks, process_name=process_name),
         "displayTimeUnit": "ms",
     }
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, separators=(",", ":"))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, json.dumps(doc, separators=(",", ":")).encode())
     return path

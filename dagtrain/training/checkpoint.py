@@ -24,9 +24,10 @@ from typing import Any
 
 import torch
 
-from dagtrain.atomic import atomic_write, fsync_dir
+from dagtrain.errors import InputError
+from dagtrain.taskgraph.atomic import atomic_write, fsync_dir
 
-__all__ = ["latest", "load", "save"]
+__all__ = ["latest", "load", "save", "state_digest"]
 
 log = logging.getLogger(__name__)
 _NAME = re.compile(r"^ckpt-(\d{8})\.pt$")
@@ -55,6 +56,16 @@ def save(state: dict[str, Any], directory: str | os.PathLike, step: int, keep: i
     return path
 
 
+def state_digest(state: dict[str, torch.Tensor]) -> str:
+    """sha256 of a model state (names and bytes, in name order): equal digests,
+    bitwise-equal models."""
+    h = hashlib.sha256()
+    for k in sorted(state):
+        h.update(k.encode())
+        h.update(state[k].detach().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
 def _steps(d: Path) -> list[int]:
     if not d.is_dir():
         return []
@@ -68,10 +79,10 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
     try:
         meta = json.loads(side.read_text())
     except (OSError, ValueError) as e:
-        raise ValueError(f"{path.name}: no valid sidecar {side.name} ({e})") from e
+        raise InputError(f"{path.name}: no valid sidecar {side.name} ({e})") from e
     data = path.read_bytes()
     if len(data) != meta.get("bytes") or hashlib.sha256(data).hexdigest() != meta.get("sha256"):
-        raise ValueError(f"{path.name}: checksum mismatch (truncated or corrupted)")
+        raise InputError(f"{path.name}: checksum mismatch (truncated or corrupted)")
     return torch.load(io.BytesIO(data), weights_only=True)
 
 

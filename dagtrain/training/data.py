@@ -10,7 +10,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["Dataset", "load_dataset", "read_arrays", "shard_batches"]
+from dagtrain.errors import InputError
+
+__all__ = ["Dataset", "load_dataset", "read_arrays", "shard_batches", "standardization"]
 
 
 @dataclass
@@ -34,14 +36,14 @@ def read_arrays(spec: str) -> tuple[np.ndarray, np.ndarray, tuple[int, ...], int
     classes = 0
     path = Path(spec)
     if not path.exists():
-        raise ValueError(f"data {spec!r}: no such file (or use 'digits')")
+        raise InputError(f"data {spec!r}: no such file (or use 'digits')")
     suffix = path.suffix.lower()
     if suffix == ".npz":
         with np.load(path, allow_pickle=False) as z:
             keys = set(z.files)
             xk = "x" if "x" in keys else "X" if "X" in keys else None
             if xk is None or "y" not in keys:
-                raise ValueError(
+                raise InputError(
                     f"data {spec!r}: an .npz needs arrays 'x' (or 'X') and 'y', "
                     f"found {sorted(keys)}"
                 )
@@ -54,7 +56,7 @@ def read_arrays(spec: str) -> tuple[np.ndarray, np.ndarray, tuple[int, ...], int
     elif suffix == ".npy":
         a = np.load(path, allow_pickle=False)
         if a.ndim != 2 or a.shape[1] < 2:
-            raise ValueError(f"data {spec!r}: an .npy must be 2-D, the label in its last column")
+            raise InputError(f"data {spec!r}: an .npy must be 2-D, the label in its last column")
         x, y = a[:, :-1], a[:, -1]
     elif suffix == ".csv":
         a = np.genfromtxt(path, delimiter=",", dtype=np.float64)
@@ -65,24 +67,32 @@ def read_arrays(spec: str) -> tuple[np.ndarray, np.ndarray, tuple[int, ...], int
         try:
             import pandas as pd
         except ImportError as e:
-            raise ValueError(f"data {spec!r}: reading parquet needs pandas and pyarrow") from e
+            raise InputError(f"data {spec!r}: reading parquet needs pandas and pyarrow") from e
         df = pd.read_parquet(path)
         label = "label" if "label" in df.columns else df.columns[-1]
         y = df[label].to_numpy()
         x = df.drop(columns=[label]).to_numpy()
     else:
-        raise ValueError(f"data {spec!r}: use .npz, .npy, .csv or .parquet")
+        raise InputError(f"data {spec!r}: use .npz, .npy, .csv or .parquet")
     if len(x) != len(y) or len(x) == 0:
-        raise ValueError(f"data {spec!r}: {len(x)} rows of features but {len(y)} labels")
+        raise InputError(f"data {spec!r}: {len(x)} rows of features but {len(y)} labels")
     if not np.all(np.isfinite(x)):
-        raise ValueError(f"data {spec!r}: features contain NaN or infinity")
+        raise InputError(f"data {spec!r}: features contain NaN or infinity")
     yi = y.astype(np.int64)
     if not np.array_equal(yi, y) or yi.min() < 0:
-        raise ValueError(f"data {spec!r}: labels must be integers 0..C-1")
+        raise InputError(f"data {spec!r}: labels must be integers 0..C-1")
     if shape is not None and math.prod(shape) != math.prod(x.shape[1:]):
-        raise ValueError(f"data {spec!r}: in_shape {shape} does not fit samples of {x.shape[1:]}")
+        raise InputError(f"data {spec!r}: in_shape {shape} does not fit samples of {x.shape[1:]}")
     classes = max(classes, int(yi.max()) + 1)
     return x.astype(np.float32), yi, shape or tuple(x.shape[1:]), classes
+
+
+def standardization(x_train: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(mean, std) per feature of the training samples, a constant feature's std 1: the
+    one normalisation, ``(x - mean) / std``, of the trainer and the data-prep stage."""
+    mean, std = x_train.mean(axis=0), x_train.std(axis=0)
+    std[std == 0] = 1.0
+    return mean, std
 
 
 def load_dataset(spec: str, test_fraction: float, seed: int, normalize: bool = True) -> Dataset:
@@ -94,8 +104,7 @@ def load_dataset(spec: str, test_fraction: float, seed: int, normalize: bool = T
     test, train = order[:n_test], order[n_test:]
     xtr, xte = x[train], x[test]
     if normalize:
-        mean, std = xtr.mean(axis=0), xtr.std(axis=0)
-        std[std == 0] = 1.0
+        mean, std = standardization(xtr)
         xtr, xte = (xtr - mean) / std, (xte - mean) / std
     return Dataset(
         torch.from_numpy(np.ascontiguousarray(xtr)),

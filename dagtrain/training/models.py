@@ -12,11 +12,15 @@ from __future__ import annotations
 import importlib
 import math
 from collections.abc import Callable, Sequence
+from typing import get_args
 
 import torch
 from torch import nn
 
-__all__ = ["MODELS", "build_model"]
+from dagtrain.config import BuiltinModel
+from dagtrain.errors import InputError
+
+__all__ = ["MODELS", "build_model", "evaluate"]
 
 
 def mlp(
@@ -38,7 +42,7 @@ def _image(in_shape: Sequence[int]) -> tuple[int, int, int]:
         return tuple(in_shape)  # type: ignore[return-value]
     side = math.isqrt(math.prod(in_shape))
     if side * side != math.prod(in_shape):
-        raise ValueError(f"a CNN needs an image input (C, H, W) or a square, not {in_shape}")
+        raise InputError(f"a CNN needs an image input (C, H, W) or a square, not {in_shape}")
     return (1, side, side)
 
 
@@ -120,11 +124,9 @@ def transformer(
     return _Encoder(rows, cols, classes, dim, heads, layers)
 
 
+# the built-ins, by the names the config lists (dagtrain.config.BuiltinModel)
 MODELS: dict[str, Callable[..., nn.Module]] = {
-    "mlp": mlp,
-    "cnn": cnn,
-    "rescnn": rescnn,
-    "transformer": transformer,
+    name: globals()[name] for name in get_args(BuiltinModel)
 }
 
 
@@ -137,18 +139,28 @@ def build_model(name: str, in_shape: Sequence[int], classes: int, **args) -> nn.
         try:
             factory = getattr(importlib.import_module(mod), attr)
         except (ImportError, AttributeError) as e:
-            raise ValueError(f"model {name!r}: cannot import {attr!r} from {mod!r}: {e}") from e
+            raise InputError(f"model {name!r}: cannot import {attr!r} from {mod!r}: {e}") from e
     else:
-        raise ValueError(
+        raise InputError(
             f"model {name!r} is neither a built-in ({', '.join(MODELS)}) "
             "nor an import path 'package.module:factory'"
         )
     try:
         model = factory(in_shape, classes, **args)
     except TypeError as e:
-        raise ValueError(f"model {name!r}: bad model_args {args}: {e}") from e
+        raise InputError(f"model {name!r}: bad model_args {args}: {e}") from e
     if not isinstance(model, nn.Module):
-        raise ValueError(
+        raise InputError(
             f"model {name!r}: the factory returned {type(model).__name__}, not a torch.nn.Module"
         )
     return model
+
+
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+    """Cross-entropy loss and accuracy of ``model`` on ``(x, y)``, in eval mode."""
+    model.eval()
+    with torch.no_grad():
+        out = model(x)
+        loss = torch.nn.functional.cross_entropy(out, y).item()
+        acc = (out.argmax(dim=1) == y).float().mean().item()
+    return {"test_loss": loss, "test_accuracy": acc}

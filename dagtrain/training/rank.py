@@ -4,7 +4,8 @@
 
 Under mpirun it runs as ``python -m mpi4py -m dagtrain.training.rank ...`` so that an
 uncaught exception on one rank aborts the whole job instead of leaving the others
-blocked in a collective. Rank 0 writes the TrainResult (atomically).
+blocked in a collective. Rank 0 writes the TrainResult (atomically); its ``config`` is
+the TrainConfig this rank received.
 """
 
 from __future__ import annotations
@@ -12,14 +13,14 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
 
-from dagtrain.launch import env_rank
+from dagtrain.config import TrainConfig
+from dagtrain.rank_env import env_rank
+from dagtrain.taskgraph.atomic import atomic_write
 
-from .config import TrainConfig
 from .trainer import train
 
 
@@ -49,12 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         raise
     if result.rank == 0:
-        out = Path(args[1])
-        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-        with os.fdopen(fd, "w") as f:
-            f.write(result.to_json())
-        os.replace(tmp, out)
-    if cfg.backend == "torch":
+        atomic_write(Path(args[1]), result.to_json().encode())
+    if cfg.distributed.backend == "torch":
         # gloo's threads sometimes abort the interpreter's own exit ("terminate called
         # without an active exception") after all work is done; the process group is
         # already destroyed and the result written, so leave without the teardown

@@ -27,10 +27,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from dagtrain.config import TrainConfig
 from dagtrain.sync import Backend
 from dagtrain.taskgraph import Event, TaskGraph
-
-from .config import TrainConfig
 
 __all__ = ["Bucket", "NonFiniteGradients", "StepGraph"]
 
@@ -83,13 +82,12 @@ def make_buckets(model: nn.Module, bucket_mb: float) -> list[Bucket]:
 
 
 def make_optimizer(cfg: TrainConfig, params: list[nn.Parameter]) -> torch.optim.Optimizer:
-    if cfg.optimizer == "sgd":
-        return torch.optim.SGD(
-            params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
-        )
-    if cfg.optimizer == "adam":
-        return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    t = cfg.training
+    if t.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
+    if t.optimizer == "adam":
+        return torch.optim.Adam(params, lr=t.lr, weight_decay=t.weight_decay)
+    return torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
 
 
 class StepGraph:
@@ -108,7 +106,7 @@ class StepGraph:
         self.cfg = cfg
         self.model = model
         self.backend = backend
-        self.buckets = make_buckets(model, cfg.bucket_mb)
+        self.buckets = make_buckets(model, cfg.distributed.bucket_mb)
         for b in self.buckets:
             # one optimizer per bucket: SGD, Adam and AdamW are elementwise, so this is
             # the same update as one optimizer over all parameters
@@ -126,7 +124,7 @@ class StepGraph:
         self._hooks = []
         # one bucket leaves nothing to overlap: its allreduce waits for all of backward
         # anyway, and the plain step is cheaper
-        self.overlap = cfg.overlap and len(self.buckets) > 1
+        self.overlap = cfg.distributed.overlap and len(self.buckets) > 1
         if self.overlap:
             for b in self.buckets:
                 for p in b.params:
@@ -144,7 +142,7 @@ class StepGraph:
             g.add(self._update_all, name="update", in_="grads", inout=params)
         else:
             g.add(self._forward_backward, name="forward-backward", in_=params, out="loss")
-            skip = self.cfg.nonfinite == "skip"
+            skip = self.cfg.training.nonfinite == "skip"
             for b in self.buckets:
                 k = b.index
                 g.add(_noop, name=f"bucket[{k}]-ready", out=f"grad{k}", detach=b.event)
@@ -188,7 +186,9 @@ class StepGraph:
         self.model.train()
         # the CPU generator only: torch.manual_seed also queues seeds for CUDA, MTIA and
         # XPU, formatting a stack trace each time (0.8 ms a step)
-        torch.default_generator.manual_seed(_step_seed(self.cfg.seed, self.backend.rank, self.step))
+        torch.default_generator.manual_seed(
+            _step_seed(self.cfg.training.seed, self.backend.rank, self.step)
+        )
         if len(x):
             out = self.model(x)
             # sum / global count * world: averaged over the ranks, this is the mean loss
@@ -205,7 +205,7 @@ class StepGraph:
 
     def _allreduce(self, b: Bucket) -> None:
         self.backend.allreduce(b.flat, f"bucket{b.index}")
-        if self.cfg.nonfinite == "fail" and not _finite(b.flat):
+        if self.cfg.training.nonfinite == "fail" and not _finite(b.flat):
             raise NonFiniteGradients(self.step, b.index, b.names)
 
     def _check_all(self) -> None:
@@ -215,14 +215,14 @@ class StepGraph:
             self.skipped += 1
 
     def _update(self, b: Bucket) -> None:
-        if self.cfg.nonfinite == "skip" and not self.finite:
+        if self.cfg.training.nonfinite == "skip" and not self.finite:
             return
         b.optimizer.step()
 
     def _allreduce_all(self) -> None:
         for b in self.buckets:
             self._allreduce(b)
-        if self.cfg.nonfinite == "skip":
+        if self.cfg.training.nonfinite == "skip":
             self._check_all()
 
     def _update_all(self) -> None:
@@ -246,9 +246,9 @@ class StepGraph:
         self.want_snapshot = snapshot
         self.finite = True
         self.graph.run(
-            workers=self.cfg.workers,
+            workers=self.cfg.executor.workers,
             trace=trace,
-            timeout=self.cfg.collective_timeout * (len(self.buckets) + 2),
+            timeout=self.cfg.distributed.collective_timeout * (len(self.buckets) + 2),
         )
         self.step += 1
         return self.out

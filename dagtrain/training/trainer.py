@@ -9,7 +9,6 @@ position and per-step random seeds as if it had never stopped.
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import logging
 import math
@@ -22,15 +21,16 @@ from typing import Any
 
 import torch
 
+from dagtrain.config import TrainConfig
+from dagtrain.errors import InputError
 from dagtrain.sync import Backend, get_backend
 
 from . import checkpoint
-from .config import TrainConfig
 from .data import Dataset, load_dataset, shard_batches
-from .models import build_model
+from .models import build_model, evaluate
 from .step import StepGraph
 
-__all__ = ["TrainResult", "params_digest", "train"]
+__all__ = ["TrainResult", "train"]
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,8 @@ class TrainResult:
     step_seconds: list[float] = field(default_factory=list)
     samples_per_second: float = 0.0
     trace: str | None = None
-    params_sha256: str = ""
+    params_sha256: str = ""  # checkpoint.state_digest of the final model
+    config: dict[str, Any] = field(default_factory=dict)  # the TrainConfig received
 
     @property
     def test_accuracy(self) -> float | None:
@@ -63,45 +64,26 @@ class TrainResult:
         return cls(**json.loads(text))
 
 
-def params_digest(model: torch.nn.Module) -> str:
-    """sha256 of every parameter's bytes, in order: equal digests, bitwise-equal models."""
-    h = hashlib.sha256()
-    for p in model.parameters():
-        h.update(p.detach().contiguous().numpy().tobytes())
-    return h.hexdigest()
-
-
 def _batches(
     ds: Dataset, cfg: TrainConfig, rank: int, world: int, start: int
 ) -> Iterator[tuple[int, int, tuple[torch.Tensor, torch.Tensor, int]]]:
     """(epoch, step in epoch, batch) for every step from global step ``start`` on."""
-    n = len(ds.x_train)
-    per_epoch = math.ceil(n / cfg.batch_size)
-    for epoch in range(start // per_epoch, cfg.epochs):
-        plan = shard_batches(n, cfg.batch_size, rank, world, cfg.seed, epoch)
+    n, t = len(ds.x_train), cfg.training
+    per_epoch = math.ceil(n / t.batch_size)
+    for epoch in range(start // per_epoch, t.epochs):
+        plan = shard_batches(n, t.batch_size, rank, world, t.seed, epoch)
         first = start - epoch * per_epoch if epoch == start // per_epoch else 0
         for k in range(first, len(plan)):
             idx, count = plan[k]
             yield epoch, k, (ds.x_train[idx], ds.y_train[idx], count)
 
 
-def _evaluate(model: torch.nn.Module, ds: Dataset) -> dict[str, float]:
-    if not len(ds.x_test):
-        return {}
-    model.eval()
-    with torch.no_grad():
-        out = model(ds.x_test)
-        loss = torch.nn.functional.cross_entropy(out, ds.y_test).item()
-        acc = (out.argmax(dim=1) == ds.y_test).float().mean().item()
-    return {"test_loss": loss, "test_accuracy": acc}
-
-
 def train(cfg: TrainConfig, backend: Backend | None = None) -> TrainResult:
     """Run (or resume) training as one rank; returns this rank's TrainResult."""
-    torch.set_num_threads(cfg.intra_op_threads)
+    torch.set_num_threads(cfg.executor.intra_op_threads)
     own = backend is None
     if backend is None:
-        backend = get_backend(cfg.backend, cfg.collective_timeout)
+        backend = get_backend(cfg.distributed.backend, cfg.distributed.collective_timeout)
     try:
         result = _train(cfg, backend)
     except BaseException:
@@ -115,28 +97,32 @@ def train(cfg: TrainConfig, backend: Backend | None = None) -> TrainResult:
 
 def _train(cfg: TrainConfig, backend: Backend) -> TrainResult:
     rank, world = backend.rank, backend.size
-    ds = load_dataset(
-        cfg.data, 0.0 if cfg.eval_data else cfg.test_fraction, cfg.seed, cfg.normalize
-    )
-    if cfg.eval_data:
-        held = load_dataset(cfg.eval_data, 0.0, cfg.seed, normalize=False)
+    t = cfg.training
+    if world != cfg.distributed.ranks:
+        raise InputError(
+            f"this run has {world} rank(s) but distributed.ranks is {cfg.distributed.ranks}: "
+            "start the ranks with dagtrain.training.run_training (or the launcher "
+            "distributed.launcher names), as many as distributed.ranks"
+        )
+    if cfg.eval_data:  # both files already prepared: neither split nor normalised here
+        ds = load_dataset(cfg.data, 0.0, t.seed, normalize=False)
+        held = load_dataset(cfg.eval_data, 0.0, t.seed, normalize=False)
         if held.in_shape != ds.in_shape:
-            raise ValueError(
+            raise InputError(
                 f"eval_data {cfg.eval_data!r} has samples of shape {held.in_shape}, "
                 f"data {cfg.data!r} of shape {ds.in_shape}"
             )
         ds.x_test, ds.y_test = held.x_train, held.y_train
         ds.classes = max(ds.classes, held.classes)
-    if cfg.batch_size < world:
-        raise ValueError(
-            f"batch_size {cfg.batch_size} is smaller than the {world} ranks: "
-            "each rank needs at least one sample per step"
-        )
-    torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model, ds.in_shape, ds.classes, **cfg.model_args)
+    else:
+        ds = load_dataset(cfg.data, cfg.test_fraction, t.seed, cfg.normalize)
+    torch.manual_seed(t.seed)
+    model = build_model(cfg.model.name, ds.in_shape, ds.classes, **cfg.model.args)
     if cfg.init_from:
         model.load_state_dict(checkpoint.load(cfg.init_from)["model"])
-    result = TrainResult(rank=rank, world=world, backend=backend.name)
+    result = TrainResult(
+        rank=rank, world=world, backend=backend.name, config=cfg.model_dump(mode="json")
+    )
     writer = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-writer") if rank == 0 else None
     pending: list[Future] = []
     state: dict[str, Any] = {"step": 0, "epochs": [], "sums": [0.0, 0, 0]}
@@ -163,17 +149,17 @@ def _train(cfg: TrainConfig, backend: Backend) -> TrainResult:
     def commit() -> None:
         # every rank: the epoch's running sums, summed over the ranks, go with it (on
         # resume rank 0 carries them and the others start from zero)
-        t = torch.tensor([float(v) for v in state["sums"]], dtype=torch.float64)
-        backend.allreduce(t, "checkpoint-sums")
+        summed = torch.tensor([float(v) for v in state["sums"]], dtype=torch.float64)
+        backend.allreduce(summed, "checkpoint-sums")
         if writer is None:
             return
         snap = staged.pop()
-        snap["sums"] = json.dumps((t * backend.size).tolist())
+        snap["sums"] = json.dumps((summed * backend.size).tolist())
         for f in pending:
             f.result()  # one write at a time; a failed write fails the run here
         pending[:] = [
             writer.submit(
-                checkpoint.save, snap, cfg.checkpoint_dir, snap["step"], cfg.keep_checkpoints
+                checkpoint.save, snap, cfg.checkpoint_dir, snap["step"], t.keep_checkpoints
             )
         ]
 
@@ -181,15 +167,13 @@ def _train(cfg: TrainConfig, backend: Backend) -> TrainResult:
     try:
         start = _resume(cfg, backend, model, sg, state, result)
         if start == 0:
-            backend.broadcast([t.data for t in model.state_dict().values()])
+            backend.broadcast([p.data for p in model.state_dict().values()])
         sg.step = start
         n = len(ds.x_train)
-        per_epoch = math.ceil(n / cfg.batch_size)
-        total = (
-            cfg.epochs * per_epoch
-            if cfg.max_steps is None
-            else min(cfg.epochs * per_epoch, cfg.max_steps)
-        )
+        per_epoch = math.ceil(n / t.batch_size)
+        total = t.epochs * per_epoch
+        if t.max_steps is not None:
+            total = min(total, t.max_steps)
         batches = _batches(ds, cfg, rank, world, start)
         upcoming = next(batches, None)
         sg.fetch = lambda: next(batches, None)
@@ -197,14 +181,14 @@ def _train(cfg: TrainConfig, backend: Backend) -> TrainResult:
         while upcoming is not None and sg.step < total:
             epoch, k, batch = upcoming
             last_in_epoch = k == per_epoch - 1
-            every = cfg.checkpoint_every
+            every = t.checkpoint_every
             want = cfg.checkpoint_dir is not None and (
                 (every and (sg.step + 1) % every == 0)
                 or (not every and last_in_epoch)
                 or sg.step + 1 == total
             )
             trace = None
-            if cfg.trace_dir and sg.step + 1 == total:
+            if cfg.trace_dir and cfg.executor.trace and sg.step + 1 == total:
                 trace = str(Path(cfg.trace_dir) / f"step-rank{rank}.json")
                 result.trace = trace
             t0 = time.perf_counter()
@@ -226,10 +210,10 @@ def _train(cfg: TrainConfig, backend: Backend) -> TrainResult:
         result.steps = sg.step
         result.skipped_steps = sg.skipped
         result.epochs = state["epochs"]
-        result.params_sha256 = params_digest(model)
+        result.params_sha256 = checkpoint.state_digest(model.state_dict())
         times = sorted(result.step_seconds)
         if times:
-            result.samples_per_second = cfg.batch_size / times[len(times) // 2]
+            result.samples_per_second = t.batch_size / times[len(times) // 2]
         return result
     finally:
         sg.close()
@@ -254,8 +238,8 @@ def _close_epoch(
         "train_loss": float(t[0] / max(t[2], 1)),
         "train_accuracy": float(t[1] / max(t[2], 1)),
     }
-    if backend.rank == 0:
-        row.update(_evaluate(model, ds))
+    if backend.rank == 0 and len(ds.x_test):
+        row.update(evaluate(model, ds.x_test, ds.y_test))
     state["epochs"].append(row)
     state["sums"][:] = [0.0, 0, 0]
     log.info("epoch %d: %s", epoch, row)

@@ -68,7 +68,7 @@ distributed: {backend: mpi, ranks: 2}
 
 def test_scheduled_retraining_runs_end_to_end(tmp_path):
     cfg = stage(tmp_path, "digits_retraining", "name: sched\n" + TINY)
-    r = dagtrain_run(tmp_path, cfg, "training.epochs=3")
+    r = dagtrain_run(tmp_path, cfg, "training.epochs=3", "training.lr=0.125")
     assert r.returncode == 0, r.stdout + r.stderr
     rows = task_rows(tmp_path)
     assert rows == {
@@ -81,6 +81,19 @@ def test_scheduled_retraining_runs_end_to_end(tmp_path):
     result = json.loads((run / "train" / "result.json").read_text())
     assert result["world"] == 2 and result["backend"] == "mpi"
     assert len(result["epochs"]) == 3  # the --set reached the task through the run's conf
+    # one value's walk: --set -> the run's conf -> the rank's TrainConfig, the file the
+    # ranks were given, what rank 0 reports it received, and every checkpoint
+    received = json.loads((run / "train" / "config.json").read_text())
+    assert received == result["config"]
+    assert received["training"]["lr"] == 0.125 and received["training"]["epochs"] == 3
+    assert received["model"] == {"name": "mlp", "args": {"hidden": [32]}}
+    assert received["distributed"]["ranks"] == 2
+    from dagtrain.training import checkpoint
+
+    ckpts = sorted((run / "train" / "checkpoints").glob("ckpt-*.pt"))
+    assert ckpts
+    for c in ckpts:
+        assert json.loads(checkpoint.load(c)["config"]) == received
     ev = json.loads((run / "eval.json").read_text())
     assert ev["metrics"]["test_accuracy"] > 0.8
     reg = json.loads((tmp_path / "art" / "sched" / "registry" / "registry.json").read_text())

@@ -91,7 +91,7 @@ def airflow(tmp_path_factory):
             except (httpx.HTTPError, FileNotFoundError, KeyError):
                 pass
             time.sleep(2)
-        yield {"url": url, "home": home, "port": port, "headers": h}
+        yield {"url": url, "home": home, "port": port, "headers": h, "art": tmp / "art"}
     finally:
         os.killpg(proc.pid, signal.SIGTERM)  # dagtrain up stops its four processes
         try:
@@ -116,10 +116,29 @@ def trigger(airflow, *args: str, password: str | None = None) -> subprocess.Comp
     return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, env=env, check=False)
 
 
-def test_trigger_starts_a_run_that_succeeds(airflow):
-    r = trigger(airflow, "--set", "training.epochs=2", "--wait", "--timeout", "300")
+def test_trigger_starts_a_run_that_succeeds_and_its_conf_reaches_the_ranks(airflow):
+    r = trigger(
+        airflow,
+        "--set",
+        "training.epochs=2",
+        "--set",
+        "training.lr=0.125",
+        "--wait",
+        "--timeout",
+        "300",
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "success" in r.stdout
+    import json
+    import re
+
+    from dagtrain.stages.files import safe_name
+
+    run_id = re.search(r"triggered dagtrain_tiny run (\S+)", r.stdout).group(1)
+    train = airflow["art"] / "tiny" / "runs" / safe_name(run_id) / "train"
+    received = json.loads((train / "config.json").read_text())
+    assert received["training"]["lr"] == 0.125 and received["training"]["epochs"] == 2
+    assert json.loads((train / "result.json").read_text())["config"] == received
 
 
 def test_a_conf_that_violates_the_schema_is_refused_naming_the_field(airflow):

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dagtrain.launch import RankFailure, run_training
-from dagtrain.training import TrainConfig
+from dagtrain.launch import RankFailure
+from dagtrain.training import TrainConfig, run_training
 from dagtrain.training import checkpoint as ckpt
 
 QUIET = {"on_line": lambda line: None}
@@ -155,7 +155,7 @@ def test_killing_the_launcher_leaves_no_rank_behind(tmp_path, backend):
     pids = tmp_path / "pids"
     pids.mkdir()
     code = (
-        "from dagtrain.launch import run_training\n"
+        "from dagtrain.training import run_training\n"
         "from dagtrain.training import TrainConfig\n"
         f"run_training(TrainConfig(backend={backend!r}, epochs=50, "
         "model='tests.unit.training.factory:slow'), 2, on_line=lambda line: None)\n"
@@ -179,7 +179,7 @@ def test_a_corrupt_newest_checkpoint_is_skipped_and_the_previous_one_resumed(tmp
     cfg = small(backend="mpi", max_steps=6, checkpoint_every=2)
     whole = run_training(cfg.model_copy(update={"checkpoint_dir": str(tmp_path / "a")}), 2, **QUIET)
     d = tmp_path / "b"
-    run_training(cfg.model_copy(update={"checkpoint_dir": str(d), "max_steps": 6}), 2, **QUIET)
+    run_training(cfg.model_copy(update={"checkpoint_dir": str(d)}), 2, **QUIET)
     newest = d / "ckpt-00000006.pt"
     newest.write_bytes(newest.read_bytes()[:100])  # truncated
     lines: list[str] = []

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dagtrain.config import load_config
-from dagtrain.pipeline.prep import prepare, verify_manifest
+from dagtrain.stages.prep import prepare, verify_manifest
 
 
 def config(tmp_path, extra: str = ""):

@@ -7,7 +7,7 @@ import json
 import torch
 
 from dagtrain.config import load_config
-from dagtrain.pipeline.registry import better, champion, promote
+from dagtrain.stages.registry import better, champion, promote
 from dagtrain.training import checkpoint
 
 

@@ -50,7 +50,7 @@ def slow(in_shape, classes, seconds=0.02):
 
 def fail_on_rank1(in_shape, classes):
 
-    from dagtrain.launch import env_rank
+    from dagtrain.rank_env import env_rank
 
     if env_rank() == "1":
         raise RuntimeError("rank 1 cannot build its model")
@@ -67,7 +67,7 @@ class _Hang(nn.Module):
         import time
 
         self.calls += 1
-        from dagtrain.launch import env_rank
+        from dagtrain.rank_env import env_rank
 
         if env_rank() == "1" and self.calls == 3:
             time.sleep(3600)  # alive but gone: the others must not wait forever
@@ -89,7 +89,7 @@ class _FailOnce(nn.Module):
     def forward(self, x):
         import os
 
-        from dagtrain.launch import env_rank
+        from dagtrain.rank_env import env_rank
 
         self.calls += 1
         if env_rank() == "1" and self.calls == self.at_call and not os.path.exists(self.marker):

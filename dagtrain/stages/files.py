@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from dagtrain.atomic import atomic_write
+from dagtrain.taskgraph.atomic import atomic_write
 
 __all__ = ["atomic_write", "read_json", "run_dir", "safe_name", "sha256_file", "write_json"]
 

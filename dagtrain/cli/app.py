@@ -57,6 +57,12 @@ HomeOpt = Annotated[
 ]
 
 
+# -P: the current directory stays off sys.path, so a checkout's own metadata
+# (airflow_provider_dagtrain.egg-info beside pyproject.toml) is not found as a second
+# copy of the provider, whose plugin Airflow would then report as registered twice
+AIRFLOW = [sys.executable, "-P", "-m", "airflow"]
+
+
 def _fail(msg: str, code: int = 1) -> typer.Exit:
     err.print(f"[bold red]error:[/] {msg}", highlight=False)
     return typer.Exit(code)
@@ -75,7 +81,7 @@ def _load(
 
 
 def _home(home: Path, dags: Path | None = None, port: int = 8080):
-    from dagtrain.embedded import Home
+    from .embedded import Home
 
     dags = dags or (Path("dags") if Path("dags").is_dir() else home / "dags")
     return Home(home.resolve(), dags.resolve(), port)
@@ -133,15 +139,18 @@ def run(
 ) -> None:
     """Run a pipeline through Airflow (embedded, SQLite) and print its summary."""
     cfg, conf, eff = _load(config, sets)
-    from dagtrain.embedded import dag_file_for, output_to, run_pipeline
+    from .embedded import dag_file_for, output_to, run_pipeline
 
     dag_file = dag_file_for(config.resolve(), cfg, home.resolve())
     h = _home(home, dag_file.parent)
     h.activate()
-    if eff.distributed.backend == "horovod":
-        from dagtrain.tools import ensure_horovod
+    from dagtrain.errors import MissingDependency
+    from dagtrain.sync import require
 
-        ensure_horovod()
+    try:  # before Airflow starts: a missing backend fails now, with how to install it
+        require(eff.distributed.backend)
+    except MissingDependency as e:
+        raise _fail(str(e), 2) from None
     stamp = time.strftime("%Y%m%d-%H%M%S")
     log = h.logs / f"run-{cfg.name}-{stamp}.log"
     # airflow's import and migration chatter goes to the log
@@ -166,7 +175,7 @@ def run(
 
 
 def _summary(cfg: PipelineConfig, dr, rows, seconds: float, log: Path) -> None:
-    from dagtrain.pipeline.files import read_json, run_dir
+    from dagtrain.stages.files import read_json, run_dir
 
     state = str(getattr(dr.state, "value", dr.state))
     run = run_dir(cfg.artifact_root(), dr.run_id)
@@ -180,7 +189,7 @@ def _summary(cfg: PipelineConfig, dr, rows, seconds: float, log: Path) -> None:
             f"{m['test_samples']} samples); {e['reason']}",
             highlight=False,
         )
-    from dagtrain.pipeline.registry import champion
+    from dagtrain.stages.registry import champion
 
     champ = champion(cfg)
     if champ:
@@ -235,7 +244,7 @@ def trigger(
     home: HomeOpt = Path(".dagtrain"),
 ) -> None:
     """Trigger a DAG run on a running Airflow through its REST API (unpausing the DAG)."""
-    from dagtrain.rest import Client, RestError
+    from .rest import Client, RestError
 
     conf: dict[str, Any] = {}
     if config is not None:
@@ -304,7 +313,7 @@ def up(
     env = dict(os.environ)  # activate() put the home's environment there
     with out.status("migrating the metadata database"):
         subprocess.run(
-            [sys.executable, "-m", "airflow", "db", "migrate"],
+            [*AIRFLOW, "db", "migrate"],
             env=env,
             check=True,
             stdout=subprocess.DEVNULL,
@@ -319,7 +328,7 @@ def up(
     ):
         f = open(h.logs / f"{name}.log", "ab")  # noqa: SIM115 (the child keeps it)
         procs[name] = subprocess.Popen(
-            [sys.executable, "-m", "airflow", *argv],
+            [*AIRFLOW, *argv],
             env=env,
             stdout=f,
             stderr=subprocess.STDOUT,

@@ -22,16 +22,16 @@ from dagtrain.config import PipelineConfig
 
 from .files import atomic_write, read_json, write_json
 
-__all__ = ["better", "champion", "evaluate", "promote"]
+__all__ = ["better", "champion", "evaluate_checkpoint", "promote"]
 
 
-def evaluate(cfg: PipelineConfig, manifest: dict[str, Any], ckpt: str) -> dict[str, float]:
+def evaluate_checkpoint(
+    cfg: PipelineConfig, manifest: dict[str, Any], ckpt: str
+) -> dict[str, float]:
     """Test metrics of the model in checkpoint ``ckpt`` on the prepared test split."""
-    import torch
-
     from dagtrain.training import checkpoint
     from dagtrain.training.data import load_dataset
-    from dagtrain.training.models import build_model
+    from dagtrain.training.models import build_model, evaluate
 
     from .prep import data_file
 
@@ -40,12 +40,7 @@ def evaluate(cfg: PipelineConfig, manifest: dict[str, Any], ckpt: str) -> dict[s
         cfg.model.name, tuple(manifest["in_shape"]), manifest["classes"], **cfg.model.args
     )
     model.load_state_dict(checkpoint.load(ckpt)["model"])
-    model.eval()
-    with torch.no_grad():
-        out = model(test.x_train)
-        loss = torch.nn.functional.cross_entropy(out, test.y_train).item()
-        acc = (out.argmax(dim=1) == test.y_train).float().mean().item()
-    return {"test_accuracy": acc, "test_loss": loss, "test_samples": len(test.y_train)}
+    return {**evaluate(model, test.x_train, test.y_train), "test_samples": len(test.y_train)}
 
 
 def _dir(cfg: PipelineConfig) -> Path:

@@ -24,13 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from dagtrain.config import PipelineConfig
+from dagtrain.errors import InputError
 
 from .files import atomic_write, sha256_file
 
 __all__ = ["ShardError", "global_model", "round_dir", "sync_round", "write_delta"]
 
 
-class ShardError(ValueError):
+class ShardError(InputError):
     """A shard's contribution is missing or bad; names the shard."""
 
     def __init__(self, shard: int, why: str) -> None:
@@ -50,14 +51,6 @@ def global_path(run: Path, r: int) -> Path:
     """The global checkpoint round ``r`` starts from (r >= 1; round 0's is the seeded
     initialisation)."""
     return global_dir(run) / f"ckpt-{r:08d}.pt"
-
-
-def _digest(state: dict[str, Any]) -> str:
-    h = hashlib.sha256()
-    for k in sorted(state):
-        h.update(k.encode())
-        h.update(state[k].detach().contiguous().numpy().tobytes())
-    return h.hexdigest()
 
 
 def initial_model(cfg: PipelineConfig, manifest: dict[str, Any]) -> dict[str, Any]:
@@ -89,6 +82,8 @@ def write_delta(out: Path, shard: int, base: dict[str, Any], local: dict[str, An
     """Write shard ``shard``'s delta (base - local) and its sidecar; return the sidecar."""
     import torch
 
+    from dagtrain.training.checkpoint import state_digest
+
     delta = {k: (base[k].float() - local[k].float()) for k in base if base[k].is_floating_point()}
     buf = io.BytesIO()
     torch.save(delta, buf)
@@ -100,7 +95,7 @@ def write_delta(out: Path, shard: int, base: dict[str, Any], local: dict[str, An
         "sha256": hashlib.sha256(data).hexdigest(),
         "bytes": len(data),
         "shapes": {k: list(v.shape) for k, v in delta.items()},
-        "base_sha256": _digest(base),
+        "base_sha256": state_digest(base),
     }
     atomic_write(out / "delta.pt.json", json.dumps(meta, indent=1).encode())
     return meta
@@ -152,10 +147,11 @@ def sync_round(
     import torch
 
     from dagtrain.training import checkpoint
+    from dagtrain.training.checkpoint import state_digest
 
     base, momentum, _ = global_model(cfg, manifest, run, r)
     shapes = {k: list(v.shape) for k, v in base.items() if v.is_floating_point()}
-    digest = _digest(base)
+    digest = state_digest(base)
     rd = round_dir(run, r)
     if dirs is None:
         dirs = {k: rd / f"shard-{k:02d}" for k in range(shards)}

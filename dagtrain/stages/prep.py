@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from dagtrain.config import PipelineConfig
+from dagtrain.errors import InputError
 
 from .files import atomic_write, read_json, sha256_file, write_json
 
@@ -37,7 +38,7 @@ def _source_digest(cfg: PipelineConfig) -> str:
 
         return f"sklearn-digits-{sklearn.__version__}"
     if not Path(src).is_file():
-        raise ValueError(
+        raise InputError(
             f"data.source {cfg.data.source!r}: no such file ({src}); give 'digits' or a "
             ".npz/.npy/.csv/.parquet path, relative to the config file"
         )
@@ -46,11 +47,11 @@ def _source_digest(cfg: PipelineConfig) -> str:
 
 def prepare(cfg: PipelineConfig, shards: int = 0) -> dict[str, Any]:
     """Write train/val/test (and ``shards`` training shards); return the manifest."""
-    from dagtrain.training.data import read_arrays
+    from dagtrain.training.data import read_arrays, standardization
 
     d = cfg.data
     if d.val_fraction + d.test_fraction >= 0.9:
-        raise ValueError(
+        raise InputError(
             f"data.val_fraction ({d.val_fraction}) + data.test_fraction ({d.test_fraction}) "
             "leave under 10% for training; lower them"
         )
@@ -77,11 +78,12 @@ def prepare(cfg: PipelineConfig, shards: int = 0) -> dict[str, Any]:
         "train": order[n_test + n_val :],
     }
     if len(parts["train"]) < shards:
-        raise ValueError(f"data: {len(parts['train'])} training samples for {shards} shards")
+        raise InputError(f"data: {len(parts['train'])} training samples for {shards} shards")
     xtr = x[parts["train"]]
-    mean = xtr.mean(axis=0) if d.normalize else np.zeros(x.shape[1:], np.float32)
-    std = xtr.std(axis=0) if d.normalize else np.ones(x.shape[1:], np.float32)
-    std[std == 0] = 1.0
+    if d.normalize:
+        mean, std = standardization(xtr)
+    else:
+        mean, std = np.zeros(x.shape[1:], np.float32), np.ones(x.shape[1:], np.float32)
     meta = {"in_shape": np.array(shape, np.int64), "classes": np.array(classes, np.int64)}
     files: dict[str, dict[str, Any]] = {}
 
@@ -122,10 +124,10 @@ def verify_manifest(path: Path, names: Sequence[str] | None = None) -> dict[str,
     for name in m["files"] if names is None else names:
         f = m["files"].get(name)
         if f is None:
-            raise ValueError(f"data file {name} is not in {path} (its files: {sorted(m['files'])})")
+            raise InputError(f"data file {name} is not in {path} (its files: {sorted(m['files'])})")
         p = base / f["path"]
         if not p.exists() or sha256_file(p) != f["sha256"]:
-            raise ValueError(f"data file {name} ({p}) is missing or does not match its checksum")
+            raise InputError(f"data file {name} ({p}) is missing or does not match its checksum")
     m["dir"] = str(base)
     return m
 

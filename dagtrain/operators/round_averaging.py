@@ -1,16 +1,21 @@
-"""GradientSyncOperator: the barrier and aggregation stage of round-based training."""
+"""RoundAveragingOperator: the barrier and averaging stage of round-based training.
+
+(Per-step gradient allreduce inside a training task is ``dagtrain.sync``; this operator
+averages whole rounds of local training across Airflow tasks.)"""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from dagtrain.errors import InputError
+
 from ._base import DagtrainOperator, fails_fast_on_bad_input
 
-__all__ = ["GradientSyncOperator"]
+__all__ = ["RoundAveragingOperator"]
 
 
-class GradientSyncOperator(DagtrainOperator):
+class RoundAveragingOperator(DagtrainOperator):
     """Close round ``round``: check every shard's delta, average, apply the outer optimizer.
 
     It refuses to proceed unless each of the K shards' contributions (K: ``shards``, by
@@ -45,7 +50,7 @@ class GradientSyncOperator(DagtrainOperator):
 
     @fails_fast_on_bad_input
     def execute(self, context: Any) -> dict[str, Any]:
-        from dagtrain.pipeline.rounds import sync_round
+        from dagtrain.stages.rounds import sync_round
 
         cfg = self.run_config(context)
         manifest = self.manifest(self.data, ())  # reads no data file
@@ -69,7 +74,7 @@ class GradientSyncOperator(DagtrainOperator):
         out: dict[int, Path] = {}
         for item in c:
             if not isinstance(item, dict) or "shard" not in item or "dir" not in item:
-                raise ValueError(
+                raise InputError(
                     f"contributions: expected dicts with 'shard' and 'dir' (a round's "
                     f"training outputs), got {item!r}"
                 )

@@ -1,4 +1,4 @@
-"""GradientSyncOperator: all shards checked before anything is read or written."""
+"""RoundAveragingOperator: all shards checked before anything is read or written."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from dagtrain.config import load_config
-from dagtrain.operators import DataPrepOperator, GradientSyncOperator
+from dagtrain.operators import DataPrepOperator, RoundAveragingOperator
 from dagtrain.operators._base import BadInput
-from dagtrain.pipeline.files import run_dir
-from dagtrain.pipeline.rounds import ShardError, global_dir, global_model, round_dir, write_delta
+from dagtrain.stages.files import run_dir
+from dagtrain.stages.rounds import ShardError, global_dir, global_model, round_dir, write_delta
 
 RUN = "manual__test"
 
@@ -38,7 +38,7 @@ def setup(tmp_path):
         local = {n: v - 0.01 * (k + 1) * torch.ones_like(v) for n, v in base.items()}
         write_delta(round_dir(run, 0) / f"shard-{k:02d}", k, base, local)
         locals_.append(local)
-    op = GradientSyncOperator(task_id="sync", config=cfg_path, data=data, round=0)
+    op = RoundAveragingOperator(task_id="sync", config=cfg_path, data=data, round=0)
     return SimpleNamespace(op=op, ctx=ctx, run=run, base=base, cfg=cfg, locals=locals_)
 
 

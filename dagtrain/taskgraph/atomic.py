@@ -1,7 +1,9 @@
 """Atomic file writes: a reader sees the whole new file or the old one, never half.
 
 Temp file in the same directory, fsync, rename over the target (and fsync the
-directory where the rename must survive a crash). Standard library only.
+directory where the rename must survive a crash). Standard library only: it lives in
+the lowest layer so that the executor's traces, the training layer's checkpoints and the
+stages' artifacts are all written by this one helper.
 """
 
 from __future__ import annotations

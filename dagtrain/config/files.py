@@ -1,0 +1,173 @@
+"""Config files in, a run's conf and ``--set`` merged in; errors that name the field."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from .schema import _BUILTINS, FILE_ONLY, ConfigError, PipelineConfig
+
+__all__ = ["apply_sets", "deep_merge", "load_config", "merge_conf", "parse_sets", "validate"]
+
+# -- errors ------------------------------------------------------------------------------
+
+
+def _explain(e: ValidationError, where: str) -> ConfigError:
+    lines = []
+    for err in e.errors():
+        loc = ".".join(str(x) for x in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field (check its spelling and its section)"
+        if not loc or isinstance(err.get("input"), dict):  # a check across fields:
+            lines.append(f"  {msg}")  # its message names them
+        else:
+            lines.append(f"  {loc}: {msg} (got {err.get('input')!r})")
+    return ConfigError(f"{where}: invalid config\n" + "\n".join(lines))
+
+
+def validate(data: dict[str, Any], where: str = "config", base_dir: str | None = None):
+    try:
+        cfg = PipelineConfig.model_validate(data)
+    except ValidationError as e:
+        raise _explain(e, where) from None
+    cfg.base_dir = base_dir
+    return cfg
+
+
+_loaded: dict[tuple[str, int, int], PipelineConfig] = {}
+
+
+def load_config(path: str | Path) -> PipelineConfig:
+    """Read and validate a YAML config file (``yaml.safe_load`` only).
+
+    A file is read again only when it changed (Airflow parses DAG files every few
+    seconds, in a process that keeps this module loaded)."""
+    p = Path(path)
+    try:
+        st = p.stat()
+        key = (str(p.resolve()), st.st_mtime_ns, st.st_size)
+    except OSError:
+        key = None
+    if key in _loaded:
+        return _loaded[key].model_copy(deep=True)
+    cfg = _load_config(p)
+    if key is not None:
+        _loaded[key] = cfg.model_copy(deep=True)
+    return cfg
+
+
+def _load_config(p: Path) -> PipelineConfig:
+    import yaml
+
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read the config ({e.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML: {e}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping of sections, not a list/value")
+    cfg = validate(data, str(p), str(p.resolve().parent))
+    return cfg
+
+
+# -- overrides ---------------------------------------------------------------------------
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict) and k != "args":
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def _author_only(cfg: PipelineConfig) -> dict[str, Any]:
+    """Dotted field -> the file's value, for fields a run's conf may not change."""
+    values = cfg.model_dump(mode="json")
+    return {f: _get(values, f) for f in FILE_ONLY}
+
+
+def _get(d: dict[str, Any], dotted: str) -> Any:
+    for part in dotted.split("."):
+        if not isinstance(d, dict) or part not in d:
+            return _MISSING
+        d = d[part]
+    return d
+
+
+_MISSING = object()
+
+
+def merge_conf(cfg: PipelineConfig, conf: dict[str, Any] | None) -> PipelineConfig:
+    """The config of one run: the file's, with a run's ``conf`` (sections) merged in.
+
+    Refuses (ConfigError naming the field) a conf that changes a field only a config
+    file may set, or a model factory path that is not the file's own.
+    """
+    conf = dict(conf or {})
+    if not conf:
+        return cfg
+    known = set(PipelineConfig.model_fields)
+    for k in conf:
+        if k not in known:
+            raise ConfigError(
+                f"conf: unknown section {k!r}; sections are {', '.join(sorted(known))}"
+            )
+    for field, value in _author_only(cfg).items():
+        got = _get(conf, field)
+        if got is not _MISSING and got != value:
+            raise ConfigError(
+                f"conf: {field} may be set only in the config file in the DAGs folder, "
+                f"not by a run's conf (the file says {value!r})"
+            )
+    name = _get(conf, "model.name")
+    if name is not _MISSING and name != cfg.model.name and name not in _BUILTINS:
+        raise ConfigError(
+            f"conf: model.name {name!r} names code; a run's conf may choose only a built-in "
+            f"({', '.join(_BUILTINS)}) or the file's own model; put a factory path in "
+            "the config file"
+        )
+    merged = deep_merge(cfg.model_dump(mode="json"), conf)
+    return validate(merged, "conf", cfg.base_dir)
+
+
+def parse_sets(sets: list[str]) -> dict[str, Any]:
+    """``--set training.epochs=3`` items as a conf dict (values parsed as YAML scalars),
+    not validated."""
+    import yaml
+
+    conf: dict[str, Any] = {}
+    for item in sets:
+        key, eq, raw = item.partition("=")
+        if not eq or not key:
+            raise ConfigError(f"--set {item!r}: use key=value, e.g. training.epochs=3")
+        try:
+            value = yaml.safe_load(raw) if raw else ""
+        except yaml.YAMLError:
+            value = raw
+        parts = key.split(".")
+        d = conf
+        for part in parts[:-1]:
+            d = d.setdefault(part, {})
+            if not isinstance(d, dict):
+                raise ConfigError(f"--set {item!r}: {part} is set twice")
+        d[parts[-1]] = value
+    return conf
+
+
+def apply_sets(cfg: PipelineConfig, sets: list[str]) -> dict[str, Any]:
+    """``--set`` items as a conf dict, validated against ``cfg`` (errors name the field)."""
+    conf = parse_sets(sets)
+    merge_conf(cfg, conf)
+    return conf

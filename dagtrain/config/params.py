@@ -1,0 +1,90 @@
+"""The config's JSON Schema, and the Airflow ``Params`` of a DAG built from a config."""
+
+from __future__ import annotations
+
+import copy
+import functools
+from typing import Any
+
+from .schema import _BUILTINS, PipelineConfig
+
+__all__ = ["config_schema", "dag_params"]
+
+# -- schema ------------------------------------------------------------------------------
+
+
+def config_schema() -> dict[str, Any]:
+    """JSON Schema of a pipeline config, with references inlined."""
+    return copy.deepcopy(_schema())
+
+
+@functools.cache
+def _schema() -> dict[str, Any]:
+    schema = PipelineConfig.model_json_schema()
+    defs = schema.pop("$defs", {})
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            if "$ref" in node:
+                target = defs[node["$ref"].rsplit("/", 1)[-1]]
+                rest = {k: v for k, v in node.items() if k != "$ref"}
+                return inline({**target, **rest})
+            return {k: inline(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [inline(v) for v in node]
+        return node
+
+    def untitled(node: Any) -> Any:  # pydantic's titles repeat the names; parsing pays
+        if isinstance(node, dict):  # for every key in Airflow's schema checks
+            return {k: untitled(v) for k, v in node.items() if k != "title"}
+        if isinstance(node, list):
+            return [untitled(v) for v in node]
+        return node
+
+    return untitled(inline(schema))
+
+
+def _lean(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: _lean(v) for k, v in node.items() if k not in ("default", "description")}
+    if isinstance(node, list):
+        return [_lean(v) for v in node]
+    return node
+
+
+def dag_params(cfg: PipelineConfig) -> dict[str, Any]:
+    """Airflow ``Params`` for a DAG built from ``cfg``: one object per section, its
+    default the file's values, its schema the config's, with author-only fields pinned.
+    """
+    from airflow.sdk import Param
+
+    schema = config_schema()
+    values = cfg.model_dump(mode="json")
+    params: dict[str, Any] = {}
+    for section, sub in schema["properties"].items():
+        if section in ("name", "pipeline"):
+            continue
+        sub.pop("default", None)  # config_schema() returned a copy of its own
+        props = sub.get("properties", {})
+        if section == "model":
+            names = sorted({*_BUILTINS, cfg.model.name})
+            props["name"] = {**props["name"], "enum": names}
+        if section == "artifacts":
+            props["root"] = {**props["root"], "const": cfg.artifacts.root}
+        if section == "distributed":
+            props["hosts"] = {**props["hosts"], "const": list(cfg.distributed.hosts)}
+        if section == "rounds":  # the DAG's shape: fixed when the file is parsed
+            props["rounds"] = {**props["rounds"], "const": cfg.rounds.rounds}
+            props["shards"] = {**props["shards"], "const": cfg.rounds.shards}
+        sub["additionalProperties"] = False
+        sub.pop("required", None)  # a conf may give part of a section; the rest is the file's
+        description = sub.pop("description", None)
+        # only what validates: Airflow deep-copies every Param into every task at parse
+        # time, so defaults (the Param's value holds them) and field descriptions (the
+        # config reference has them) would be paid for on every parse
+        # draft 7 has all we use, and jsonschema checks a schema against draft 7's
+        # metaschema several times faster than against 2020-12's (Airflow checks every
+        # Param of a scheduled DAG at each parse)
+        schema = {"$schema": "http://json-schema.org/draft-07/schema#", **_lean(sub)}
+        params[section] = Param(values[section], schema=schema, description=description)
+    return params

@@ -1,0 +1,318 @@
+"""The config's models: a pipeline's sections, declared once, and what a rank receives.
+
+``PipelineConfig`` is a pipeline (a YAML file); ``TrainConfig`` is what every rank of
+one training run receives: the pipeline's ``model``, ``training``, ``distributed`` and
+``executor`` sections as they are, plus the run's files. Pydantic only: no torch, no
+airflow.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+
+from dagtrain.errors import InputError
+
+# The names of things code implements elsewhere, listed here once (no torch at import):
+# the training layer's model registry, the gradient-sync backends, the launchers.
+BuiltinModel = Literal["mlp", "cnn", "rescnn", "transformer"]
+Backend = Literal["mpi", "torch", "horovod", "local"]
+Launcher = Literal["mpirun", "horovodrun", "torchrun", "direct"]
+_BUILTINS: tuple[str, ...] = get_args(BuiltinModel)
+# the launcher a backend gets when distributed.launcher is not set
+DEFAULT_LAUNCHER: dict[str, str] = {
+    "mpi": "mpirun",
+    "horovod": "mpirun",
+    "torch": "direct",
+    "local": "direct",
+}
+# the sections every rank of a training run receives as they are
+RUN_SECTIONS = ("model", "training", "distributed", "executor")
+# fields only a config file may set: a run's conf may repeat the file's value, no other
+# (model.name too, unless the conf names a built-in)
+FILE_ONLY = (
+    "name",
+    "pipeline",
+    "artifacts.root",
+    "distributed.hosts",
+    "rounds.rounds",
+    "rounds.shards",
+)
+
+
+class ConfigError(InputError):
+    """A config (file, --set or conf) that does not validate; the message names fields."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DataConfig(_Section):
+    source: str = Field(
+        "digits",
+        description="'digits' (scikit-learn's, no download) or a .npz/.npy/.csv/.parquet "
+        "path (relative to the config file)",
+    )
+    val_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="held out for validation")
+    test_fraction: float = Field(0.2, ge=0.0, lt=1.0, description="held out for evaluation")
+    normalize: bool = Field(True, description="standardise with statistics of train only")
+    seed: int = Field(0, description="seed of the split and of the shards")
+
+
+class ModelConfig(_Section):
+    name: str = Field(
+        "mlp",
+        description="a built-in (mlp, cnn, rescnn, transformer) or 'package.module:factory' "
+        "(config files only, never a run's conf)",
+    )
+    args: dict[str, Any] = Field(default_factory=dict, description="keyword arguments")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if v not in _BUILTINS and ":" not in v:
+            raise ValueError(
+                f"{v!r} is neither a built-in ({', '.join(_BUILTINS)}) nor 'package.module:factory'"
+            )
+        return v
+
+
+class TrainingConfig(_Section):
+    epochs: int = Field(5, ge=1)
+    max_steps: int | None = Field(None, ge=1, description="stop after this many steps")
+    batch_size: int = Field(64, ge=1, description="global batch, split over the ranks")
+    optimizer: Literal["sgd", "adam", "adamw"] = "sgd"
+    lr: float = Field(0.05, gt=0)
+    momentum: float = Field(0.9, ge=0, lt=1)
+    weight_decay: float = Field(0.0, ge=0)
+    seed: int = 0
+    nonfinite: Literal["fail", "skip"] = Field(
+        "fail", description="non-finite gradients: fail, or skip the step on every rank"
+    )
+    checkpoint_every: int = Field(0, ge=0, description="steps; 0: at the end of each epoch")
+    keep_checkpoints: int = Field(3, ge=1)
+    retries: int = Field(
+        2, ge=0, description="Airflow retries of each task (a retry resumes training)"
+    )
+    retry_delay_seconds: float = Field(10.0, ge=0)
+    timeout_minutes: float | None = Field(
+        None, gt=0, description="execution_timeout of a training task: its ranks are killed"
+    )
+
+
+class DistributedConfig(_Section):
+    backend: Backend = Field(
+        "mpi", description="gradient sync: mpi (mpi4py), torch (gloo/nccl), horovod, local"
+    )
+    ranks: int = Field(2, ge=1, le=256, description="processes (ranks) per training task; local: 1")
+    launcher: Launcher | None = Field(
+        None, description="default: mpirun for mpi/horovod, direct for torch/local"
+    )
+    hosts: list[str] = Field(
+        default_factory=list,
+        description="'host:slots' for several machines (config files only)",
+    )
+    bucket_mb: float = Field(25.0, gt=0, description="gradient bucket size")
+    overlap: bool = Field(True, description="false: backward, then sync all, then step")
+    collective_timeout: float = Field(60.0, gt=0, description="seconds for any collective")
+
+    @model_validator(mode="after")
+    def _local_is_one_process(self) -> DistributedConfig:
+        if self.backend == "local":
+            if "ranks" not in self.model_fields_set:
+                self.ranks = 1
+            elif self.ranks != 1:
+                raise ValueError(
+                    f"distributed.ranks is {self.ranks} but backend 'local' is one process: "
+                    "set distributed.ranks: 1 or choose mpi, torch or horovod"
+                )
+        return self
+
+    @property
+    def resolved_launcher(self) -> str:
+        """``launcher``, or the backend's default one."""
+        return self.launcher or DEFAULT_LAUNCHER[self.backend]
+
+
+class ExecutorConfig(_Section):
+    workers: int = Field(2, ge=1, le=64, description="task-graph threads per rank")
+    intra_op_threads: int = Field(1, ge=1, description="torch threads per rank")
+    trace: bool = Field(True, description="write the last step's Perfetto trace")
+
+
+class _RunSections(_Section):
+    """The sections a pipeline shares with every rank of its training runs."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+    executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
+
+    @model_validator(mode="after")
+    def _batch_covers_the_ranks(self) -> _RunSections:
+        if self.training.batch_size < self.distributed.ranks:
+            raise ValueError(
+                f"training.batch_size {self.training.batch_size} is smaller than "
+                f"distributed.ranks {self.distributed.ranks}: each rank needs a sample per step"
+            )
+        return self
+
+
+class TrainConfig(_RunSections):
+    """What every rank of one training run receives: the pipeline's ``model``,
+    ``training``, ``distributed`` and ``executor`` sections as they are, and the run's
+    files. It is written into every checkpoint and the run's result.
+
+    ``training.batch_size`` is the *global* batch: each step, the ranks split it evenly,
+    so a run on N ranks sees the same samples per step as one process does. Without
+    ``distributed.backend`` a run is one process (backend ``local``).
+
+    Keyword shorthand: a field of the training, distributed or executor section may be
+    given by its name alone, and ``model``/``model_args`` as a name and its arguments::
+
+        TrainConfig(model="mlp", epochs=3, backend="mpi")
+        # == TrainConfig(model={"name": "mlp"}, training={"epochs": 3},
+        #                distributed={"backend": "mpi"})
+    """
+
+    distributed: DistributedConfig = Field(
+        default_factory=lambda: DistributedConfig(backend="local")
+    )
+    data: str = Field(
+        "digits",
+        description="'digits' (scikit-learn's, no download) or a path to .npz/.npy/.csv/.parquet",
+    )
+    eval_data: str | None = Field(
+        None,
+        description="a separate file to evaluate on each epoch; then 'data' is all training "
+        "data, both already prepared (a data-prep stage's files), and neither split nor "
+        "normalised here",
+    )
+    test_fraction: float = Field(
+        0.2, ge=0.0, lt=1.0, description="without eval_data: held out of 'data' for testing"
+    )
+    normalize: bool = Field(
+        True, description="without eval_data: standardise with statistics of train only"
+    )
+    init_from: str | None = Field(
+        None,
+        description="a checkpoint whose 'model' state starts the run (ignored when the run "
+        "resumes from its own checkpoint_dir): round-based training's global model",
+    )
+    checkpoint_dir: str | None = None
+    trace_dir: str | None = Field(
+        None, description="write the last step's trace here (if executor.trace)"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        if isinstance(data.get("model"), str) or "model_args" in data:
+            model = data.get("model", {})
+            model = {"name": model} if isinstance(model, str) else _as_dict(model)
+            if "model_args" in data:
+                model["args"] = data.pop("model_args")
+            data["model"] = model
+        for key in [k for k in data if k in _SHORTHAND]:
+            section = _SHORTHAND[key]
+            data[section] = {**_as_dict(data.get(section, {})), key: data.pop(key)}
+        dist = data.get("distributed")
+        if isinstance(dist, dict) and "backend" not in dist:  # one process unless told
+            data["distributed"] = {**dist, "backend": "local"}
+        return data
+
+
+def _as_dict(v: Any) -> dict[str, Any]:
+    return v.model_dump(exclude_unset=True) if isinstance(v, BaseModel) else dict(v)
+
+
+_SHORTHAND = {
+    f: s
+    for s in ("training", "distributed", "executor")
+    for f in _RunSections.model_fields[s].annotation.model_fields
+}
+assert not set(_SHORTHAND) & set(TrainConfig.model_fields), "shorthand names collide"
+
+
+class EvaluationConfig(_Section):
+    metric: Literal["test_accuracy", "test_loss"] = "test_accuracy"
+    min_improvement: float = Field(
+        0.0, ge=0, description="a challenger must beat the champion by more than this"
+    )
+    min_accuracy: float = Field(0.0, ge=0, le=1, description="never promote below this")
+
+
+class ScheduleConfig(_Section):
+    cron: str | None = Field(None, description="cron or preset (@daily); none: manual only")
+    asset: str | None = Field(
+        None, description="retrain when this Asset (URI) is updated, instead of on cron"
+    )
+
+
+class RoundsConfig(_Section):
+    rounds: int = Field(3, ge=1, le=100, description="rounds of local training + sync")
+    shards: int = Field(2, ge=1, le=64, description="shards trained independently per round")
+    local_steps: int = Field(20, ge=1, description="inner steps per shard per round")
+    outer_lr: float = Field(0.7, gt=0, description="outer SGD learning rate (DiLoCo: 0.7)")
+    outer_momentum: float = Field(0.9, ge=0, lt=1, description="Nesterov momentum")
+
+
+class ArtifactsConfig(_Section):
+    root: str = Field(
+        "../.dagtrain/artifacts",
+        description="where data, checkpoints, traces and the model registry go; relative "
+        "to the config file (config files only)",
+    )
+
+
+class PipelineConfig(_RunSections):
+    """A training pipeline: data prep, distributed training, evaluation, promotion."""
+
+    name: str = Field("digits", pattern=r"^[A-Za-z0-9_.-]+$", description="pipeline name")
+    pipeline: Literal["retraining", "rounds"] = Field(
+        "retraining",
+        description="the DAG a bare config gets from `dagtrain run`: prep -> train -> "
+        "evaluate -> promote, or round-based training",
+    )
+    data: DataConfig = Field(default_factory=DataConfig)
+    evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
+    rounds: RoundsConfig = Field(default_factory=RoundsConfig)
+    artifacts: ArtifactsConfig = Field(default_factory=ArtifactsConfig)
+    # where the file was read from: relative paths resolve against it (not a field of
+    # the file, never part of the schema)
+    _base_dir: str | None = PrivateAttr(None)
+
+    @property
+    def base_dir(self) -> str | None:
+        return self._base_dir
+
+    @base_dir.setter
+    def base_dir(self, value: str | None) -> None:
+        self._base_dir = value
+
+    def path(self, p: str) -> Path:
+        """A path of the config, resolved against the config file's folder."""
+        q = Path(p).expanduser()
+        if not q.is_absolute() and self.base_dir:
+            q = Path(self.base_dir) / q
+        return q.resolve()
+
+    def artifact_root(self) -> Path:
+        return self.path(self.artifacts.root) / self.name
+
+    def data_source(self) -> str:
+        s = self.data.source
+        return s if s == "digits" else str(self.path(s))
+
+    def train_config(self, **run: Any) -> TrainConfig:
+        """What the ranks of a training run of this pipeline receive: its sections as
+        they are, and ``run``'s files (data, eval_data, init_from, checkpoint_dir,
+        trace_dir) or replaced sections."""
+        return TrainConfig(**({s: getattr(self, s) for s in RUN_SECTIONS} | run))

@@ -1,0 +1,66 @@
+"""``run_training(config)``: a training run on its ranks, through ``dagtrain.launch``.
+
+It writes the TrainConfig the ranks receive, starts ``python -m dagtrain.training.rank``
+on ``distributed.ranks`` ranks with ``distributed.launcher`` (default: mpirun for mpi and
+horovod, direct for torch and local), and returns rank 0's TrainResult, whose
+``config`` is the config the ranks received. Importing this module imports no torch.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dagtrain.config import TrainConfig
+from dagtrain.launch import Job, RankFailure, launch
+from dagtrain.sync import require
+
+if TYPE_CHECKING:
+    from .trainer import TrainResult
+
+__all__ = ["run_training"]
+
+
+def run_training(
+    cfg: TrainConfig,
+    nprocs: int | None = None,
+    launcher: str | None = None,
+    hosts: Sequence[str] | None = None,
+    timeout: float | None = None,
+    on_line: Callable[[str], None] | None = None,
+    on_start: Callable[[Job], None] | None = None,
+) -> TrainResult:
+    """Train on the ranks of ``cfg.distributed``; return rank 0's TrainResult.
+
+    ``nprocs``, ``launcher`` and ``hosts`` default to ``distributed.ranks``,
+    ``distributed.launcher`` and ``distributed.hosts``; an ``nprocs`` that differs is
+    set as ``distributed.ranks`` (and validated) so that every rank receives it. Raises
+    MissingDependency before anything starts if the backend is not installed,
+    RankFailure if a rank fails, TimeoutError after ``timeout`` seconds.
+    """
+    from .trainer import TrainResult
+
+    if nprocs is not None and nprocs != cfg.distributed.ranks:
+        data = cfg.model_dump()
+        data["distributed"]["ranks"] = nprocs
+        cfg = TrainConfig.model_validate(data)
+    require(cfg.distributed.backend)
+    d = cfg.distributed
+    with tempfile.TemporaryDirectory(prefix="dagtrain-run-") as tmp:
+        cfg_path = Path(tmp) / "config.json"
+        out = Path(tmp) / "result.json"
+        cfg_path.write_text(cfg.model_dump_json())
+        launch(
+            ["dagtrain.training.rank", str(cfg_path), str(out)],
+            d.ranks,
+            launcher or d.resolved_launcher,
+            hosts or d.hosts or None,
+            timeout=timeout,
+            on_line=on_line,
+            on_start=on_start,
+        )
+        if not out.exists():
+            raise RankFailure(0, 0, None, [], " without writing its result")
+        return TrainResult.from_json(out.read_text())

@@ -1,0 +1,33 @@
+"""The training examples in README.md and docs/training.md run as written (real ranks)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BLOCK = re.compile(r"^```python\n(.*?)^```$", re.S | re.M)
+pytestmark = pytest.mark.slow
+
+
+def first_block(doc: str, heading: str | None = None) -> str:
+    text = (ROOT / doc).read_text(encoding="utf-8")
+    if heading is not None:
+        assert f"\n{heading}\n" in text, f"{doc} lost its section {heading!r}"
+        text = text.split(f"\n{heading}\n", 1)[1].split("\n## ", 1)[0]
+    return BLOCK.findall(text)[0]
+
+
+@pytest.mark.parametrize(
+    ("doc", "heading"), [("README.md", "## Training in ten lines"), ("docs/training.md", None)]
+)
+def test_the_training_example_runs(doc, heading, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    ns: dict = {"__name__": "__example__"}
+    exec(compile(first_block(doc, heading), doc, "exec"), ns)
+    result = ns["result"]
+    assert result.world == 2 and result.test_accuracy > 0.9
+    assert result.config == ns["cfg"].model_dump(mode="json")  # what the ranks received
+    assert list((tmp_path / "ckpt").glob("ckpt-*.pt"))

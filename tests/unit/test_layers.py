@@ -1,0 +1,114 @@
+"""The layers import downward only, and the package layout says so.
+
+    taskgraph      sync      launch        (config, errors, rank_env: read by all)
+          \\         |        /
+               training
+                  |
+               stages
+                  |
+     operators / pipelines / plugins / cli
+
+Every ``import`` statement counts, at any depth (the lazy ones inside functions too):
+a layer that imports an upper one only later is still tangled with it.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).parents[2] / "dagtrain"
+BASE = {"dagtrain.config", "dagtrain.errors", "dagtrain.rank_env"}
+# what each part may import of dagtrain, besides itself
+ALLOWED = {
+    "dagtrain.taskgraph": set(),
+    "dagtrain.errors": set(),
+    "dagtrain.rank_env": set(),
+    "dagtrain.config": {"dagtrain.errors"},
+    "dagtrain.sync": BASE | {"dagtrain.taskgraph"},
+    "dagtrain.launch": BASE,
+    "dagtrain.training": BASE | {"dagtrain.taskgraph", "dagtrain.sync", "dagtrain.launch"},
+    "dagtrain.stages": BASE | {"dagtrain.training", "dagtrain.taskgraph"},
+}
+
+
+def part(module: str) -> str:
+    return ".".join(module.split(".")[:2])
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every dagtrain module ``path`` names in an import statement, relative ones resolved."""
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    here = list(rel.parts if rel.name != "__init__" else rel.parts[:-1])
+    if rel.name == "__init__":
+        here.append("__init__")  # a package's own level-1 imports are its children
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here[: len(here) - node.level]
+                found.add(".".join([*base, *([node.module] if node.module else [])]))
+            else:
+                found.add(node.module or "")
+    return {m for m in found if m == "dagtrain" or m.startswith("dagtrain.")}
+
+
+def test_each_layer_imports_only_what_is_below_it():
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        me = part(".".join(rel.parts))
+        if me not in ALLOWED:
+            continue
+        for m in imports_of(path):
+            if part(m) != me and part(m) not in ALLOWED[me]:
+                wrong.append(f"{path.relative_to(PACKAGE.parent)} imports {m}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_checker_sees_relative_and_lazy_imports(tmp_path):
+    # the test above must be able to fail: a planted upward import is found
+    found = imports_of(PACKAGE / "training" / "job.py")
+    assert {"dagtrain.launch", "dagtrain.config"} <= found
+    found = imports_of(PACKAGE / "operators" / "train.py")
+    assert "dagtrain.stages.train" in found  # imported inside execute()
+    assert "dagtrain.operators._base" in found  # a relative import
+
+
+def loaded_after(module: str) -> set[str]:
+    code = f"import sys, json; import {module}; print(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True
+    ).stdout
+    return set(json.loads(out))
+
+
+@pytest.mark.parametrize(
+    ("module", "never"),
+    [
+        ("dagtrain.taskgraph", ("dagtrain.config", "dagtrain.errors", "dagtrain.sync")),
+        ("dagtrain.launch", ("dagtrain.training", "torch", "mpi4py", "airflow")),
+        ("dagtrain.config", ("torch", "numpy", "airflow", "dagtrain.training")),
+        ("dagtrain.training", ("airflow", "dagtrain.operators", "dagtrain.cli")),
+        ("dagtrain.training.job", ("airflow", "dagtrain.stages", "dagtrain.pipelines")),
+    ],
+)
+def test_importing_a_layer_loads_nothing_above_it(module, never):
+    loaded = loaded_after(module)
+    bad = {m for m in loaded for n in never if m == n or m.startswith(n + ".")}
+    assert not bad, (module, sorted(bad))
+
+
+def test_the_work_behind_the_operators_and_the_dag_builders_have_distinct_names():
+    names = {p.stem for p in PACKAGE.iterdir() if p.suffix == ".py" or p.is_dir()}
+    # no two top-level names one letter apart (pipeline/ next to pipelines.py was)
+    close = [(a, b) for a in names for b in names if a < b and (a + "s" == b or b + "s" == a)]
+    assert not close, close
+    assert (PACKAGE / "cli" / "embedded.py").exists() and (PACKAGE / "cli" / "rest.py").exists()
