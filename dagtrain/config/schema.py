@@ -61,6 +61,15 @@ class DataConfig(_Section):
     normalize: bool = Field(True, description="standardise with statistics of train only")
     seed: int = Field(0, description="seed of the split and of the shards")
 
+    @model_validator(mode="after")
+    def _leaves_data_to_train_on(self) -> DataConfig:
+        if self.val_fraction + self.test_fraction >= 0.9:
+            raise ValueError(
+                f"data.val_fraction ({self.val_fraction}) + data.test_fraction "
+                f"({self.test_fraction}) leave under 10% for training; lower them"
+            )
+        return self
+
 
 class ModelConfig(_Section):
     name: str = Field(
@@ -205,6 +214,11 @@ class TrainConfig(_RunSections):
     checkpoint_dir: str | None = None
     trace_dir: str | None = Field(
         None, description="write the last step's trace here (if executor.trace)"
+    )
+    metrics_file: str | None = Field(
+        None,
+        description="rank 0 appends a JSON line here as the run starts, at each epoch's "
+        "end (metrics, step, samples/s) and at its end: progress to tail",
     )
 
     @model_validator(mode="before")

@@ -72,6 +72,7 @@ class DistributedTrainOperator(DagtrainOperator):
                 eval_data=data_file(manifest, "val"),
                 checkpoint_dir=str(out / "checkpoints"),
                 trace_dir=str(out / "traces"),
+                metrics_file=str(out / "metrics.jsonl"),
             )
         else:
             from dagtrain.stages.rounds import global_path, round_dir
@@ -91,6 +92,7 @@ class DistributedTrainOperator(DagtrainOperator):
                 init_from=str(global_path(run, self.round)) if self.round else None,
                 checkpoint_dir=str(out / "checkpoints"),
                 trace_dir=str(out / "traces"),
+                metrics_file=str(out / "metrics.jsonl"),
             )
         self.log.info(
             "training %s on %d %s rank(s); checkpoints in %s",

@@ -10,7 +10,8 @@ resumes from the newest valid checkpoint there. (Airflow 3.3's task state store 
 hold a pointer; the directory already is one, and it survives the metadata DB.)
 
 Beside the checkpoints: ``result.json`` (rank 0's result, with ``config``, what the
-ranks received) and ``config.json`` (that config alone: the run's effective config).
+ranks received), ``config.json`` (that config alone: the run's effective config) and
+``metrics.jsonl`` (rank 0's progress, a line per epoch, appended by every try).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def run_train(
     res = run_training(tcfg, timeout=timeout, on_line=on_line, on_start=on_start)
     times = sorted(res.step_seconds)
     summary = {k: v for k, v in asdict(res).items() if k != "step_seconds"} | {
-        "test_accuracy": res.test_accuracy,
+        "val_accuracy": res.val_accuracy,  # eval_data: the prepared validation split
         "median_step_seconds": times[len(times) // 2] if times else None,
         "epochs_trained_now": len(res.epochs) - res.resumed_epochs,
     }

@@ -23,7 +23,7 @@ from .errors import CycleError, TaskError, TaskTimeoutError
 from .graph import TaskGraph, gc_paused
 from .report import RunReport, TaskRecord
 from .task import Event, Outputs, Ref, Task
-from .trace import write_trace
+from .trace import TraceFile, write_trace
 
 __all__ = [
     "CycleError",
@@ -40,5 +40,6 @@ __all__ = [
     "TaskRecord",
     "TaskTimeoutError",
     "plan",
+    "TraceFile",
     "write_trace",
 ]

@@ -3,7 +3,9 @@
 Temp file in the same directory, fsync, rename over the target (and fsync the
 directory where the rename must survive a crash). Standard library only: it lives in
 the lowest layer so that the executor's traces, the training layer's checkpoints and the
-stages' artifacts are all written by this one helper.
+stages' artifacts are all written by this one helper. The file gets the permissions any
+new file of this process would (0666 less the umask), not the temp file's 0600: a web
+server or a colleague in the same group can read what a training task wrote.
 """
 
 from __future__ import annotations
@@ -15,10 +17,27 @@ from pathlib import Path
 __all__ = ["atomic_write", "fsync_dir"]
 
 
+def _umask() -> int:
+    """This process's umask, read without changing it (Linux), else set and restored."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the new one."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

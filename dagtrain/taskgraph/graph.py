@@ -28,8 +28,11 @@ from .errors import CycleError
 from .task import OUT, Event, Item, Slot, Task
 
 if TYPE_CHECKING:
+    import os
+
     from .report import RunReport
     from .runtime import Run
+    from .trace import TraceFile
 
 __all__ = ["TaskGraph", "gc_paused", "upward_ranks_of"]
 
@@ -238,7 +241,7 @@ class TaskGraph:
         self,
         workers: int = 2,
         *,
-        trace: str | None = None,
+        trace: str | os.PathLike | TraceFile | None = None,
         timeout: float | None = None,
         keep: Iterable[Hashable] = (),
         inline_below: float = 1e-6,
@@ -246,7 +249,8 @@ class TaskGraph:
         """Run (or replay) every task; return a :class:`RunReport`.
 
         ``workers`` threads execute tasks, the calling thread being one of them.
-        ``trace``: write a Chrome/Perfetto trace there. ``timeout``: seconds, after which
+        ``trace``: write a Chrome/Perfetto trace there (a path, or a :class:`TraceFile`
+        that also names the process). ``timeout``: seconds, after which
         ``TaskTimeoutError`` names the unfinished tasks. ``keep``: items whose final
         value ``RunReport.values`` returns. ``inline_below``: when the previous run's
         tasks took less than this on average (seconds) and the graph has no values,
@@ -275,7 +279,11 @@ class TaskGraph:
         return report
 
     def start(
-        self, workers: int = 2, *, trace: str | None = None, keep: Iterable[Hashable] = ()
+        self,
+        workers: int = 2,
+        *,
+        trace: str | os.PathLike | TraceFile | None = None,
+        keep: Iterable[Hashable] = (),
     ) -> None:
         """Start running in the background; ``add`` keeps adding to the running graph.
 
@@ -285,7 +293,7 @@ class TaskGraph:
         """
         self._start(workers, trace, keep, incremental=True)
 
-    def _start(self, workers: int, trace: str | None, keep: Any, incremental: bool) -> None:
+    def _start(self, workers: int, trace: Any, keep: Any, incremental: bool) -> None:
         from .runtime import Run
 
         if self._run is not None:

@@ -11,7 +11,7 @@ topological order keeps exactly.
 from __future__ import annotations
 
 from time import perf_counter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .errors import TaskError
 from .report import RunReport
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 __all__ = ["run_inline"]
 
 
-def run_inline(graph: TaskGraph, workers: int, trace: str | None) -> RunReport:
+def run_inline(graph: TaskGraph, workers: int, trace: Any) -> RunReport:
     """Run a prepared plain graph (no values, events, mutexes) in the calling thread, in
     a topological order: the serial elision of a graph whose tasks are too small to
     gain from other threads. Same report, same errors as a threaded run."""

@@ -92,9 +92,7 @@ class Group:
 class Run:
     """The state of one run of a graph (see the module docstring)."""
 
-    def __init__(
-        self, graph: TaskGraph, workers: int, trace: str | None, incremental: bool
-    ) -> None:
+    def __init__(self, graph: TaskGraph, workers: int, trace: Any, incremental: bool) -> None:
         self.graph = graph
         self.incremental = incremental
         self.workers = workers

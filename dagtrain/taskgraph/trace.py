@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,7 +19,19 @@ if TYPE_CHECKING:
     from .report import RunReport
     from .task import Task
 
-__all__ = ["trace_events", "write_trace"]
+__all__ = ["TraceFile", "trace_events", "write_trace"]
+
+
+@dataclass(frozen=True)
+class TraceFile:
+    """Where ``run(trace=...)`` writes, and as which process the trace shows: traces of
+    several processes (e.g. ``pid`` = rank, ``process_name`` = ``"rank 1"``) opened
+    together in Perfetto appear as separate processes. A plain path is
+    ``TraceFile(path)``."""
+
+    path: str | os.PathLike
+    pid: int = 1
+    process_name: str = "taskgraph"
 
 
 def trace_events(
@@ -97,15 +110,16 @@ def trace_events(
 
 
 def write_trace(
-    path: str | os.PathLike,
+    path: str | os.PathLike | TraceFile,
     report: RunReport,
     tasks: list[Task] | None = None,
     process_name: str = "taskgraph",
 ) -> Path:
     """Write the trace atomically (temp file, fsync, rename); return its path."""
-    path = Path(path)
+    target = path if isinstance(path, TraceFile) else TraceFile(path, 1, process_name)
+    path = Path(target.path)
     doc = {
-        "traceEvents": trace_events(report, tasks, process_name=process_name),
+        "traceEvents": trace_events(report, tasks, target.pid, target.process_name),
         "displayTimeUnit": "ms",
     }
     atomic_write(path, json.dumps(doc, separators=(",", ":")).encode())

@@ -21,15 +21,19 @@ from dagtrain.config import Backend, Launcher
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dagtrain.training", description=__doc__)
+    ap = argparse.ArgumentParser(
+        prog="python -m dagtrain.training",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # keep the examples' lines
+    )
     ap.add_argument("--config", help="a TrainConfig as a JSON file")
     ap.add_argument("--ranks", type=int, help="distributed.ranks (default 2; local: 1)")
     ap.add_argument("--backend", choices=get_args(Backend), help="distributed.backend")
     ap.add_argument("--launcher", choices=get_args(Launcher), help="distributed.launcher")
     ap.add_argument("--epochs", type=int, help="training.epochs")
     ap.add_argument("--model", help="model.name")
-    ap.add_argument("--data")
-    ap.add_argument("--checkpoint-dir")
+    ap.add_argument("--data", help="'digits' or a .npz/.npy/.csv/.parquet file")
+    ap.add_argument("--checkpoint-dir", help="checkpoints go here; a run resumes from them")
     ap.add_argument("--quiet", action="store_true", help="do not echo the ranks' logs")
     args = ap.parse_args(argv)
 

@@ -156,11 +156,14 @@ def build_model(name: str, in_shape: Sequence[int], classes: int, **args) -> nn.
     return model
 
 
-def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
-    """Cross-entropy loss and accuracy of ``model`` on ``(x, y)``, in eval mode."""
+def evaluate(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, split: str = "test"
+) -> dict[str, float]:
+    """``{split}_loss`` (cross-entropy) and ``{split}_accuracy`` of ``model`` on
+    ``(x, y)``, in eval mode; ``split`` names the data (``val`` or ``test``)."""
     model.eval()
     with torch.no_grad():
         out = model(x)
         loss = torch.nn.functional.cross_entropy(out, y).item()
         acc = (out.argmax(dim=1) == y).float().mean().item()
-    return {"test_loss": loss, "test_accuracy": acc}
+    return {f"{split}_loss": loss, f"{split}_accuracy": acc}

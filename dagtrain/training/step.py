@@ -29,7 +29,7 @@ from torch import nn
 
 from dagtrain.config import TrainConfig
 from dagtrain.sync import Backend
-from dagtrain.taskgraph import Event, TaskGraph
+from dagtrain.taskgraph import Event, TaskGraph, TraceFile
 
 __all__ = ["Bucket", "NonFiniteGradients", "StepGraph"]
 
@@ -245,9 +245,10 @@ class StepGraph:
         self.batch = batch
         self.want_snapshot = snapshot
         self.finite = True
+        rank = self.backend.rank
         self.graph.run(
             workers=self.cfg.executor.workers,
-            trace=trace,
+            trace=None if trace is None else TraceFile(trace, rank, f"rank {rank}"),
             timeout=self.cfg.distributed.collective_timeout * (len(self.buckets) + 2),
         )
         self.step += 1

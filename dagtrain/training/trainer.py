@@ -12,6 +12,7 @@ import copy
 import json
 import logging
 import math
+import os
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -54,7 +55,14 @@ class TrainResult:
 
     @property
     def test_accuracy(self) -> float | None:
+        """The last epoch's accuracy on the held-out test split (a run without
+        ``eval_data``), or None."""
         return self.epochs[-1].get("test_accuracy") if self.epochs else None
+
+    @property
+    def val_accuracy(self) -> float | None:
+        """The last epoch's accuracy on ``eval_data`` (the validation split), or None."""
+        return self.epochs[-1].get("val_accuracy") if self.epochs else None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -178,6 +186,8 @@ def _train(cfg: TrainConfig, backend: Backend) -> TrainResult:
         upcoming = next(batches, None)
         sg.fetch = lambda: next(batches, None)
         sums = state["sums"]
+        progress = _Progress(cfg.metrics_file if rank == 0 else None, t.batch_size)
+        progress.start(start, total, per_epoch, result.resumed_from_step)
         while upcoming is not None and sg.step < total:
             epoch, k, batch = upcoming
             last_in_epoch = k == per_epoch - 1
@@ -199,6 +209,7 @@ def _train(cfg: TrainConfig, backend: Backend) -> TrainResult:
             sums[2] += seen
             if last_in_epoch:
                 _close_epoch(cfg, backend, model, ds, state, epoch)
+                progress.epoch(state["epochs"][-1], sg.step)
                 if want:
                     snapshot(sg.step)
             if want:
@@ -214,11 +225,69 @@ def _train(cfg: TrainConfig, backend: Backend) -> TrainResult:
         times = sorted(result.step_seconds)
         if times:
             result.samples_per_second = t.batch_size / times[len(times) // 2]
+        progress.end(sg.step)
         return result
     finally:
         sg.close()
         if writer is not None:
             writer.shutdown(wait=True)
+
+
+class _Progress:
+    """Rank 0's progress, one JSON line per event appended to ``metrics_file``: what a
+    task tails to show each epoch as it ends. ``kind`` is ``start`` (step, total_steps,
+    steps_per_epoch, resumed_from_step), ``epoch`` (the epoch's metrics, step,
+    total_steps, samples_per_second since the previous line, elapsed) or ``end``."""
+
+    def __init__(self, path: str | None, batch_size: int) -> None:
+        self.path = path
+        if path is not None:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self.batch = batch_size
+        self.t0 = self.t_last = time.time()
+        self.step_last = 0
+        self.total = 0
+
+    def _write(self, record: dict[str, Any]) -> None:
+        if self.path is None:
+            return
+        line = json.dumps({**record, "time": time.time()}) + "\n"
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        try:
+            os.write(fd, line.encode())  # one write: a reader never sees half a line
+        finally:
+            os.close(fd)
+
+    def start(self, step: int, total: int, per_epoch: int, resumed: int | None) -> None:
+        self.step_last, self.total = step, total
+        self.t0 = self.t_last = time.time()
+        self._write(
+            {
+                "kind": "start",
+                "step": step,
+                "total_steps": total,
+                "steps_per_epoch": per_epoch,
+                "resumed_from_step": resumed,
+            }
+        )
+
+    def epoch(self, row: dict[str, Any], step: int) -> None:
+        now = time.time()
+        rate = (step - self.step_last) * self.batch / max(now - self.t_last, 1e-9)
+        self.t_last, self.step_last = now, step
+        self._write(
+            {
+                "kind": "epoch",
+                **row,
+                "step": step,
+                "total_steps": self.total,
+                "samples_per_second": rate,
+                "elapsed": now - self.t0,
+            }
+        )
+
+    def end(self, step: int) -> None:
+        self._write({"kind": "end", "step": step, "total_steps": self.total})
 
 
 def _close_epoch(
@@ -239,7 +308,7 @@ def _close_epoch(
         "train_accuracy": float(t[1] / max(t[2], 1)),
     }
     if backend.rank == 0 and len(ds.x_test):
-        row.update(evaluate(model, ds.x_test, ds.y_test))
+        row.update(evaluate(model, ds.x_test, ds.y_test, "val" if cfg.eval_data else "test"))
     state["epochs"].append(row)
     state["sums"][:] = [0.0, 0, 0]
     log.info("epoch %d: %s", epoch, row)

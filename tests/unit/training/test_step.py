@@ -46,6 +46,8 @@ def test_digits_trains_in_process_and_writes_a_step_trace(tmp_path):
     assert [e["epoch"] for e in r.epochs] == [0, 1, 2]
     events = json.loads((tmp_path / "step-rank0.json").read_text())["traceEvents"]
     names = {e["name"] for e in events if e["ph"] == "X"}
+    process = next(e for e in events if e["name"] == "process_name")
+    assert (process["pid"], process["args"]["name"]) == (0, "rank 0")
     assert {"forward-backward", "allreduce[0]", "update[0]", "load-next"} <= names
 
 
