@@ -1,11 +1,15 @@
 """An embedded Airflow for one project: SQLite metadata under ``.dagtrain/airflow``.
 
-``environment()`` gives the variables every Airflow process of the project shares (its
-home, the DAGs folder, one JWT secret, the API server's URL, the login of the simple
-auth manager); they must be set before ``airflow`` is first imported. ``run_pipeline``
-runs a DAG once through ``dag.test()``: a real DAG run in the metadata database (it
-stays visible in the web UI of ``dagtrain up``), tasks run in this process one after
-another, their output into a log file while a progress table is drawn.
+``Home.environment()`` gives the variables every Airflow process of the project shares
+(its home, the DAGs folder, one JWT secret, the API server's URL, the login of the
+simple auth manager); they must be set before ``airflow`` is first imported.
+
+``run_pipeline`` runs a DAG once the way Airflow's own ``dag.test(use_executor=True)``
+does: a real DAG run in the metadata database (visible in the web UI of ``dagtrain
+up``), each task sent to the LocalExecutor, whose supervisor runs it and writes its log
+where the UI reads it, as for a scheduler-run task. The supervisor reports to Airflow's
+execution API: ``execution_api()`` serves it (``airflow api-server --apps execution``)
+for the duration of the run.
 """
 
 from __future__ import annotations
@@ -13,21 +17,43 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import secrets
-import sqlite3
+import signal
+import socket
+import subprocess
 import sys
-import threading
+import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from dagtrain.config import PipelineConfig
 
-__all__ = ["Home", "StageRow", "dag_file_for", "output_to", "run_pipeline"]
+__all__ = [
+    "AIRFLOW",
+    "Home",
+    "dag_file_for",
+    "execution_api",
+    "free_port",
+    "output_to",
+    "run_pipeline",
+    "stop_all",
+]
 
 USER = "admin"
+_ANY_OR_LOOPBACK = ("127.0.0.1", "localhost", "0.0.0.0", "::", "::1")
+# -P: the current directory stays off sys.path, so a checkout's own metadata
+# (airflow_provider_dagtrain.egg-info beside pyproject.toml) is not found as a second
+# copy of the provider, whose plugin Airflow would then report as registered twice
+AIRFLOW = [sys.executable, "-P", "-m", "airflow"]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 @dataclass
@@ -37,6 +63,7 @@ class Home:
     root: Path
     dags: Path
     port: int = 8080
+    host: str = "127.0.0.1"
 
     @property
     def airflow(self) -> Path:
@@ -53,6 +80,23 @@ class Home:
     @property
     def passwords(self) -> Path:
         return self.airflow / "passwords.json"
+
+    @property
+    def up_file(self) -> Path:
+        """Written by ``dagtrain up`` while it runs: its URL, for ``dagtrain trigger``."""
+        return self.airflow / "up.json"
+
+    @property
+    def url(self) -> str:
+        """The web UI's address, as a person types it."""
+        host = "localhost" if self.host in _ANY_OR_LOOPBACK else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def local_url(self) -> str:
+        """Where processes on this machine (the workers) reach the api-server."""
+        host = "127.0.0.1" if self.host in _ANY_OR_LOOPBACK else self.host
+        return f"http://{host}:{self.port}"
 
     def secret(self, name: str) -> str:
         path = self.airflow / f".{name}"
@@ -71,7 +115,7 @@ class Home:
 
     def environment(self) -> dict[str, str]:
         self.password()  # the file must exist before the api-server reads it
-        url = f"http://localhost:{self.port}"
+        url = self.url
         return {
             "AIRFLOW_HOME": str(self.airflow),
             "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags),
@@ -84,7 +128,9 @@ class Home:
             "AIRFLOW__API__SECRET_KEY": self.secret("api_secret"),
             "AIRFLOW__API__PORT": str(self.port),
             "AIRFLOW__API__BASE_URL": url,
-            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{url}/execution/",
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.local_url}/execution/",
+            # the LocalExecutor starts this many worker processes: one per core, not 32
+            "AIRFLOW__CORE__PARALLELISM": str(max(2, os.cpu_count() or 2)),
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "30",
             "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "10",
             "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(self.logs / "airflow"),
@@ -137,7 +183,9 @@ def dag_file_for(config: Path, cfg: PipelineConfig, home: Path) -> Path:
 @contextlib.contextmanager
 def output_to(log_path: Path) -> Iterator[None]:
     """Send this process's stdout and stderr (file descriptors 1 and 2, so Airflow's
-    structlog and any child process too) to ``log_path`` for the duration."""
+    own output and that of the processes it starts) to ``log_path`` for the duration.
+    What the user sees is written to a duplicate of the terminal's descriptor made
+    before (see ``dagtrain.cli.progress``), never to these."""
     sys.stdout.flush()
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
@@ -155,121 +203,67 @@ def output_to(log_path: Path) -> Iterator[None]:
                 os.close(fd)
 
 
-@dataclass
-class StageRow:
-    task_id: str
-    map_index: int
-    state: str | None
-    try_number: int
-    seconds: float | None
+def stop_all(procs: list[subprocess.Popen], grace: float = 15.0) -> None:
+    """SIGTERM each process and everything it started, SIGKILL what is left after
+    ``grace`` seconds: nothing outlives it, even a child that left the process group
+    (Airflow's log server does)."""
+    import psutil
+
+    family: list[psutil.Process] = []
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            root = psutil.Process(p.pid)
+            family += [root, *root.children(recursive=True)]
+    for proc in family:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.send_signal(signal.SIGTERM)
+    _, alive = psutil.wait_procs(family, timeout=grace)
+    for proc in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=5)
+    for p in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=1)  # reap
 
 
-@dataclass
-class Poller:
-    """Reads the run's task states from the SQLite file (its own connection, read-only)."""
+@contextlib.contextmanager
+def execution_api(home: Home, log: Path, timeout: float = 120.0) -> Iterator[str]:
+    """Airflow's execution API (what a task's supervisor talks to) on ``home.port`` of
+    127.0.0.1, for the duration; yields its URL. Fails with RuntimeError naming the log
+    if it does not answer its health check within ``timeout`` seconds."""
+    import httpx
 
-    db: Path
-    dag_id: str
-    rows: list[StageRow] = field(default_factory=list)
-    run_id: str | None = None
-
-    def poll(self) -> list[StageRow]:
-        try:
-            con = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True, timeout=0.2)
-        except sqlite3.Error:
-            return self.rows
-        try:
-            if self.run_id is None:
-                row = con.execute(
-                    "SELECT run_id FROM dag_run WHERE dag_id = ? ORDER BY id DESC LIMIT 1",
-                    (self.dag_id,),
-                ).fetchone()
-                if row is None:
-                    return self.rows
-                self.run_id = row[0]
-            cur = con.execute(
-                "SELECT task_id, map_index, state, try_number, "
-                "(julianday(COALESCE(end_date, 'now')) - julianday(start_date)) * 86400.0 "
-                "FROM task_instance WHERE dag_id = ? AND run_id = ? ORDER BY start_date",
-                (self.dag_id, self.run_id),
-            )
-            self.rows = [StageRow(t, m, s, n, sec) for t, m, s, n, sec in cur.fetchall()]
-        except sqlite3.Error:
-            pass  # the run's writer holds the lock: next time
-        finally:
-            con.close()
-        return self.rows
+    url = f"http://127.0.0.1:{home.port}/execution"
+    argv = [*AIRFLOW, "api-server", "--apps", "execution", "--workers", "1"]
+    argv += ["--host", "127.0.0.1", "--port", str(home.port)]
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"Airflow's execution API exited at start; see {log}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"Airflow's execution API did not answer within {timeout:g} s; see {log}"
+                )
+            time.sleep(0.2)
+        yield url
+    finally:
+        stop_all([proc])
 
 
-_START = re.compile(r"\[DAG TEST\] starting task_id=(\S+) map_index=(-?\d+)")
-_END = re.compile(r"\[DAG TEST\] end task task_id=(\S+) map_index=(-?\d+)")
-
-
-def write_task_logs(log_path: Path, offset: int, base: Path, dag_id: str, run_id: str) -> int:
-    """Cut this run's part of ``log_path`` (from byte ``offset``) into one file per task
-    try, where Airflow's UI looks for task logs (the default ``log_filename_template``).
-    ``dag.test()`` runs the tasks in this process and writes no task log files itself.
-    Returns the number of files written."""
-    tries: dict[tuple[str, int], int] = {}
-    current: tuple[str, int] | None = None
-    lines: list[str] = []
-    written = 0
-
-    def flush() -> None:
-        nonlocal written
-        if current is None or not lines:
-            return
-        task, index = current
-        tries[current] = tries.get(current, 0) + 1
-        d = base / f"dag_id={dag_id}" / f"run_id={run_id}" / f"task_id={task}"
-        if index >= 0:
-            d = d / f"map_index={index}"
-        d.mkdir(parents=True, exist_ok=True)
-        (d / f"attempt={tries[current]}.log").write_text("".join(lines))
-        written += 1
-
-    with open(log_path, errors="replace") as f:
-        f.seek(offset)
-        for line in f:
-            if (m := _START.search(line)) is not None:
-                flush()
-                current, lines = (m.group(1), int(m.group(2))), []
-            if current is not None:
-                lines.append(line)
-            if _END.search(line) is not None:
-                flush()
-                current, lines = None, []
-    flush()
-    return written
-
-
-def run_pipeline(
-    dag: Any, conf: dict[str, Any], log_path: Path, db: Path, on_poll=None
-) -> tuple[Any, list[StageRow]]:
-    """``dag.test(run_conf=conf)`` with stdout/stderr into ``log_path``; returns the run
-    and its task rows. ``on_poll(rows)`` is called about twice a second."""
-    poller = Poller(db, dag.dag_id)
-    done = threading.Event()
-
-    def watch() -> None:
-        while not done.wait(0.5):
-            if on_poll:
-                on_poll(poller.poll())
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    offset = log_path.stat().st_size if log_path.exists() else 0
-    with output_to(log_path):
-        watcher.start()
-        try:
-            dr = dag.test(run_conf=conf or None)
-        finally:
-            done.set()
-            watcher.join()
-    poller.run_id = dr.run_id
-    base = os.environ.get("AIRFLOW__LOGGING__BASE_LOG_FOLDER")
-    if base:
-        write_task_logs(log_path, offset, Path(base), dag.dag_id, dr.run_id)
-    rows = poller.poll()
-    if on_poll:
-        on_poll(rows)
-    return dr, rows
+def run_pipeline(dag: Any, conf: dict[str, Any], logical_date: datetime) -> Any:
+    """One DAG run through the LocalExecutor (``dag.test(use_executor=True)``), its
+    logical date and run_after ``logical_date`` (so its run_id is known before it
+    starts); returns the DagRun."""
+    return dag.test(
+        logical_date=logical_date,
+        run_after=logical_date,
+        run_conf=conf or None,
+        use_executor=True,
+    )

@@ -7,6 +7,7 @@ task instances. Every failure becomes a RestError that says what to do.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -113,6 +114,26 @@ class Client:
         if r.status_code >= 400:
             return []
         return r.json().get("task_instances", [])
+
+    def xcom(self, dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> Any:
+        """The ``return_value`` XCom of a task instance, or None if it has none."""
+        r = self._send(
+            "GET",
+            f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/"
+            "return_value",
+            params={"map_index": map_index},
+        )
+        if r.status_code == 404:
+            return None
+        if r.status_code >= 400:
+            raise RestError(f"reading {task_id}'s XCom failed ({r.status_code}): {_detail(r)}")
+        value = r.json().get("value")
+        if isinstance(value, str):  # stored as JSON text
+            try:
+                return json.loads(value)
+            except ValueError:
+                return value
+        return value
 
     def wait(
         self,

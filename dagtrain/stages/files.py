@@ -17,13 +17,24 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
 
+from dagtrain.config import PipelineConfig
+from dagtrain.errors import InputError
 from dagtrain.taskgraph.atomic import atomic_write
 
-__all__ = ["atomic_write", "read_json", "run_dir", "safe_name", "sha256_file", "write_json"]
+__all__ = [
+    "atomic_write",
+    "check_source",
+    "read_json",
+    "run_dir",
+    "safe_name",
+    "sha256_file",
+    "write_json",
+]
 
 
 def write_json(path: Path, obj: Any) -> None:
@@ -49,3 +60,22 @@ def safe_name(s: str) -> str:
 
 def run_dir(root: Path, run_id: str) -> Path:
     return root / "runs" / safe_name(run_id)
+
+
+SUFFIXES = (".npz", ".npy", ".csv", ".parquet")
+
+
+def check_source(cfg: PipelineConfig) -> str:
+    """``data.source`` resolved (``digits``, or a path), after checking that the file is
+    there, readable and of a kind the data layer reads; InputError names the field."""
+    src = cfg.data_source()
+    if src == "digits":
+        return src
+    how = "give 'digits' or a .npz/.npy/.csv/.parquet path, relative to the config file"
+    if not Path(src).is_file():
+        raise InputError(f"data.source {cfg.data.source!r}: no such file ({src}); {how}")
+    if not os.access(src, os.R_OK):
+        raise InputError(f"data.source {cfg.data.source!r}: {src} is not readable by this user")
+    if Path(src).suffix.lower() not in SUFFIXES:
+        raise InputError(f"data.source {cfg.data.source!r}: unknown kind of file; {how}")
+    return src

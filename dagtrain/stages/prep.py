@@ -18,7 +18,7 @@ import numpy as np
 from dagtrain.config import PipelineConfig
 from dagtrain.errors import InputError
 
-from .files import atomic_write, read_json, sha256_file, write_json
+from .files import atomic_write, check_source, read_json, sha256_file, write_json
 
 __all__ = ["prepare", "verify_manifest"]
 
@@ -32,16 +32,11 @@ def _npz_bytes(**arrays: np.ndarray) -> bytes:
 
 
 def _source_digest(cfg: PipelineConfig) -> str:
-    src = cfg.data_source()
+    src = check_source(cfg)
     if src == "digits":
         import sklearn
 
         return f"sklearn-digits-{sklearn.__version__}"
-    if not Path(src).is_file():
-        raise InputError(
-            f"data.source {cfg.data.source!r}: no such file ({src}); give 'digits' or a "
-            ".npz/.npy/.csv/.parquet path, relative to the config file"
-        )
     return sha256_file(Path(src))
 
 
@@ -50,11 +45,6 @@ def prepare(cfg: PipelineConfig, shards: int = 0) -> dict[str, Any]:
     from dagtrain.training.data import read_arrays, standardization
 
     d = cfg.data
-    if d.val_fraction + d.test_fraction >= 0.9:
-        raise InputError(
-            f"data.val_fraction ({d.val_fraction}) + data.test_fraction ({d.test_fraction}) "
-            "leave under 10% for training; lower them"
-        )
     digest = _source_digest(cfg)
     key = json.dumps(
         {"source": digest, **d.model_dump(exclude={"source"}), "shards": shards},

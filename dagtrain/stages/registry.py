@@ -22,7 +22,7 @@ from dagtrain.config import PipelineConfig
 
 from .files import atomic_write, read_json, write_json
 
-__all__ = ["better", "champion", "evaluate_checkpoint", "promote"]
+__all__ = ["better", "champion", "evaluate_checkpoint", "promote", "promoted_in"]
 
 
 def evaluate_checkpoint(
@@ -67,6 +67,17 @@ def champion(cfg: PipelineConfig) -> dict[str, Any] | None:
     return next((v for v in reg["versions"] if v["version"] == reg["champion"]), None)
 
 
+def promoted_in(cfg: PipelineConfig, run_id: str) -> dict[str, Any] | None:
+    """The registry entry that run ``run_id`` promoted, or None."""
+    path = _dir(cfg) / "registry.json"
+    if not path.exists():
+        return None
+    versions = read_json(path)["versions"]
+    return next(
+        (v for v in versions if v["promoted"] and v["lineage"].get("run_id") == run_id), None
+    )
+
+
 def better(cfg: PipelineConfig, challenger: dict[str, float], champ: dict | None) -> tuple:
     """(promote?, why) for a challenger's metrics against the champion's."""
     ev = cfg.evaluation
@@ -74,13 +85,14 @@ def better(cfg: PipelineConfig, challenger: dict[str, float], champ: dict | None
     if acc < ev.min_accuracy:
         return False, f"test accuracy {acc:.4f} is below evaluation.min_accuracy {ev.min_accuracy}"
     if champ is None:
-        return True, "no champion yet"
+        return True, "the first model: no champion yet"
     mine, theirs = challenger[ev.metric], champ["metrics"][ev.metric]
     gain = mine - theirs if ev.metric == "test_accuracy" else theirs - mine
+    name = ev.metric.replace("_", " ")
     if gain > ev.min_improvement:
-        return True, f"{ev.metric} {mine:.4f} beats the champion's {theirs:.4f}"
+        return True, f"{name} {mine:.4f} beats v{champ['version']}'s {theirs:.4f}"
     return False, (
-        f"{ev.metric} {mine:.4f} does not beat champion v{champ['version']}'s {theirs:.4f} "
+        f"{name} {mine:.4f} does not beat v{champ['version']}'s {theirs:.4f} "
         f"by more than {ev.min_improvement}"
     )
 

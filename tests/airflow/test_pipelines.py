@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -98,7 +99,41 @@ def test_scheduled_retraining_runs_end_to_end(tmp_path):
     assert ev["metrics"]["test_accuracy"] > 0.8
     reg = json.loads((tmp_path / "art" / "sched" / "registry" / "registry.json").read_text())
     assert reg["champion"] == 1 and reg["versions"][0]["lineage"]["data_version"]
-    assert "test accuracy" in r.stdout and "champion (the promoted model): v1" in r.stdout
+    # piped: plain progress lines, in order, and no ANSI code at all
+    assert "\x1b[" not in r.stdout + r.stderr
+    order = [
+        "prepare_data started",
+        "prepare_data succeeded in",
+        "train started",
+        "train epoch 1/3: loss",
+        "train epoch 3/3: loss",
+        "train succeeded in",
+        "evaluate started",
+        "promote succeeded in",
+        "validation accuracy",
+        "test accuracy",
+        "promoted v1 (",
+    ]
+    at = [r.stdout.find(s) for s in order]
+    assert -1 not in at and at == sorted(at), (at, r.stdout)
+    assert re.search(r"^promoted v1 \([\d.]+\), the first champion$", r.stdout, re.M)
+    # the training task's XCom names its metrics by the split they come from
+    assert result["val_accuracy"] > 0.8 and "test_accuracy" not in result
+    # artifacts get the permissions of any new file of the process (umask), not 0600
+    mask = os.umask(0)
+    os.umask(mask)
+    for f in (
+        tmp_path / "art" / "sched" / "registry" / "registry.json",
+        tmp_path / "art" / "sched" / "registry" / "models" / "v0001" / "model.pt",
+        run / "train" / "result.json",
+        *(run / "train" / "checkpoints").glob("ckpt-*.pt"),
+    ):
+        assert f.stat().st_mode & 0o777 == 0o666 & ~mask, f
+    # each rank's trace is a process of its own in Perfetto
+    for rank in (0, 1):
+        events = json.loads((run / "train" / "traces" / f"step-rank{rank}.json").read_text())
+        meta = [e for e in events["traceEvents"] if e["name"] == "process_name"]
+        assert meta[0]["pid"] == rank and meta[0]["args"]["name"] == f"rank {rank}"
 
 
 def test_asset_scheduled_retraining_runs_and_a_worse_model_is_not_promoted(tmp_path):
@@ -112,6 +147,17 @@ def test_asset_scheduled_retraining_runs_and_a_worse_model_is_not_promoted(tmp_p
     assert first.returncode == 0, first.stdout + first.stderr
     second = dagtrain_run(tmp_path, cfg)  # cannot beat the champion by 0.5
     assert second.returncode == 0, second.stdout + second.stderr
+    # each run's progress is its own: the second shows nothing of the first
+    ids = [re.search(r"run (manual__\S+): success", x.stdout).group(1) for x in (first, second)]
+    assert ids[0] != ids[1] and ids[0] not in second.stdout
+    for x in (first, second):
+        assert x.stdout.count("train epoch ") == 2 and x.stdout.count("train started") == 1
+    assert re.search(r"^promoted v1 \(", first.stdout, re.M), first.stdout
+    assert re.search(
+        r"^not promoted: test accuracy [\d.]+ does not beat v1's [\d.]+ by more than 0\.5$",
+        second.stdout,
+        re.M,
+    ), second.stdout
     assert task_rows(tmp_path)["promote"][0] in ("success", "skipped")
     reg = json.loads((tmp_path / "art" / "fresh" / "registry" / "registry.json").read_text())
     assert [v["promoted"] for v in reg["versions"]] == [True, False]
@@ -170,34 +216,51 @@ def test_a_training_task_that_fails_once_resumes_on_its_retry(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert marker.exists()  # the fault did happen
     assert task_rows(tmp_path)["train"] == ("success", 2)
+    # the retry, as the user saw it
+    assert re.search(r"^train try 1 failed, Airflow will retry it: RankFailure: ", r.stdout, re.M)
+    assert "train started (try 2)" in r.stdout
+    assert re.search(r"^train try 2: resumed from step 20 \(1 epoch", r.stdout, re.M), r.stdout
     result = json.loads((run_artifacts(tmp_path, "flaky") / "train" / "result.json").read_text())
     assert result["resumed_from_step"] == 20  # the checkpoint of epoch 1
     assert result["epochs_trained_now"] == 2  # epoch 1 was not trained again
     assert len(result["epochs"]) == 3 and result["steps"] == 60
 
 
-def test_a_failing_pipeline_exits_non_zero_naming_the_stage(tmp_path):
+BAD_LABELS = "1.0,2.0,0.5\n3.0,4.0,1.5\n5.0,6.0,0.5\n"  # labels that are not classes
+
+
+def test_a_failing_pipeline_exits_non_zero_naming_the_stage_and_why(tmp_path):
     cfg = stage(
         tmp_path,
         "digits_retraining",
-        "name: broken\ndata: {source: missing.npz}\n"
+        "name: broken\ndata: {source: bad.csv}\n"
         "training: {retries: 0}\ndistributed: {backend: local, ranks: 1}\n",
     )
+    (cfg.parent / "bad.csv").write_text(BAD_LABELS)
     r = dagtrain_run(tmp_path, cfg)
     assert r.returncode != 0
-    assert "prepare_data" in r.stderr, r.stderr
+    assert "prepare_data" in r.stderr and "labels must be integers" in r.stderr, r.stderr
     assert task_rows(tmp_path)["prepare_data"][0] == "failed"
+
+
+def test_a_missing_data_file_is_refused_before_airflow_starts(tmp_path):
+    cfg = stage(tmp_path, "digits_retraining", "name: nodata\ndata: {source: missing.npz}\n")
+    r = dagtrain_run(tmp_path, cfg)
+    assert r.returncode == 2
+    assert "data.source 'missing.npz': no such file" in r.stderr, r.stderr
+    assert not (tmp_path / "home" / "airflow" / "airflow.db").exists()
 
 
 def test_a_bare_config_runs_through_a_generated_dag_and_bad_input_is_not_retried(tmp_path):
     cfg = tmp_path / "elsewhere" / "bare.yaml"
     cfg.parent.mkdir()
+    (cfg.parent / "bad.csv").write_text(BAD_LABELS)
     cfg.write_text(
-        "name: bare\ndata: {source: no-such.csv}\ntraining: {retries: 2, retry_delay_seconds: 5}\n"
+        "name: bare\ndata: {source: bad.csv}\ntraining: {retries: 2, retry_delay_seconds: 5}\n"
         f"distributed: {{backend: local, ranks: 1}}\nartifacts: {{root: {tmp_path / 'art'}}}\n"
     )
     r = dagtrain_run(tmp_path, cfg)
     assert r.returncode != 0
     assert task_rows(tmp_path)["prepare_data"] == ("failed", 1)  # no retry of bad input
     # the path is resolved against the config's own folder, and the error says so
-    assert "no-such.csv" in r.stderr and str(cfg.parent) in r.stderr.replace("\n", ""), r.stderr
+    assert str(cfg.parent / "bad.csv") in r.stderr, r.stderr

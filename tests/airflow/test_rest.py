@@ -1,18 +1,31 @@
-"""``dagtrain trigger`` against a real Airflow: api-server, scheduler, dag-processor and
-triggerer started by ``dagtrain up`` on SQLite (LocalExecutor), in a temporary home."""
+"""``dagtrain run`` as a person sees it, and ``dagtrain up``/``trigger`` against a real
+Airflow (api-server, scheduler, dag-processor, triggerer; SQLite, LocalExecutor) on the
+same temporary home.
+
+The module's fixture first runs ``dagtrain run`` in a pseudo-terminal of 80 columns
+(what a person sees), then starts ``dagtrain up`` and reads that run's task logs the
+way the web UI does, through the REST API."""
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
+import pty
+import re
+import select
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import termios
 import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 REPO = Path(__file__).parents[2]
@@ -55,15 +68,11 @@ def airflow(tmp_path_factory):
     )
     port = free_port()
     home = tmp / "home"
-    # first a run made by `dagtrain run` on the same home: `up` must show it
-    ran = subprocess.run(
-        [*DAGTRAIN, "run", str(dags / "tiny.yaml"), "--home", str(home)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=False,
+    # first a run made by `dagtrain run` on the same home, in a terminal: `up` must show it
+    code, screen = run_in_terminal(
+        [*DAGTRAIN, "run", str(dags / "tiny.yaml"), "--home", str(home)], columns=80
     )
-    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert code == 0, screen
     proc = subprocess.Popen(
         [*DAGTRAIN, "up", "--port", str(port), "--home", str(home), "--dags", str(dags)],
         cwd=REPO,
@@ -91,20 +100,135 @@ def airflow(tmp_path_factory):
             except (httpx.HTTPError, FileNotFoundError, KeyError):
                 pass
             time.sleep(2)
-        yield {"url": url, "home": home, "port": port, "headers": h, "art": tmp / "art"}
+        family = [proc.pid, *(c.pid for c in psutil.Process(proc.pid).children(recursive=True))]
+        yield {
+            "url": url,
+            "home": home,
+            "port": port,
+            "headers": h,
+            "art": tmp / "art",
+            "screen": screen,
+            "family": family,
+        }
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)  # dagtrain up stops its four processes
+        os.kill(proc.pid, signal.SIGTERM)  # dagtrain up stops everything it started
         try:
-            proc.wait(60)
+            proc.wait(90)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+    # after the module's tests: nothing `dagtrain up` started outlived it
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and [p for p in family if _alive(p)]:
+        time.sleep(0.2)
+    assert not [p for p in family if _alive(p)], "processes outlived dagtrain up"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def run_in_terminal(argv: list[str], columns: int, timeout: float = 600) -> tuple[int, str]:
+    """Run ``argv`` with a pseudo-terminal of ``columns`` x 30 as its stdin, stdout and
+    stderr; return its exit code and everything it wrote (ANSI codes included)."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 30, columns, 0, 0))
+    env = {**os.environ, "COLUMNS": str(columns), "LINES": "30", "TERM": "xterm-256color"}
+    p = subprocess.Popen(
+        argv, cwd=REPO, stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True
+    )
+    os.close(slave)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.5)
+            if ready:
+                try:
+                    data = os.read(master, 65536)
+                except OSError:  # the child closed the terminal
+                    break
+                if not data:
+                    break
+                chunks.append(data)
+            elif p.poll() is not None:
+                break
+        else:
+            p.kill()
+            raise AssertionError("dagtrain run did not end: " + b"".join(chunks).decode()[-3000:])
+    finally:
+        os.close(master)
+    return p.wait(30), b"".join(chunks).decode("utf-8", errors="replace")
+
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def test_run_in_a_terminal_shows_the_stage_table_with_train_running_before_the_end(airflow):
+    screen = airflow["screen"]
+    plain = ANSI.sub("", screen)
+    end = re.search(r"^run manual__\S+: success", plain, re.M).start()  # the summary
+    running = re.search(r"│ train\s+│ running\s+│", plain)
+    assert running is not None and running.start() < end, plain[-3000:]
+    assert re.search(r"train epoch 1/1: loss [\d.]+, val accuracy [\d.]+", plain[:end]), plain
+    # nothing of Airflow's own output on the screen; paths whole, never hard-wrapped
+    assert "[info" not in plain and "DagRun Finished" not in plain, plain[-3000:]
+    log = re.search(r"its output: (\S+)\)", plain)
+    assert log is not None and Path(log.group(1)).exists(), plain[:500]
+
+
+def _logs(airflow, run_id: str, task_id: str, attempt: int = 1) -> str:
+    r = httpx.get(
+        f"{airflow['url']}/api/v2/dags/dagtrain_tiny/dagRuns/{run_id}/taskInstances/"
+        f"{task_id}/logs/{attempt}",
+        headers={**airflow["headers"], "Accept": "application/json"},
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+    content = r.json()["content"]
+    return "\n".join(str(c.get("event", c)) if isinstance(c, dict) else str(c) for c in content)
+
+
+def test_the_task_logs_of_a_dagtrain_run_are_airflows_own_with_the_ranks_lines(airflow):
+    run_id = re.search(r"run (manual__\S+): success", ANSI.sub("", airflow["screen"])).group(1)
+    for task_id in ("prepare_data", "train", "evaluate", "promote"):
+        text = _logs(airflow, run_id, task_id)
+        assert "Log file not found" not in text and text.strip(), (task_id, text[:500])
+        # nothing of the CLI's display: no table frame, no progress line
+        assert not set("┏┃│└") & set(text), (task_id, text[:2000])
+        assert "epoch 1/1:" not in text and f"{task_id} started" not in text, task_id
+    train = _logs(airflow, run_id, "train")
+    assert "[rank 0]" in train and "[rank 1]" in train, train[:3000]
+
+
+def test_up_listens_on_loopback_and_remembers_its_url(airflow):
+    up = json.loads((airflow["home"] / "airflow" / "up.json").read_text())
+    assert up["url"] == f"http://localhost:{airflow['port']}"
+    listening = {
+        c.laddr.ip
+        for pid in airflow["family"]
+        if _alive(pid)
+        for c in psutil.Process(pid).net_connections(kind="tcp")
+        if c.status == psutil.CONN_LISTEN and c.laddr.port == airflow["port"]
+    }
+    assert listening == {"127.0.0.1"}, listening
 
 
 def _password(home: Path) -> str:
     import json
 
     return json.loads((home / "airflow" / "passwords.json").read_text())["admin"]
+
+
+def trigger_here(airflow, *args: str) -> subprocess.CompletedProcess:
+    """``dagtrain trigger`` without --url: it finds the Airflow `dagtrain up` runs on --home."""
+    argv = [*DAGTRAIN, "trigger", "dagtrain_tiny", "--home", str(airflow["home"]), *args]
+    env = {**os.environ, "COLUMNS": "200"}
+    env.pop("DAGTRAIN_AIRFLOW_URL", None)
+    return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, env=env, check=False)
 
 
 def trigger(airflow, *args: str, password: str | None = None) -> subprocess.CompletedProcess:
@@ -117,7 +241,7 @@ def trigger(airflow, *args: str, password: str | None = None) -> subprocess.Comp
 
 
 def test_trigger_starts_a_run_that_succeeds_and_its_conf_reaches_the_ranks(airflow):
-    r = trigger(
+    r = trigger_here(
         airflow,
         "--set",
         "training.epochs=2",
@@ -129,9 +253,10 @@ def test_trigger_starts_a_run_that_succeeds_and_its_conf_reaches_the_ranks(airfl
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "success" in r.stdout
-    import json
-    import re
-
+    # the same closing lines as `dagtrain run`, read from the stages' XComs
+    assert re.search(r"^validation accuracy [\d.]+ \(after 2 epoch", r.stdout, re.M), r.stdout
+    assert re.search(r"^test accuracy [\d.]+ \(test loss", r.stdout, re.M), r.stdout
+    assert re.search(r"^(promoted v\d|not promoted: )", r.stdout, re.M), r.stdout
     from dagtrain.stages.files import safe_name
 
     run_id = re.search(r"triggered dagtrain_tiny run (\S+)", r.stdout).group(1)

@@ -1,0 +1,211 @@
+"""What ``dagtrain run`` shows while a run goes on, from what Airflow and the ranks report.
+
+Two sources, both JSON lines appended by the processes that know:
+
+- the plugin's task-instance listener (``dagtrain.plugins.listener``), called by
+  Airflow in each task's process: a stage started, succeeded, was skipped, failed (and
+  whether Airflow will try it again);
+- rank 0 of each training task (``TrainConfig.metrics_file``): the run started (or
+  resumed from a step), an epoch ended (its metrics, samples/s), the run ended.
+
+Nothing here reads Airflow's tables or its log text. ``Progress.poll()`` reads what is
+new and turns it into lines (each stage as it starts and ends, with its duration; each
+epoch with its loss, validation accuracy, samples/s and ETA; a retry as such), printed
+as plain lines — in a terminal, above a live table of the stages (``table()``); piped,
+with no ANSI codes at all.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+__all__ = ["Progress", "Stage"]
+
+COLOUR = {
+    "success": "green",
+    "failed": "red",
+    "running": "yellow",
+    "retrying": "magenta",
+    "skipped": "dim",
+}
+_SHARD = re.compile(r"round-(\d+)/shard-(\d+)/metrics\.jsonl$")
+
+
+@dataclass
+class Stage:
+    label: str
+    state: str = "waiting"
+    try_number: int = 0
+    started: float | None = None
+    seconds: float | None = None
+    error: str | None = None
+
+
+@dataclass
+class _Tail:
+    """New complete lines of a growing file, from where the last read stopped."""
+
+    path: Path
+    offset: int = 0
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def lines(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:
+            return []
+        end = data.rfind(b"\n") + 1  # a line still being written waits for next time
+        self.offset += end
+        out = []
+        for raw in data[:end].splitlines():
+            try:
+                out.append(json.loads(raw))
+            except ValueError:
+                continue
+        return out
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    m, s = divmod(round(seconds), 60)
+    return f"{m} min {s:02d} s" if m < 60 else f"{m // 60} h {m % 60:02d} min"
+
+
+class Progress:
+    """A run's stages and epochs, followed from the listener's events file and the
+    training tasks' metrics files under the run's artifact folder."""
+
+    def __init__(
+        self, console: Console, title: str, events: Path, run_dir: Path, task_ids: list[str]
+    ) -> None:
+        self.console = console
+        self.title = title
+        self.events = _Tail(events)
+        self.run_dir = run_dir
+        self.metrics: dict[Path, _Tail] = {}
+        self.stages: dict[str, Stage] = {t: Stage(t) for t in task_ids}
+        self.latest = ""  # the newest epoch line, shown under the table
+        # poll() runs in a thread of its own, table() in the live display's: the lock
+        # guards the stages; lines are printed after it is released (printing takes the
+        # console's lock, under which the live display calls table())
+        self.lock = threading.Lock()
+        self.pending: list[tuple[str, str | None]] = []
+
+    # ------------------------------------------------------------------ reading
+    def poll(self) -> None:
+        with self.lock:
+            for e in self.events.lines():
+                self._event(e)
+            for path in self._metric_files():
+                tail = self.metrics.setdefault(path, _Tail(path))
+                for m in tail.lines():
+                    self._metric(self._label_of(path), tail.info, m)
+            lines, self.pending = self.pending, []
+        for line, style in lines:
+            self.console.print(line, style=style, highlight=False, markup=False, soft_wrap=True)
+
+    def _metric_files(self) -> list[Path]:
+        files = [self.run_dir / "train" / "metrics.jsonl"]
+        files += sorted(self.run_dir.glob("rounds/round-*/shard-*/metrics.jsonl"))
+        return [f for f in files if f.exists()]
+
+    def _label_of(self, path: Path) -> str:
+        m = _SHARD.search(path.as_posix())
+        return f"round_{int(m.group(1))}_train[{int(m.group(2))}]" if m else "train"
+
+    def _stage(self, label: str) -> Stage:
+        return self.stages.setdefault(label, Stage(label))
+
+    def _event(self, e: dict[str, Any]) -> None:
+        index = e.get("map_index", -1)
+        label = e["task_id"] if index is None or index < 0 else f"{e['task_id']}[{index}]"
+        st = self._stage(label)
+        n = int(e.get("try_number") or 1)
+        kind, now = e.get("event"), float(e.get("time") or time.time())
+        if kind == "running":
+            st.state, st.try_number, st.started, st.seconds = "running", n, now, None
+            self.say(f"{label} started" + (f" (try {n})" if n > 1 else ""))
+        elif kind in ("success", "skipped"):
+            st.state = kind
+            st.seconds = now - st.started if st.started else None
+            took = f" in {_duration(st.seconds)}" if st.seconds is not None else ""
+            self.say(f"{label} {'succeeded' if kind == 'success' else 'skipped'}{took}")
+        elif kind == "failed":
+            retry = e.get("state") == "up_for_retry"
+            st.state = "retrying" if retry else "failed"
+            st.seconds = now - st.started if st.started else None
+            st.error = e.get("error")
+            what = "failed, Airflow will retry it" if retry else "failed"
+            self.say(f"{label} try {n} {what}: {st.error or 'no error given'}", "red")
+
+    def _metric(self, label: str, info: dict[str, Any], m: dict[str, Any]) -> None:
+        kind = m.get("kind")
+        if kind == "start":
+            info.update(m)
+            resumed = m.get("resumed_from_step")
+            n = self._stage(label).try_number or 1
+            if resumed is not None:
+                per = max(int(m.get("steps_per_epoch") or 1), 1)
+                self.say(
+                    f"{label} try {n}: resumed from step {resumed} "
+                    f"({resumed // per} epoch(s) already trained)"
+                )
+        elif kind == "epoch":
+            self.latest = self._epoch_line(label, info, m)
+            self.say(self.latest)
+
+    @staticmethod
+    def _epoch_line(label: str, info: dict[str, Any], m: dict[str, Any]) -> str:
+        per = max(int(info.get("steps_per_epoch") or m.get("steps_per_epoch") or 1), 1)
+        total = int(m.get("total_steps") or 0)
+        epochs = math.ceil(total / per) if total else "?"
+        parts = [f"loss {m['train_loss']:.4f}"] if "train_loss" in m else []
+        for split, name in (("val", "val accuracy"), ("test", "test accuracy")):
+            if f"{split}_accuracy" in m:
+                parts.append(f"{name} {m[f'{split}_accuracy']:.4f}")
+        if m.get("samples_per_second"):
+            parts.append(f"{m['samples_per_second']:.0f} samples/s")
+        step, first = int(m.get("step") or 0), int(info.get("step") or 0)
+        elapsed = float(m.get("elapsed") or 0)
+        if total and step > first and elapsed > 0:
+            parts.append(f"ETA {_duration(elapsed / (step - first) * (total - step))}")
+        return f"{label} epoch {int(m.get('epoch', 0)) + 1}/{epochs}: " + ", ".join(parts)
+
+    # ------------------------------------------------------------------ showing
+    def say(self, line: str, style: str | None = None) -> None:
+        self.pending.append((line, style))
+
+    def table(self) -> Table:
+        t = Table(title=self.title, title_justify="left", caption=self.latest or None)
+        t.caption_justify = "left"
+        t.add_column("stage", no_wrap=True)
+        t.add_column("state", no_wrap=True)
+        t.add_column("try", justify="right")
+        t.add_column("time", justify="right", no_wrap=True)
+        now = time.time()
+        with self.lock:
+            stages = [Stage(**vars(s)) for s in self.stages.values()]
+        for st in stages:
+            secs = st.seconds
+            if secs is None and st.state == "running" and st.started:
+                secs = now - st.started
+            t.add_row(
+                st.label,
+                f"[{COLOUR.get(st.state, 'white')}]{st.state}[/]",
+                str(st.try_number or ""),
+                "" if secs is None else _duration(secs),
+            )
+        return t

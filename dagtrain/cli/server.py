@@ -1,0 +1,214 @@
+"""``dagtrain up`` (Airflow's api-server, scheduler, dag-processor and triggerer on the
+project's home) and ``dagtrain trigger`` (a run through its REST API)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.live import Live
+from rich.table import Table
+
+from dagtrain.config import ConfigError, deep_merge, parse_sets
+
+from .common import HomeOpt, Sets, err, fail, home_of, load, out
+
+__all__ = ["trigger", "up"]
+
+DEFAULT_URL = "http://localhost:8080"
+
+
+def _url_of(home: Path) -> str:
+    """The URL of the Airflow that ``dagtrain up`` runs on ``home``, else the default."""
+    up_file = home.resolve() / "airflow" / "up.json"
+    try:
+        return json.loads(up_file.read_text())["url"]
+    except (OSError, ValueError, KeyError):
+        return DEFAULT_URL
+
+
+def trigger(
+    dag_id: str,
+    config: Annotated[Path | None, typer.Option(help="a config whose sections become conf")] = None,
+    sets: Sets = None,
+    url: Annotated[
+        str | None,
+        typer.Option(
+            envvar="DAGTRAIN_AIRFLOW_URL",
+            help="the api-server (default: the one `dagtrain up` runs on --home, else "
+            f"{DEFAULT_URL})",
+        ),
+    ] = None,
+    user: Annotated[str, typer.Option(envvar="DAGTRAIN_AIRFLOW_USER")] = "admin",
+    password: Annotated[str | None, typer.Option(envvar="DAGTRAIN_AIRFLOW_PASSWORD")] = None,
+    wait: Annotated[bool, typer.Option(help="follow the run until it ends")] = False,
+    timeout: Annotated[float, typer.Option(help="seconds to --wait at most")] = 12 * 3600.0,
+    home: HomeOpt = Path(".dagtrain"),
+) -> None:
+    """Trigger a DAG run on a running Airflow through its REST API (unpausing the DAG)."""
+    from .rest import Client, RestError
+
+    url = url or _url_of(home)
+    conf: dict[str, Any] = {}
+    if config is not None:
+        import yaml
+
+        _, over, _ = load(config, sets)
+        raw = yaml.safe_load(config.read_text()) or {}
+        # what the file states, less what only the DAG's own file may set
+        conf = {k: v for k, v in raw.items() if k not in ("name", "pipeline", "artifacts")}
+        conf = deep_merge(conf, over)
+    elif sets:
+        try:  # checked by the server, against the DAG's own config
+            conf = parse_sets(sets)
+        except ConfigError as e:
+            raise fail(str(e), 2) from None
+    if password is None:
+        pw_file = home.resolve() / "airflow" / "passwords.json"
+        if pw_file.exists():
+            password = json.loads(pw_file.read_text()).get(user)
+    if password is None:
+        raise fail("no password: give --password (or DAGTRAIN_AIRFLOW_PASSWORD)", 2)
+    client = Client(url, user, password)
+    try:
+        client.login()
+        if client.unpause(dag_id):
+            out.print(f"{dag_id} was paused (as new DAGs are): unpaused it")
+        dr = client.trigger(dag_id, conf)
+        run_id = dr["dag_run_id"]
+        out.print(f"triggered {dag_id} run {run_id} ({dr.get('state')})", highlight=False)
+        if not wait:
+            return
+        with Live(console=out, refresh_per_second=2) as live:
+
+            def show(run: dict, tis: list) -> None:
+                t = Table(title=f"{dag_id}  {run['dag_run_id']}: {run.get('state')}")
+                t.add_column("stage", no_wrap=True)
+                t.add_column("state", no_wrap=True)
+                t.add_column("try", justify="right")
+                t.add_column("seconds", justify="right")
+                for ti in tis:
+                    name = ti["task_id"] + (
+                        f"[{ti['map_index']}]" if ti.get("map_index", -1) >= 0 else ""
+                    )
+                    d = ti.get("duration")
+                    t.add_row(
+                        name,
+                        str(ti.get("state")),
+                        str(ti.get("try_number") or ""),
+                        "" if d is None else f"{d:.1f}",
+                    )
+                live.update(t)
+
+            final = client.wait(dag_id, run_id, timeout=timeout, on_poll=show)
+        from .summary import outcome_lines
+
+        out.print(f"run {run_id}: {final['state']}", highlight=False)
+        lines = outcome_lines(
+            client.xcom(dag_id, run_id, "train"),
+            client.xcom(dag_id, run_id, "evaluate"),
+            client.xcom(dag_id, run_id, "promote"),
+        )
+        for line in lines:
+            out.print(line, highlight=False)
+    except RestError as e:
+        raise fail(str(e)) from None
+    except TimeoutError as e:
+        raise fail(str(e)) from None
+    if final["state"] != "success":
+        raise typer.Exit(1)
+
+
+def up(
+    port: Annotated[int, typer.Option(help="the api-server's port")] = 8080,
+    host: Annotated[
+        str, typer.Option(help="the address it listens on (0.0.0.0: every interface)")
+    ] = "127.0.0.1",
+    dags: Annotated[Path | None, typer.Option(help="DAGs folder (default ./dags)")] = None,
+    home: HomeOpt = Path(".dagtrain"),
+) -> None:
+    """Start an embedded Airflow (api-server, scheduler, dag-processor, triggerer)."""
+    from .embedded import AIRFLOW, USER, stop_all
+
+    h = home_of(home, dags, port, host)
+    h.activate()
+    env = dict(os.environ)  # activate() put the home's environment there
+    out.print(f"migrating the metadata database {h.db}", highlight=False)
+    subprocess.run(
+        [*AIRFLOW, "db", "migrate"],
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    procs: dict[str, subprocess.Popen] = {}
+    stop = {"now": False}
+
+    def on_signal(signum, frame) -> None:
+        stop["now"] = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        for name, argv in (
+            ("api-server", ["api-server", "--host", host, "--port", str(port)]),
+            ("scheduler", ["scheduler"]),
+            ("dag-processor", ["dag-processor"]),
+            ("triggerer", ["triggerer"]),
+        ):
+            log = h.logs / f"{name}.log"
+            out.print(f"starting the {name} (log: {log})", highlight=False)
+            with open(log, "ab") as f:
+                procs[name] = subprocess.Popen(
+                    [*AIRFLOW, *argv],
+                    env=env,
+                    stdout=f,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+        if _wait_healthy(h.local_url, procs, stop):
+            h.up_file.write_text(json.dumps({"url": h.url, "pid": os.getpid()}))
+            out.print(
+                f"Airflow is up: {h.url}  user {USER}  password {h.password()}\n"
+                f"DAGs from {h.dags}; logs in {h.logs}; Ctrl-C stops it all.",
+                highlight=False,
+            )
+        while not stop["now"]:
+            dead = [n for n, p in procs.items() if p.poll() is not None]
+            if dead:
+                err.print(f"[red]{', '.join(dead)} exited; see {h.logs}[/]")
+                break
+            time.sleep(0.5)
+    finally:
+        out.print("stopping Airflow ...", highlight=False)
+        h.up_file.unlink(missing_ok=True)
+        stop_all(list(procs.values()))
+        out.print("Airflow stopped; nothing it started is left running", highlight=False)
+    if not stop["now"]:
+        raise typer.Exit(1)
+
+
+def _wait_healthy(url: str, procs: dict, stop: dict, timeout: float = 180.0) -> bool:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    with out.status(f"waiting for the api-server at {url}"):
+        while time.monotonic() < deadline and not stop["now"]:
+            if any(p.poll() is not None for p in procs.values()):
+                return False
+            try:
+                r = httpx.get(f"{url}/api/v2/monitor/health", timeout=2)
+                if r.status_code == 200:
+                    return True
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+    if not stop["now"]:
+        err.print(f"the api-server did not answer within {timeout:g} s; see its log")
+    return False
