@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from .common import Sets, load, out, preflight
+from .common import ConfigArg, Sets, load, out, preflight
 from .run import run
 from .server import trigger, up
 
@@ -50,7 +49,7 @@ def _main(
 
 
 @app.command()
-def validate(config: Path, sets: Sets = None) -> None:
+def validate(config: ConfigArg, sets: Sets = None) -> None:
     """Check a config and what a run would fail on at once, running nothing.
 
     The fields (and --set overrides), the data file, the backend's library and a model

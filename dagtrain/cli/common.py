@@ -11,15 +11,18 @@ from rich.console import Console
 
 from dagtrain.config import ConfigError, PipelineConfig, load_config, merge_conf, parse_sets
 
-__all__ = ["HomeOpt", "Sets", "err", "fail", "home_of", "load", "out", "preflight"]
+__all__ = ["ConfigArg", "HomeOpt", "Sets", "err", "fail", "home_of", "load", "out", "preflight"]
 
 out = Console(soft_wrap=True)  # soft: a long path stays one line, whole when copied
 err = Console(stderr=True, soft_wrap=True)
 
 Sets = Annotated[
     list[str] | None,
-    typer.Option("--set", help="override a field: --set training.epochs=3 (repeatable)"),
+    typer.Option(
+        "--set", metavar="KEY=VALUE", help="override a field: --set training.epochs=3 (repeatable)"
+    ),
 ]
+ConfigArg = Annotated[Path, typer.Argument(metavar="CONFIG", help="a pipeline config file (YAML)")]
 HomeOpt = Annotated[
     Path,
     typer.Option(

@@ -139,6 +139,8 @@ class Progress:
             st.state, st.try_number, st.started, st.seconds = "running", n, now, None
             self.say(f"{label} started" + (f" (try {n})" if n > 1 else ""))
         elif kind in ("success", "skipped"):
+            if self.latest.startswith(f"{label} "):  # its epochs are over: the lines keep them
+                self.latest = ""
             st.state = kind
             st.seconds = now - st.started if st.started else None
             took = f" in {_duration(st.seconds)}" if st.seconds is not None else ""

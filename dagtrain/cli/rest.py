@@ -44,6 +44,7 @@ class Client:
 
     def _send(self, method: str, path: str, **kw: Any) -> httpx.Response:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        headers.update(kw.pop("headers", {}))
         try:
             return self.http.request(method, path, headers=headers, **kw)
         except httpx.ConnectError:
@@ -87,8 +88,9 @@ class Client:
             raise RestError(f"triggering {dag_id!r} failed ({r.status_code}): {_detail(r)}")
         return r.json()
 
-    def unpause(self, dag_id: str) -> bool:
-        """Unpause the DAG if it is paused (new DAGs are); True if it was paused."""
+    def unpause(self, dag_id: str) -> dict[str, Any] | None:
+        """Unpause the DAG if it is paused (new DAGs are); the DAG (as the API describes
+        it) if it was paused, else None."""
         r = self._send("GET", f"/api/v2/dags/{dag_id}")
         if r.status_code == 404:
             raise RestError(
@@ -96,12 +98,13 @@ class Client:
             )
         if r.status_code >= 400:
             raise RestError(f"reading DAG {dag_id!r} failed ({r.status_code}): {_detail(r)}")
-        if not r.json().get("is_paused"):
-            return False
+        dag = r.json()
+        if not dag.get("is_paused"):
+            return None
         r = self._send("PATCH", f"/api/v2/dags/{dag_id}", json={"is_paused": False})
         if r.status_code >= 400:
             raise RestError(f"unpausing {dag_id!r} failed ({r.status_code}): {_detail(r)}")
-        return True
+        return dag
 
     def run(self, dag_id: str, run_id: str) -> dict[str, Any]:
         r = self._send("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}")
@@ -114,6 +117,28 @@ class Client:
         if r.status_code >= 400:
             return []
         return r.json().get("task_instances", [])
+
+    def error_of(self, dag_id: str, run_id: str, ti: dict[str, Any]) -> str | None:
+        """The error a failed task instance's try ended with, from its log as the API
+        serves it (structured: the exception's type and message), or None."""
+        r = self._send(
+            "GET",
+            f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{ti['task_id']}/logs/"
+            f"{ti.get('try_number') or 1}",
+            params={"map_index": ti.get("map_index", -1), "full_content": True},
+            headers={"Accept": "application/json"},
+        )
+        if r.status_code >= 400:
+            return None
+        content = r.json().get("content") or []
+        for entry in reversed([c for c in content if isinstance(c, dict)]):
+            for detail in reversed(entry.get("error_detail") or []):
+                if isinstance(detail, dict) and detail.get("exc_type"):
+                    return f"{detail['exc_type']}: {detail.get('exc_value', '')}".strip()
+        for entry in reversed([c for c in content if isinstance(c, dict)]):
+            if entry.get("level") == "error":
+                return str(entry.get("event"))
+        return None
 
     def xcom(self, dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> Any:
         """The ``return_value`` XCom of a task instance, or None if it has none."""

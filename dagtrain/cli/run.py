@@ -24,7 +24,7 @@ from rich.live import Live
 
 from dagtrain.config import PipelineConfig
 
-from .common import HomeOpt, Sets, fail, home_of, load, out, preflight
+from .common import ConfigArg, HomeOpt, Sets, fail, home_of, load, out, preflight
 
 __all__ = ["run"]
 
@@ -42,7 +42,7 @@ def _terminal() -> Console:
     return Console(file=f, width=width, soft_wrap=True, highlight=False)
 
 
-def run(config: Path, sets: Sets = None, home: HomeOpt = Path(".dagtrain")) -> None:
+def run(config: ConfigArg, sets: Sets = None, home: HomeOpt = Path(".dagtrain")) -> None:
     """Run a pipeline through Airflow (embedded, SQLite), showing its progress.
 
     Ends with a summary; the task logs are Airflow's own (the web UI of `dagtrain up`)."""

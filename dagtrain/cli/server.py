@@ -78,8 +78,15 @@ def trigger(
     client = Client(url, user, password)
     try:
         client.login()
-        if client.unpause(dag_id):
-            out.print(f"{dag_id} was paused (as new DAGs are): unpaused it")
+        dag = client.unpause(dag_id)
+        if dag is not None:
+            out.print(f"{dag_id} was paused (as new DAGs are): unpaused it", highlight=False)
+            if dag.get("timetable_summary") not in (None, "None", "", "Never"):
+                out.print(
+                    f"note: {dag_id} is scheduled ({dag['timetable_summary']}): unpaused, "
+                    "the scheduler also starts its latest interval's run now",
+                    highlight=False,
+                )
         dr = client.trigger(dag_id, conf)
         run_id = dr["dag_run_id"]
         out.print(f"triggered {dag_id} run {run_id} ({dr.get('state')})", highlight=False)
@@ -122,6 +129,11 @@ def trigger(
     except TimeoutError as e:
         raise fail(str(e)) from None
     if final["state"] != "success":
+        failed = [ti for ti in client.task_instances(dag_id, run_id) if ti["state"] == "failed"]
+        for ti in failed:
+            name = ti["task_id"] + (f"[{ti['map_index']}]" if ti.get("map_index", -1) >= 0 else "")
+            why = client.error_of(dag_id, run_id, ti) or "no error in its log"
+            err.print(f"failed: {name} try {ti.get('try_number')}: {why}", highlight=False)
         raise typer.Exit(1)
 
 

@@ -71,7 +71,12 @@ def check_source(cfg: PipelineConfig) -> str:
     src = cfg.data_source()
     if src == "digits":
         return src
-    how = "give 'digits' or a .npz/.npy/.csv/.parquet path, relative to the config file"
+    how = (
+        "give 'digits' or a .npz/.npy/.csv/.parquet file (a relative path is relative "
+        "to the config file)"
+    )
+    if Path(src).is_dir():
+        raise InputError(f"data.source {cfg.data.source!r}: {src} is a directory; {how}")
     if not Path(src).is_file():
         raise InputError(f"data.source {cfg.data.source!r}: no such file ({src}); {how}")
     if not os.access(src, os.R_OK):
