@@ -7,8 +7,21 @@ The one module both ``dagtrain.launch`` (which sets these variables) and the ran
 from __future__ import annotations
 
 import os
+import signal
+import sys
+from collections.abc import Callable
 
-__all__ = ["RANK_VARIABLES", "env_rank"]
+__all__ = [
+    "FIRST_COLLECTIVE",
+    "RANK_VARIABLES",
+    "die_with_parent",
+    "env_rank",
+    "parent_death_signal",
+]
+
+# what a rank prints (stderr) as it reaches its first collective: the launcher names a
+# rank that never printed it as the one the others waited for
+FIRST_COLLECTIVE = "reached its first collective"
 
 # torchrun and the direct launcher, mpirun (Open MPI), horovodrun
 RANK_VARIABLES = ("RANK", "OMPI_COMM_WORLD_RANK", "HOROVOD_RANK")
@@ -21,3 +34,22 @@ def env_rank() -> str | None:
         if var in os.environ:
             return os.environ[var]
     return None
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Have the kernel send ``sig`` to this process when its parent dies, however it
+    dies (Linux's ``PR_SET_PDEATHSIG``): a rank, or a launcher such as mpirun, never
+    outlives the process that started it."""
+    parent_death_signal(sig)()
+
+
+def parent_death_signal(sig: int) -> Callable[[], None]:
+    """A function that sets ``sig`` as this process's parent-death signal, resolved
+    now: called between fork and exec (``preexec_fn``) it only makes the system call,
+    no library loading that a lock held by another thread could block."""
+    if not sys.platform.startswith("linux"):
+        return lambda: None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    return lambda: prctl(1, int(sig), 0, 0, 0)  # 1: PR_SET_PDEATHSIG

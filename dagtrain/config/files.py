@@ -129,7 +129,7 @@ def merge_conf(cfg: PipelineConfig, conf: dict[str, Any] | None) -> PipelineConf
         if got is not _MISSING and got != value:
             raise ConfigError(
                 f"conf: {field} may be set only in the config file in the DAGs folder, "
-                f"not by a run's conf (the file says {value!r})"
+                f"not by a run's conf: {FILE_ONLY[field]} (the file says {value!r})"
             )
     name = _get(conf, "model.name")
     if name is not _MISSING and name != cfg.model.name and name not in _BUILTINS:

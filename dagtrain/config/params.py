@@ -6,7 +6,7 @@ import copy
 import functools
 from typing import Any
 
-from .schema import _BUILTINS, PipelineConfig
+from .schema import _BUILTINS, FILE_ONLY, PipelineConfig
 
 __all__ = ["config_schema", "dag_params"]
 
@@ -62,20 +62,18 @@ def dag_params(cfg: PipelineConfig) -> dict[str, Any]:
     values = cfg.model_dump(mode="json")
     params: dict[str, Any] = {}
     for section, sub in schema["properties"].items():
-        if section in ("name", "pipeline"):
+        if sub.get("type") != "object":  # name, pipeline: pinned to the file's value
+            params[section] = Param(values[section], schema={"const": values[section]})
             continue
         sub.pop("default", None)  # config_schema() returned a copy of its own
         props = sub.get("properties", {})
         if section == "model":
             names = sorted({*_BUILTINS, cfg.model.name})
             props["name"] = {**props["name"], "enum": names}
-        if section == "artifacts":
-            props["root"] = {**props["root"], "const": cfg.artifacts.root}
-        if section == "distributed":
-            props["hosts"] = {**props["hosts"], "const": list(cfg.distributed.hosts)}
-        if section == "rounds":  # the DAG's shape: fixed when the file is parsed
-            props["rounds"] = {**props["rounds"], "const": cfg.rounds.rounds}
-            props["shards"] = {**props["shards"], "const": cfg.rounds.shards}
+        for dotted in FILE_ONLY:  # the file's own: a conf may only repeat it
+            head, _, field = dotted.partition(".")
+            if head == section:
+                props[field] = {**props[field], "const": values[section][field]}
         sub["additionalProperties"] = False
         sub.pop("required", None)  # a conf may give part of a section; the rest is the file's
         description = sub.pop("description", None)

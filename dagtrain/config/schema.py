@@ -30,24 +30,38 @@ DEFAULT_LAUNCHER: dict[str, str] = {
 }
 # the sections every rank of a training run receives as they are
 RUN_SECTIONS = ("model", "training", "distributed", "executor")
-# fields only a config file may set: a run's conf may repeat the file's value, no other
-# (model.name too, unless the conf names a built-in)
-FILE_ONLY = (
-    "name",
-    "pipeline",
-    "artifacts.root",
-    "distributed.hosts",
-    "rounds.rounds",
-    "rounds.shards",
-)
+# fields only a config file may set, and why: a run's conf may repeat the file's value,
+# no other (model.name too, unless the conf names a built-in). The DAG's Params pin them,
+# so the trigger form and the REST API refuse a conf that changes one.
+_PARSED = "Airflow reads it when it parses the DAG file, so a run's conf could not change it"
+FILE_ONLY: dict[str, str] = {
+    "name": "it names the DAG",
+    "pipeline": "it shapes the DAG",
+    "artifacts.root": "it is a place on the workers",
+    "data.source": "it is a file on the workers",
+    "distributed.hosts": "it names machines to run on",
+    "rounds.rounds": "it shapes the DAG",
+    "rounds.shards": "it shapes the DAG",
+    "training.retries": _PARSED,
+    "training.retry_delay_seconds": _PARSED,
+    "training.timeout_minutes": _PARSED,
+    "schedule.cron": _PARSED,
+    "schedule.asset": _PARSED,
+}
 
 
 class ConfigError(InputError):
     """A config (file, --set or conf) that does not validate; the message names fields."""
 
 
+# seeds reach numpy's and torch's generators (and per-epoch/per-step seeds derived from
+# them must fit 64 bits): every accepted seed works
+SEED_MAX = 2**32 - 1
+
+
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # a number that is NaN or infinite reaches torch, numpy or timedelta as nonsense
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class DataConfig(_Section):
@@ -59,7 +73,7 @@ class DataConfig(_Section):
     val_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="held out for validation")
     test_fraction: float = Field(0.2, ge=0.0, lt=1.0, description="held out for evaluation")
     normalize: bool = Field(True, description="standardise with statistics of train only")
-    seed: int = Field(0, description="seed of the split and of the shards")
+    seed: int = Field(0, ge=0, le=SEED_MAX, description="seed of the split and of the shards")
 
     @model_validator(mode="after")
     def _leaves_data_to_train_on(self) -> DataConfig:
@@ -90,25 +104,32 @@ class ModelConfig(_Section):
 
 
 class TrainingConfig(_Section):
-    epochs: int = Field(5, ge=1)
-    max_steps: int | None = Field(None, ge=1, description="stop after this many steps")
-    batch_size: int = Field(64, ge=1, description="global batch, split over the ranks")
+    epochs: int = Field(5, ge=1, le=1_000_000)
+    max_steps: int | None = Field(None, ge=1, le=10**12, description="stop after this many steps")
+    batch_size: int = Field(
+        64, ge=1, le=10_000_000, description="global batch, split over the ranks"
+    )
     optimizer: Literal["sgd", "adam", "adamw"] = "sgd"
-    lr: float = Field(0.05, gt=0)
+    lr: float = Field(0.05, gt=0, le=1e3)
     momentum: float = Field(0.9, ge=0, lt=1)
-    weight_decay: float = Field(0.0, ge=0)
-    seed: int = 0
+    weight_decay: float = Field(0.0, ge=0, le=1e3)
+    seed: int = Field(0, ge=0, le=SEED_MAX, description="model init, data order, dropout")
     nonfinite: Literal["fail", "skip"] = Field(
         "fail", description="non-finite gradients: fail, or skip the step on every rank"
     )
-    checkpoint_every: int = Field(0, ge=0, description="steps; 0: at the end of each epoch")
-    keep_checkpoints: int = Field(3, ge=1)
-    retries: int = Field(
-        2, ge=0, description="Airflow retries of each task (a retry resumes training)"
+    checkpoint_every: int = Field(
+        0, ge=0, le=10**12, description="steps; 0: at the end of each epoch"
     )
-    retry_delay_seconds: float = Field(10.0, ge=0)
+    keep_checkpoints: int = Field(3, ge=1, le=10_000)
+    retries: int = Field(
+        2, ge=0, le=100, description="Airflow retries of each task (a retry resumes training)"
+    )
+    retry_delay_seconds: float = Field(10.0, ge=0, le=7 * 86400)
     timeout_minutes: float | None = Field(
-        None, gt=0, description="execution_timeout of a training task: its ranks are killed"
+        None,
+        gt=0,
+        le=366 * 24 * 60,
+        description="execution_timeout of a training task: its ranks are killed",
     )
 
 
@@ -124,9 +145,11 @@ class DistributedConfig(_Section):
         default_factory=list,
         description="'host:slots' for several machines (config files only)",
     )
-    bucket_mb: float = Field(25.0, gt=0, description="gradient bucket size")
+    bucket_mb: float = Field(25.0, gt=0, le=1e5, description="gradient bucket size")
     overlap: bool = Field(True, description="false: backward, then sync all, then step")
-    collective_timeout: float = Field(60.0, gt=0, description="seconds for any collective")
+    collective_timeout: float = Field(
+        60.0, gt=0, le=7 * 86400, description="seconds for any collective"
+    )
 
     @model_validator(mode="after")
     def _local_is_one_process(self) -> DistributedConfig:
@@ -148,7 +171,7 @@ class DistributedConfig(_Section):
 
 class ExecutorConfig(_Section):
     workers: int = Field(2, ge=1, le=64, description="task-graph threads per rank")
-    intra_op_threads: int = Field(1, ge=1, description="torch threads per rank")
+    intra_op_threads: int = Field(1, ge=1, le=1024, description="torch threads per rank")
     trace: bool = Field(True, description="write the last step's Perfetto trace")
 
 
@@ -257,7 +280,7 @@ assert not set(_SHORTHAND) & set(TrainConfig.model_fields), "shorthand names col
 class EvaluationConfig(_Section):
     metric: Literal["test_accuracy", "test_loss"] = "test_accuracy"
     min_improvement: float = Field(
-        0.0, ge=0, description="a challenger must beat the champion by more than this"
+        0.0, ge=0, le=1e6, description="a challenger must beat the champion by more than this"
     )
     min_accuracy: float = Field(0.0, ge=0, le=1, description="never promote below this")
 
@@ -272,8 +295,8 @@ class ScheduleConfig(_Section):
 class RoundsConfig(_Section):
     rounds: int = Field(3, ge=1, le=100, description="rounds of local training + sync")
     shards: int = Field(2, ge=1, le=64, description="shards trained independently per round")
-    local_steps: int = Field(20, ge=1, description="inner steps per shard per round")
-    outer_lr: float = Field(0.7, gt=0, description="outer SGD learning rate (DiLoCo: 0.7)")
+    local_steps: int = Field(20, ge=1, le=10**9, description="inner steps per shard per round")
+    outer_lr: float = Field(0.7, gt=0, le=1e3, description="outer SGD learning rate (DiLoCo: 0.7)")
     outer_momentum: float = Field(0.9, ge=0, lt=1, description="Nesterov momentum")
 
 

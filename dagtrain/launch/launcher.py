@@ -39,6 +39,7 @@ from typing import get_args
 
 from dagtrain.config import Launcher
 from dagtrain.errors import InputError
+from dagtrain.rank_env import FIRST_COLLECTIVE, parent_death_signal
 
 __all__ = ["LAUNCHERS", "Job", "RankFailure", "build_argv", "launch"]
 
@@ -56,8 +57,10 @@ class RankFailure(RuntimeError):
         signal_name: str | None,
         log_tail: Sequence[str],
         detail: str = "",
+        how: str | None = None,
     ) -> None:
-        how = f"was killed by {signal_name}" if signal_name else f"exited with code {exit_code}"
+        if how is None:
+            how = f"was killed by {signal_name}" if signal_name else f"exited with code {exit_code}"
         who = f"rank {rank}" if rank is not None else "a rank"
         tail = "\n".join(f"    {line}" for line in log_tail[-12:]) or "    (no output)"
         super().__init__(
@@ -159,6 +162,9 @@ _MPI_CALLED_ABORT = re.compile(
 )
 _MPI_EXIT = re.compile(r"Process name: \[\S+?,(\d+)\]\s+Exit code:\s+(\d+)", re.S)
 _OURS = re.compile(r"dagtrain rank (\d+) failed(?: \[t=([\d.]+)\])?: (.*)")
+# a rank that gave up waiting: ours (CollectiveTimeout), gloo's, NCCL's
+_TIMED_OUT = re.compile(r"did not finish within|[Tt]imed out|[Tt]imeout")
+_READY = re.compile(rf"dagtrain rank (\d+) {FIRST_COLLECTIVE}")
 _TORCHRUN = re.compile(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s+exitcode\s*:\s*(-?\d+)", re.S)
 # how each launcher tags a rank's lines: mpirun --output tag, horovodrun, torchrun --tee
 _TAGGED = re.compile(r"^\[(?:\d+,)?(\d+)\]<(?:stdout|stderr)>: ?(.*)$|^\[default(\d+)\]:(.*)$")
@@ -174,6 +180,7 @@ class Job:
     lines: list[str] = field(default_factory=list)  # untagged lines of a launcher
     # "dagtrain rank N failed [t=...]": (time, rank, what)
     failed: list[tuple[float, int, str]] = field(default_factory=list)
+    ready: set[int] = field(default_factory=set)  # ranks that reached their first collective
     lock: threading.Lock = field(default_factory=threading.Lock)
     readers: list[threading.Thread] = field(default_factory=list)
 
@@ -208,6 +215,8 @@ def _reader(job: Job, stream, rank: int | None, on_line: Callable[[str], None]) 
             m = _OURS.search(line)
             if m:  # kept apart: a long traceback after it must not push it out
                 job.failed.append((float(m.group(2) or "inf"), int(m.group(1)), m.group(3)))
+            elif (m := _READY.search(line)) is not None:
+                job.ready.add(int(m.group(1)))
         on_line(f"[rank {r}] {line}" if r is not None else line)
     stream.close()
 
@@ -223,7 +232,7 @@ def _signal_name(code: int) -> str | None:
     return None
 
 
-def _diagnose(job: Job, first: tuple[int, int] | None) -> RankFailure:
+def _diagnose(job: Job, first: tuple[int, int] | None, nprocs: int) -> RankFailure:
     """Which rank failed first, and how, from exit codes and what the launcher printed."""
     with job.lock:
         text = "\n".join([*job.lines, *(line for t in job.tails.values() for line in t)])
@@ -264,9 +273,20 @@ def _diagnose(job: Job, first: tuple[int, int] | None) -> RankFailure:
             sig = _signal_name(code)
     if sig:
         code = None
+    how = None
     with job.lock:
-        tail = list(job.tails.get(rank, job.lines[-_TAIL:]))
-    return RankFailure(rank, code, sig, tail, detail)
+        reported = {f[1] for f in ours}  # a rank that said why it failed is not missing
+        missing = sorted(set(range(nprocs)) - job.ready - reported) if job.ready else []
+        timed_out = any(_TIMED_OUT.search(f[2]) for f in ours)
+    if missing and timed_out:
+        # the rank that gave up waiting is not the cause: the one that never arrived is
+        waited, rank, code, sig = rank, missing[0], None, None
+        how = "never reached its first collective (it hung, was stopped, or is too slow)"
+        detail = f"; rank {waited} gave up waiting for it{detail}"
+    with job.lock:
+        # the rank's own last lines; the launcher's only when the rank printed none
+        tail = list(job.tails.get(rank) or job.lines[-_TAIL:])
+    return RankFailure(rank, code, sig, tail, detail, how)
 
 
 def launch(
@@ -291,6 +311,7 @@ def launch(
         raise ValueError(f"launcher {launcher!r} is not one of {', '.join(LAUNCHERS)}")
     on_line = on_line or (lambda line: print(line, file=sys.stderr, flush=True))
     base = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
+    orphan_guard = parent_death_signal(signal.SIGTERM)
     procs: list[subprocess.Popen] = []
     job = Job(procs, direct=launcher == "direct")
 
@@ -302,6 +323,10 @@ def launch(
             stderr=subprocess.PIPE,
             text=True,
             start_new_session=True,
+            # SIGKILL of this process (OOM killer, Airflow's supervisor) must not leave
+            # mpirun/torchrun or a rank running: each child gets SIGTERM when we die,
+            # and every rank arranges its own SIGKILL for when its parent dies
+            preexec_fn=orphan_guard,  # noqa: PLW1509 (a bare prctl, resolved before)
         )
         procs.append(p)
         for stream in (p.stdout, p.stderr):
@@ -349,7 +374,7 @@ def launch(
                 job.kill(grace)
                 for t in job.readers:
                     t.join(timeout=2)
-                raise _diagnose(job, first)
+                raise _diagnose(job, first, nprocs)
             if all(c == 0 for c in codes):
                 for t in job.readers:
                     t.join(timeout=2)

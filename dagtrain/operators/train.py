@@ -110,8 +110,9 @@ class DistributedTrainOperator(DagtrainOperator):
         )
         if summary.get("resumed_from_step") is not None:
             self.log.info(
-                "resumed from step %s; %s epoch(s) trained in this try",
+                "resumed from step %s; this try trained %s step(s), completing %s epoch(s)",
                 summary["resumed_from_step"],
+                summary["steps_trained_now"],
                 summary["epochs_trained_now"],
             )
         if self.round is not None:

@@ -115,7 +115,12 @@ def _check(shard: int, d: Path, expect_shapes: dict[str, list[int]], base_digest
         raise ShardError(shard, f"{path} is truncated or corrupted (checksum mismatch)")
     if meta.get("base_sha256") != base_digest:
         raise ShardError(shard, "it trained from a different global model than this round's")
-    delta = torch.load(path, weights_only=True)
+    try:
+        delta = torch.load(path, weights_only=True)
+    except Exception as e:  # never on torch's advice to load it with weights_only=False
+        raise ShardError(
+            shard, f"{path} is not a delta dagtrain wrote ({type(e).__name__})"
+        ) from None
     if set(delta) != set(expect_shapes):
         missing = sorted(set(expect_shapes) - set(delta))
         extra = sorted(set(delta) - set(expect_shapes))

@@ -43,7 +43,10 @@ def run_train(
     summary = {k: v for k, v in asdict(res).items() if k != "step_seconds"} | {
         "val_accuracy": res.val_accuracy,  # eval_data: the prepared validation split
         "median_step_seconds": times[len(times) // 2] if times else None,
+        # what this try did itself: a resume mid-epoch trains the rest of that epoch, so
+        # steps_trained_now > 0 with epochs_trained_now == 0 is work done, not lost
         "epochs_trained_now": len(res.epochs) - res.resumed_epochs,
+        "steps_trained_now": res.steps - (res.resumed_from_step or 0),
     }
     write_json(out_dir / "config.json", res.config)
     write_json(out_dir / "result.json", summary)

@@ -44,14 +44,17 @@ class MPIBackend(Backend):
         self.comm.Abort(70)
 
     def broadcast(self, tensors: Sequence[torch.Tensor], root: int = 0) -> None:
-        for t in tensors:
-            buf = t.detach()
-            if not buf.is_contiguous():
-                tmp = buf.contiguous()
-                self.comm.Bcast(tmp.numpy(), root=root)
-                t.data.copy_(tmp)
-            else:
-                self.comm.Bcast(buf.numpy(), root=root)
+        # non-blocking broadcasts, all waited for under one watchdog: a peer that never
+        # arrives (hung before its first collective) aborts the job after the timeout
+        pairs = [(t, t.detach() if t.is_contiguous() else t.detach().contiguous()) for t in tensors]
+        reqs = [self.comm.Ibcast(buf.numpy(), root=root) for _, buf in pairs]
+        waitall = self._MPI.Request.Waitall
+        Handle("broadcast", block=lambda: waitall(reqs), on_timeout=self._abort).wait(
+            self.rank, self.timeout
+        )
+        for t, buf in pairs:
+            if buf.data_ptr() != t.data_ptr():
+                t.data.copy_(buf)
 
     def barrier(self) -> None:
         req = self.comm.Ibarrier()

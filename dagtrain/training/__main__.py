@@ -1,7 +1,7 @@
-"""Train on several ranks from the command line: ``python -m dagtrain.training``.
+"""Train on several ranks from the command line, without Airflow.
 
     python -m dagtrain.training --ranks 2 --backend mpi --epochs 3
-    python -m dagtrain.training --config run.json          (a TrainConfig as JSON)
+    python -m dagtrain.training --config run.json    # a TrainConfig as JSON
 
 Flags override the file's values. Prints each epoch's metrics and rank 0's test
 accuracy; exits non-zero if a rank fails.
@@ -28,8 +28,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--config", help="a TrainConfig as a JSON file")
     ap.add_argument("--ranks", type=int, help="distributed.ranks (default 2; local: 1)")
-    ap.add_argument("--backend", choices=get_args(Backend), help="distributed.backend")
-    ap.add_argument("--launcher", choices=get_args(Launcher), help="distributed.launcher")
+    ap.add_argument(
+        "--backend",
+        choices=get_args(Backend),
+        metavar="BACKEND",
+        help="distributed.backend: " + ", ".join(get_args(Backend)),
+    )
+    ap.add_argument(
+        "--launcher",
+        choices=get_args(Launcher),
+        metavar="LAUNCHER",
+        help="distributed.launcher: " + ", ".join(get_args(Launcher)),
+    )
     ap.add_argument("--epochs", type=int, help="training.epochs")
     ap.add_argument("--model", help="model.name")
     ap.add_argument("--data", help="'digits' or a .npz/.npy/.csv/.parquet file")
@@ -78,13 +88,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()
             )
         )
-    acc = result.test_accuracy
+    if result.test_accuracy is not None:
+        metric = f"test accuracy {result.test_accuracy:.4f}"
+    elif result.val_accuracy is not None:
+        metric = f"validation accuracy {result.val_accuracy:.4f} (eval_data)"
+    else:
+        metric = "no accuracy yet (no epoch completed)"
     print(
-        (
-            "no test accuracy (no epoch completed, or no test split)"
-            if acc is None
-            else f"test accuracy {acc:.4f}"
-        )
+        metric
         + f"; {result.samples_per_second:.0f} samples/s (median step); {result.steps} steps"
         + (f"; checkpoint {result.checkpoint}" if result.checkpoint else "")
     )

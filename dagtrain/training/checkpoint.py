@@ -83,7 +83,16 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
     data = path.read_bytes()
     if len(data) != meta.get("bytes") or hashlib.sha256(data).hexdigest() != meta.get("sha256"):
         raise InputError(f"{path.name}: checksum mismatch (truncated or corrupted)")
-    return torch.load(io.BytesIO(data), weights_only=True)
+    try:
+        state = torch.load(io.BytesIO(data), weights_only=True)
+    except Exception as e:  # torch's message advises weights_only=False: never do that
+        raise InputError(
+            f"{path.name} is not a dagtrain checkpoint: it holds no tensors and plain data "
+            f"that torch.load(weights_only=True) reads ({type(e).__name__})"
+        ) from None
+    if not isinstance(state, dict) or "model" not in state:
+        raise InputError(f"{path.name} is not a dagtrain checkpoint: it has no 'model' state")
+    return state
 
 
 def latest(directory: str | os.PathLike) -> tuple[Path, dict[str, Any]] | None:

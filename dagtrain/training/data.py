@@ -59,10 +59,7 @@ def read_arrays(spec: str) -> tuple[np.ndarray, np.ndarray, tuple[int, ...], int
             raise InputError(f"data {spec!r}: an .npy must be 2-D, the label in its last column")
         x, y = a[:, :-1], a[:, -1]
     elif suffix == ".csv":
-        a = np.genfromtxt(path, delimiter=",", dtype=np.float64)
-        if np.isnan(a[0]).all():  # a header row
-            a = a[1:]
-        x, y = a[:, :-1], a[:, -1]
+        x, y = _read_csv(path, spec)
     elif suffix == ".parquet":
         try:
             import pandas as pd
@@ -93,6 +90,37 @@ def standardization(x_train: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     mean, std = x_train.mean(axis=0), x_train.std(axis=0)
     std[std == 0] = 1.0
     return mean, std
+
+
+def _read_csv(path: Path, spec: str) -> tuple[np.ndarray, np.ndarray]:
+    """Numeric columns, the label last; a header row (no number in it) is skipped."""
+    import warnings
+
+    if not path.read_text(errors="replace").strip():
+        raise InputError(f"data {spec!r}: the CSV file is empty")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # numpy warns about what we report below
+        try:
+            a = np.genfromtxt(path, delimiter=",", dtype=np.float64, ndmin=2)
+        except ValueError as e:  # rows of different lengths
+            raise InputError(f"data {spec!r}: not a rectangular CSV ({e})") from None
+    if np.isnan(a[0]).all():  # a header row
+        a = a[1:]
+    if len(a) == 0:
+        raise InputError(f"data {spec!r}: a header row and no data rows")
+    if a.shape[1] < 2:
+        raise InputError(
+            f"data {spec!r}: one column; a CSV needs feature columns and the label last"
+        )
+    bad = np.isnan(a)
+    if bad.any():
+        row, col = (int(v) for v in np.argwhere(bad)[0])
+        cols = ", ".join(str(c + 1) for c in np.flatnonzero(bad.any(axis=0))[:5])
+        raise InputError(
+            f"data {spec!r}: column(s) {cols} hold text or empty cells (first at data row "
+            f"{row + 1}, column {col + 1}); every column must be numeric, the label last"
+        )
+    return a[:, :-1], a[:, -1]
 
 
 def load_dataset(spec: str, test_fraction: float, seed: int, normalize: bool = True) -> Dataset:

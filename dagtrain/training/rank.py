@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import time
 import traceback
 from pathlib import Path
 
 from dagtrain.config import TrainConfig
-from dagtrain.rank_env import env_rank
+from dagtrain.rank_env import die_with_parent, env_rank
 from dagtrain.taskgraph.atomic import atomic_write
 
 from .trainer import train
@@ -29,6 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 2:
         print("usage: python -m dagtrain.training.rank CONFIG.json RESULT.json", file=sys.stderr)
         return 2
+    # whatever kills the launcher (SIGKILL, the OOM killer, Airflow's supervisor) kills
+    # this rank too; a parent already gone (adopted by init) means: do not start
+    die_with_parent(signal.SIGKILL)
+    if os.getppid() == 1:
+        return 1
     cfg = TrainConfig.model_validate_json(Path(args[0]).read_text())
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     rank = env_rank() or "?"

@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import os
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -24,6 +25,7 @@ import torch
 
 from dagtrain.config import TrainConfig
 from dagtrain.errors import InputError
+from dagtrain.rank_env import FIRST_COLLECTIVE
 from dagtrain.sync import Backend, get_backend
 
 from . import checkpoint
@@ -173,6 +175,8 @@ def _train(cfg: TrainConfig, backend: Backend) -> TrainResult:
 
     sg = StepGraph(cfg, model, backend, snapshot if cfg.checkpoint_dir else None)
     try:
+        if world > 1:  # the launcher names a rank that never gets here as the one waited for
+            print(f"dagtrain rank {rank} {FIRST_COLLECTIVE}", file=sys.stderr, flush=True)
         start = _resume(cfg, backend, model, sg, state, result)
         if start == 0:
             backend.broadcast([p.data for p in model.state_dict().values()])

@@ -307,3 +307,39 @@ def test_a_run_made_by_dagtrain_run_is_visible_in_the_api(airflow):
     )
     assert log.status_code == 200, log.text
     assert "[rank 1]" in log.text and "[rank 0]" in log.text, log.text[:2000]
+
+
+def _post_run(airflow, conf: dict) -> httpx.Response:
+    return httpx.post(
+        f"{airflow['url']}/api/v2/dags/dagtrain_tiny/dagRuns",
+        json={"logical_date": None, "conf": conf},
+        headers=airflow["headers"],
+        timeout=30,
+    )
+
+
+@pytest.mark.parametrize(
+    ("conf", "param"),
+    [
+        ({"name": "evil"}, "name"),
+        ({"pipeline": "rounds"}, "pipeline"),
+        ({"training": {"retries": 5}}, "training"),
+        ({"training": {"timeout_minutes": 1}}, "training"),
+        ({"data": {"source": "/etc/elsewhere.csv"}}, "data"),
+        ({"schedule": {"cron": "@hourly"}}, "schedule"),
+    ],
+)
+def test_the_rest_api_refuses_a_conf_that_changes_what_only_the_file_may_set(airflow, conf, param):
+    r = _post_run(airflow, conf)
+    assert 400 <= r.status_code < 500, (r.status_code, r.text)
+    assert param in r.text, r.text
+
+
+def test_an_unknown_section_fails_the_first_task_at_once_and_wait_says_why(airflow):
+    # Airflow's Params cannot refuse a top-level key they do not declare: the run is
+    # created, and its first task fails at once, without retries, naming the key
+    r = trigger(airflow, "--set", "trainingg.epochs=1", "--wait", "--timeout", "300")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert re.search(
+        r"failed: prepare_data try 1: \w+: conf: unknown section 'trainingg'", r.stderr
+    ), r.stdout + r.stderr

@@ -118,6 +118,8 @@ def test_a_killed_rank_fails_fast_and_the_resumed_run_is_bitwise_exact(
     assert took < 15, took
     err = info.value
     assert err.rank == 1 and err.signal == "SIGKILL", str(err)
+    # its own last lines, not the launcher's banner
+    assert any("dagtrain rank 1 reached its first collective" in x for x in err.log_tail), err
     time.sleep(0.5)
     survivors = [p for p in pids.iterdir() if _alive(int(p.read_text()))]
     assert not survivors, "orphaned ranks"
@@ -210,3 +212,58 @@ def test_a_rank_that_hangs_makes_the_others_time_out_instead_of_waiting(backend)
 def test_a_host_list_on_one_machine():
     r = run_training(small(backend="mpi"), 2, hosts=["localhost:2"], **QUIET)
     assert r.world == 2 and r.steps == 6
+
+
+@pytest.mark.parametrize("backend", ["mpi", "torch"])
+def test_a_rank_hung_before_its_first_collective_is_named_and_nothing_hangs(tmp_path, backend):
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    cfg = small(
+        backend=backend,
+        model="tests.unit.training.factory:hang_before_first_collective",
+        model_args={},
+        collective_timeout=5,
+    )
+    t0 = time.monotonic()
+    with pytest.raises(RankFailure) as info:
+        old = os.environ.get("DAGTRAIN_PID_DIR")
+        os.environ["DAGTRAIN_PID_DIR"] = str(pids)
+        try:
+            run_training(cfg, 2, timeout=120, **QUIET)
+        finally:
+            os.environ.pop("DAGTRAIN_PID_DIR")
+            if old is not None:
+                os.environ["DAGTRAIN_PID_DIR"] = old
+    assert time.monotonic() - t0 < 5 + 30
+    err = info.value
+    assert err.rank == 1 and "never reached its first collective" in str(err), str(err)
+    assert "rank 0 gave up waiting" in str(err), str(err)
+    time.sleep(0.5)
+    assert not [p for p in pids.iterdir() if _alive(int(p.read_text()))], "ranks left"
+
+
+@pytest.mark.parametrize(
+    ("backend", "launcher"), [("mpi", "mpirun"), ("torch", "direct"), ("torch", "torchrun")]
+)
+def test_sigkill_of_the_launching_process_leaves_no_rank_behind(tmp_path, backend, launcher):
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    code = (
+        "from dagtrain.training import TrainConfig, run_training\n"
+        f"run_training(TrainConfig(backend={backend!r}, epochs=50, "
+        "model='tests.unit.training.factory:slow'), 2, "
+        f"launcher={launcher!r}, on_line=lambda line: None)\n"
+    )
+    env = {**os.environ, "DAGTRAIN_PID_DIR": str(pids)}
+    parent = subprocess.Popen([sys.executable, "-c", code], env=env)
+    deadline = time.monotonic() + 60
+    while len(list(pids.iterdir())) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ranks = [int(p.read_text()) for p in pids.iterdir()]
+    assert len(ranks) == 2 and all(_alive(p) for p in ranks)
+    parent.send_signal(signal.SIGKILL)  # no handler runs: only the kernel can help
+    parent.wait(timeout=20)
+    deadline = time.monotonic() + 15
+    while any(_alive(p) for p in ranks) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in ranks if _alive(p)], "ranks outlived a SIGKILLed launcher"

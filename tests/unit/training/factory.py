@@ -103,3 +103,14 @@ def fail_once(in_shape, classes, marker, at_call):
     import math
 
     return _FailOnce(math.prod(in_shape), classes, marker, at_call)
+
+
+def hang_before_first_collective(in_shape, classes):
+    """Rank 1 never gets past building its model (as if SIGSTOPped before any collective)."""
+    import time
+
+    from dagtrain.rank_env import env_rank
+
+    if env_rank() == "1":
+        time.sleep(3600)
+    return tiny(in_shape, classes)
