@@ -148,7 +148,9 @@ def build_model(name: str, in_shape: Sequence[int], classes: int, **args) -> nn.
     try:
         model = factory(in_shape, classes, **args)
     except (TypeError, ValueError, RuntimeError) as e:  # torch: "negative dimension -8"
-        raise InputError(f"model {name!r}: model.args {args} do not build it: {e}") from e
+        raise InputError(
+            f"model {name!r}: bad model_args (model.args in a pipeline) {args}: {e}"
+        ) from e
     if not isinstance(model, nn.Module):
         raise InputError(
             f"model {name!r}: the factory returned {type(model).__name__}, not a torch.nn.Module"
