@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 SAGA   := .venv-saga
 
-.PHONY: setup horovod run up ui demo test lint format bench bench-parse bench-schedule clean
+.PHONY: setup horovod browser run up ui demo test lint format bench bench-parse bench-schedule clean
 
 setup: $(VENV)/.installed
 
@@ -37,7 +37,15 @@ up ui: setup
 demo: setup
 	$(BIN)/python -m dagtrain.taskgraph
 
-test: setup horovod
+# Headless Chromium from Debian's packages for the browser test of the training page
+# (playwright drives it; it never downloads a browser of its own). Where apt cannot
+# install it, the browser test is skipped and says why.
+browser:
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+	  && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
+	  || echo "no chromium here: the browser test will be skipped"
+
+test: setup horovod browser
 	$(BIN)/python -m pytest -q
 
 lint: setup

@@ -54,6 +54,7 @@ class DistributedTrainOperator(DagtrainOperator):
     @fails_fast_on_bad_input
     def execute(self, context: Any) -> dict[str, Any]:
         from dagtrain.config import DistributedConfig
+        from dagtrain.launch import RankFailure
         from dagtrain.stages.prep import data_file
         from dagtrain.stages.train import run_train
 
@@ -101,13 +102,19 @@ class DistributedTrainOperator(DagtrainOperator):
             tcfg.distributed.backend,
             tcfg.checkpoint_dir,
         )
-        summary = run_train(
-            tcfg,
-            out,
-            timeout=timeout,
-            on_line=self.log.info,
-            on_start=self._on_start,
-        )
+        try:
+            summary = run_train(
+                tcfg, out, timeout=timeout, on_line=self.log.info, on_start=self._on_start
+            )
+        except RankFailure as e:  # kept for the training page: which rank, how, its lines
+            from dagtrain.stages.files import write_json
+
+            try_number = getattr(context.get("ti"), "try_number", 1)
+            write_json(
+                out / f"failure-try{try_number}.json",
+                {"rank": e.rank, "how": str(e).split(";")[0], "log_tail": e.log_tail},
+            )
+            raise
         if summary.get("resumed_from_step") is not None:
             self.log.info(
                 "resumed from step %s; this try trained %s step(s), completing %s epoch(s)",

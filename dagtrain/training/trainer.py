@@ -54,6 +54,7 @@ class TrainResult:
     trace: str | None = None
     params_sha256: str = ""  # checkpoint.state_digest of the final model
     config: dict[str, Any] = field(default_factory=dict)  # the TrainConfig received
+    bucket_bytes: list[int] = field(default_factory=list)  # gradient buckets, in sync order
 
     @property
     def test_accuracy(self) -> float | None:
@@ -224,6 +225,7 @@ def _train(cfg: TrainConfig, backend: Backend) -> TrainResult:
             result.checkpoint = str(f.result())  # the newest write, rank 0
         result.steps = sg.step
         result.skipped_steps = sg.skipped
+        result.bucket_bytes = [b.flat.numel() * b.flat.element_size() for b in sg.buckets]
         result.epochs = state["epochs"]
         result.params_sha256 = checkpoint.state_digest(model.state_dict())
         times = sorted(result.step_seconds)

@@ -343,3 +343,117 @@ def test_an_unknown_section_fails_the_first_task_at_once_and_wait_says_why(airfl
     assert re.search(
         r"failed: prepare_data try 1: \w+: conf: unknown section 'trainingg'", r.stderr
     ), r.stdout + r.stderr
+
+
+# -- the training page (dagtrain.plugins.app), mounted by this api-server -------------
+
+
+def _tiny_run_id(airflow) -> str:
+    return re.search(r"run (manual__\S+): success", ANSI.sub("", airflow["screen"])).group(1)
+
+
+def test_the_plugin_is_registered_once_without_import_errors(airflow):
+    h = airflow["headers"]
+    plugins = httpx.get(f"{airflow['url']}/api/v2/plugins", headers=h).json()["plugins"]
+    mine = [p for p in plugins if p["name"] == "dagtrain"]
+    assert len(mine) == 1, plugins
+    assert {v["destination"] for v in mine[0]["external_views"]} == {
+        "nav",
+        "dag_run",
+        "task_instance",
+    }
+    errors = httpx.get(f"{airflow['url']}/api/v2/plugins/importErrors", headers=h).json()
+    assert errors["total_entries"] == 0, errors
+
+
+def test_every_training_page_endpoint_needs_an_airflow_user(airflow):
+    run_id = _tiny_run_id(airflow)
+    for path in (
+        "/dagtrain/",
+        "/dagtrain/static/app.js",
+        "/dagtrain/api/pipelines",
+        "/dagtrain/api/dags/dagtrain_tiny/runs",
+        f"/dagtrain/api/dags/dagtrain_tiny/runs/{run_id}",
+        f"/dagtrain/api/dags/dagtrain_tiny/runs/{run_id}/trace",
+        "/dagtrain/api/dags/dagtrain_tiny/registry",
+    ):
+        r = httpx.get(f"{airflow['url']}{path}", timeout=30)
+        assert r.status_code in (401, 403), (path, r.status_code)
+        r = httpx.get(f"{airflow['url']}{path}", headers=airflow["headers"], timeout=30)
+        assert r.status_code == 200, (path, r.status_code, r.text[:300])
+
+
+def test_a_runs_report_holds_its_epochs_ranks_sync_and_config(airflow):
+    run_id = _tiny_run_id(airflow)
+    base = f"{airflow['url']}/dagtrain/api/dags/dagtrain_tiny/runs/{run_id}"
+    r = httpx.get(base, headers=airflow["headers"], timeout=30).json()
+    assert [s["state"] for s in r["stages"]] == ["success"] * 4, r["stages"]
+    assert [e["epoch"] for e in r["epochs"]] == [0] and "val_accuracy" in r["epochs"][0]
+    assert r["config"]["training"]["epochs"] == 1 and r["data"]["version"]
+    assert [k["rank"] for k in r["ranks"]] == [0, 1] and r["sync"]["buckets"] >= 1
+    assert r["tries"] == [{"try": 1, "resumed_from_step": None, "time": r["tries"][0]["time"]}]
+    trace = httpx.get(f"{base}/trace", headers=airflow["headers"], timeout=30).json()
+    assert {e["pid"] for e in trace["traceEvents"]} == {0, 1}  # a process per rank
+    reg = httpx.get(
+        f"{airflow['url']}/dagtrain/api/dags/dagtrain_tiny/registry", headers=airflow["headers"]
+    ).json()
+    # the run made v1 (later tests' runs may add versions)
+    assert reg["versions"][0]["version"] == 1 and reg["versions"][0]["lineage"]["run_id"] == run_id
+    assert reg["champion"] in {v["version"] for v in reg["versions"]}
+
+
+def test_the_training_page_refuses_what_is_not_a_dagtrain_run(airflow):
+    h = airflow["headers"]
+    for path in (
+        "/dagtrain/api/dags/dagtrain_tiny/runs/..%2F..%2F..%2Fetc",
+        "/dagtrain/api/dags/dagtrain_tiny/runs/no-such-run",
+        "/dagtrain/api/dags/no_such_dag/runs",
+        "/dagtrain/static/..%2Fapp.py",
+        "/dagtrain/static/index.html.bak",
+    ):
+        r = httpx.get(f"{airflow['url']}{path}", headers=h, timeout=30)
+        assert r.status_code in (400, 403, 404), (path, r.status_code)
+        assert "import " not in r.text and "root:" not in r.text, path
+
+
+def test_the_training_page_in_a_real_browser(airflow):
+    """Headless Chromium (Debian's) driven by playwright: the page inside Airflow's UI
+    and on its own; screenshots go to docs/images/."""
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("no chromium on this machine (make test installs it where apt can)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright not installed")
+    from urllib.parse import quote
+
+    run_id = _tiny_run_id(airflow)
+    token = airflow["headers"]["Authorization"].split()[1]
+    images = REPO / "docs" / "images"
+    images.mkdir(parents=True, exist_ok=True)
+    trace = httpx.get(
+        f"{airflow['url']}/dagtrain/api/dags/dagtrain_tiny/runs/{run_id}/trace",
+        headers=airflow["headers"],
+    ).json()
+    lanes = {(e["pid"], e["tid"]) for e in trace["traceEvents"] if e["ph"] == "X"}
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.context.add_cookies([{"name": "_token", "value": token, "url": airflow["url"]}])
+            page.goto(f"{airflow['url']}/dagtrain/?dag_id=dagtrain_tiny&run_id={quote(run_id)}")
+            page.wait_for_selector("svg.timeline", timeout=30_000)
+            # one point per epoch on every curve (the tiny pipeline trains one epoch)
+            points = page.evaluate("window.dagtrainCharts.map((u) => u.data[0].length)")
+            assert points == [1, 1], points
+            assert int(page.get_attribute("svg.timeline", "data-lanes")) == len(lanes)
+            assert {pid for pid, _ in lanes} == {0, 1}  # a lane per worker per rank
+            assert page.locator("text=champion").count() >= 1
+            page.screenshot(path=str(images / "training-run.png"), full_page=True)
+            page.goto(f"{airflow['url']}/dagtrain/")
+            page.wait_for_selector("text=Training pipelines")
+            page.screenshot(path=str(images / "training-pipelines.png"))
+            # inside Airflow's UI: the nav entry's page
+            page.goto(f"{airflow['url']}/plugin/dagtrain")
+            page.wait_for_timeout(4000)
+            page.screenshot(path=str(images / "training-in-airflow.png"))
+        finally:
+            browser.close()

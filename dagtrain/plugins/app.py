@@ -1,0 +1,186 @@
+"""The training page's FastAPI app, mounted by the api-server under ``/dagtrain``.
+
+    GET /dagtrain/                                    the page (static HTML + JS)
+    GET /dagtrain/static/{name}                       its script, style and uPlot
+    GET /dagtrain/api/pipelines                       dagtrain DAGs the user may read
+    GET /dagtrain/api/dags/{dag_id}/runs              their runs
+    GET /dagtrain/api/dags/{dag_id}/runs/{run_id}     a run's report (``report``)
+    GET /dagtrain/api/dags/{dag_id}/runs/{run_id}/trace   every rank's step trace, merged
+    GET /dagtrain/api/dags/{dag_id}/registry          the pipeline's model registry
+
+Every route requires an authenticated Airflow user (the auth manager's token, as the
+UI's own requests carry it), and every ``dag_id`` route read access to that DAG
+(``requires_access_dag``). What Airflow knows comes through its ORM; what the stages
+wrote, from the run's artifact root only (``report``). Built on the first request
+(``LazyApp``): importing the plugin, which every Airflow process does, stays cheap.
+"""
+
+# no `from __future__ import annotations`: FastAPI must see the dependencies' annotated
+# types (imported inside create_app) as objects, not as names it cannot resolve
+from pathlib import Path
+from typing import Any
+
+__all__ = ["LazyApp", "create_app"]
+
+STATIC = Path(__file__).parent / "static"
+_FILES = {  # what /static serves: these names only
+    "app.js": "text/javascript",
+    "app.css": "text/css",
+    "uPlot.iife.min.js": "text/javascript",
+    "uPlot.min.css": "text/css",
+}
+TAG = "dagtrain"
+
+
+class LazyApp:
+    """An ASGI app that builds ``create_app()`` on its first request."""
+
+    def __init__(self) -> None:
+        self._app: Any = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if self._app is None:
+            self._app = create_app()
+        await self._app(scope, receive, send)
+
+    def __repr__(self) -> str:
+        return "dagtrain.plugins.app:create_app"
+
+
+def create_app():
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+    from airflow.api_fastapi.common.db.common import SessionDep
+    from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
+    from fastapi import Depends, FastAPI, HTTPException
+    from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
+    from sqlalchemy import select
+
+    from . import report
+
+    app = FastAPI(title="dagtrain", docs_url=None, redoc_url=None, openapi_url=None)
+    read_dag = [Depends(requires_access_dag("GET"))]
+    read_run = [Depends(requires_access_dag("GET", DagAccessEntity.RUN))]
+
+    def dag_of(dag_id: str, session: Any) -> Any:
+        from airflow.models.dag import DagModel
+
+        dag = session.scalar(select(DagModel).where(DagModel.dag_id == dag_id))
+        if dag is None or TAG not in {t.name for t in dag.tags}:
+            raise HTTPException(404, f"no dagtrain pipeline {dag_id!r}")
+        return dag
+
+    def output_of(session: Any, dag_id: str, run_id: str, task_id: str) -> Any:
+        from airflow.models.xcom import XComModel
+
+        q = XComModel.get_many(
+            run_id=run_id, key="return_value", dag_ids=dag_id, task_ids=task_id, limit=1
+        )
+        row = session.scalars(q).first()
+        return None if row is None else XComModel.deserialize_value(row)
+
+    def runs_of(session: Any, dag_id: str, limit: int = 50) -> list[dict[str, Any]]:
+        from airflow.models.dagrun import DagRun
+
+        rows = session.scalars(
+            select(DagRun)
+            .where(DagRun.dag_id == dag_id)
+            .order_by(DagRun.run_after.desc())
+            .limit(limit)
+        )
+        return [
+            {
+                "run_id": r.run_id,
+                "state": str(r.state),
+                "start": r.start_date.isoformat() if r.start_date else None,
+                "end": r.end_date.isoformat() if r.end_date else None,
+            }
+            for r in rows
+        ]
+
+    def root_of(session: Any, dag_id: str, run_id: str) -> tuple[Path, Any]:
+        data = output_of(session, dag_id, run_id, "prepare_data")
+        root = report.artifact_root(data)
+        if root is None:
+            raise HTTPException(404, f"run {run_id!r} has no prepared data (yet)")
+        return root, data
+
+    @app.get("/", response_class=HTMLResponse)
+    def page(user: GetUserDep) -> Any:
+        return FileResponse(STATIC / "index.html", media_type="text/html")
+
+    @app.get("/static/{name}")
+    def static(name: str, user: GetUserDep) -> Any:
+        if name not in _FILES:
+            raise HTTPException(404, "no such file")
+        sub = STATIC / ("vendor" if name.startswith("uPlot") else "") / name
+        return FileResponse(sub, media_type=_FILES[name])
+
+    @app.get("/api/pipelines")
+    def pipelines(user: GetUserDep, session: SessionDep) -> list[dict[str, Any]]:
+        from airflow.api_fastapi.app import get_auth_manager
+        from airflow.models.dag import DagModel
+
+        readable = get_auth_manager().get_authorized_dag_ids(user=user, method="GET")
+        dags = session.scalars(select(DagModel).where(DagModel.dag_id.in_(readable)))
+        return [
+            {
+                "dag_id": d.dag_id,
+                "description": d.description,
+                "runs": runs_of(session, d.dag_id, 5),
+            }
+            for d in sorted(dags, key=lambda d: d.dag_id)
+            if TAG in {t.name for t in d.tags}
+        ]
+
+    @app.get("/api/dags/{dag_id}/runs", dependencies=read_run)
+    def runs(dag_id: str, session: SessionDep) -> list[dict[str, Any]]:
+        dag_of(dag_id, session)
+        return runs_of(session, dag_id)
+
+    @app.get("/api/dags/{dag_id}/runs/{run_id}", dependencies=read_run)
+    def run(dag_id: str, run_id: str, session: SessionDep) -> dict[str, Any]:
+        from airflow.models.dagbag import DBDagBag
+        from airflow.models.taskinstance import TaskInstance as TI
+
+        dag_of(dag_id, session)
+        root, data = root_of(session, dag_id, run_id)
+        tis = session.scalars(select(TI).where(TI.dag_id == dag_id, TI.run_id == run_id))
+        stages = [
+            {
+                "task_id": t.task_id,
+                "map_index": t.map_index,
+                "state": None if t.state is None else str(t.state),
+                "try_number": t.try_number,
+                "duration": t.duration,
+            }
+            for t in sorted(tis, key=lambda t: (t.start_date is None, t.start_date, t.map_index))
+        ]
+        serialized = DBDagBag().get_latest_version_of_dag(dag_id, session=session)
+        file_config = None if serialized is None else serialized.params.dump()
+        return report.run_report(root, run_id, stages, file_config, data)
+
+    @app.get("/api/dags/{dag_id}/runs/{run_id}/trace", dependencies=read_run)
+    def trace(dag_id: str, run_id: str, session: SessionDep) -> Any:
+        dag_of(dag_id, session)
+        root, _ = root_of(session, dag_id, run_id)
+        name = f"{dag_id}-{report.run_dir_of(root, run_id).name}-trace.json"
+        return JSONResponse(
+            report.merged_trace(root, run_id),
+            headers={"Content-Disposition": f'attachment; filename="{name}"'},
+        )
+
+    @app.get("/api/dags/{dag_id}/registry", dependencies=read_dag)
+    def registry(dag_id: str, session: SessionDep) -> dict[str, Any]:
+        dag_of(dag_id, session)
+        for r in runs_of(session, dag_id):
+            data = output_of(session, dag_id, r["run_id"], "prepare_data")
+            root = report.artifact_root(data)
+            if root is not None:
+                return report.registry_of(root)
+        return {"champion": None, "versions": []}
+
+    @app.exception_handler(ValueError)
+    def refused(request: Any, exc: ValueError) -> Any:  # a path outside the artifact root
+        return JSONResponse({"detail": str(exc)}, status_code=400)
+
+    return app
