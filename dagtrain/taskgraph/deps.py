@@ -16,7 +16,13 @@ inoutset        (same, for an inoutset set); else it opens a new set, as ``out``
 
 Each of those already waits for everything before it on the item, so these edges
 order the task after *every* earlier task that conflicts with it, and adding a task
-costs O(items it names) whatever the size of the graph.
+costs O(items it names) whatever the size of the graph. ``wait_targets`` applies the
+same rules to ``taskwait(in_=..., out=...)`` (OpenMP's ``taskwait depend(...)``).
+
+While a graph runs, a task added with ``out``/``inout`` gets a value slot for its
+version at once, pinned (kept) until a later writer supersedes it or no more readers
+can come (``join``, or the end of the parent's body): a reader added after the writer
+finished still finds the value.
 
 ``build_task`` validates everything first and changes the graph only once every
 check passed: a bad ``add`` raises and leaves the graph as it was. It changes only what
@@ -29,9 +35,9 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable
 from typing import Any
 
-from .task import DONE, IN, INOUTSET, MUTEX, OUT, Bound, Event, Item, Mutex, Ref, Slot, Task
+from .task import IN, INOUTSET, MUTEX, OUT, Bound, Event, Item, Mutex, Ref, Slot, Task
 
-__all__ = ["IdKey", "build_task", "find_cycle", "items", "key_of"]
+__all__ = ["IdKey", "build_task", "find_cycle", "items", "key_of", "pin_current", "wait_targets"]
 
 _SEQ = (tuple, list)
 _SETS = (set, frozenset)
@@ -103,7 +109,7 @@ def kinds_of(clauses: tuple) -> dict:
 
 
 def _ref_items(
-    name: str, args: tuple, kwargs: dict | None, kinds: dict, scope: dict, dynamic: bool
+    name: str, args: tuple, kwargs: dict | None, kinds: dict, scope: dict
 ) -> dict | None:
     """{item: None} for every item read through a Ref (adding ``in`` on it), or None."""
     refs: dict | None = None
@@ -125,12 +131,6 @@ def _ref_items(
             raise ValueError(
                 f"task {name!r}: Ref({a.item!r}) reads a value, but no earlier "
                 "task writes that item with out= or inout="
-            )
-        if dynamic and st.slot is None and st.group.run_state == DONE:
-            raise ValueError(
-                f"task {name!r}: Ref({a.item!r}) reads the value of task "
-                f"{st.group.name!r}, which finished before anyone asked for it; "
-                "add its readers before it runs"
             )
         if refs is None:
             refs = {}
@@ -189,7 +189,7 @@ def build_task(
     dynamic = siblings is not None
     # 1. check everything; nothing in the graph changes before all checks passed
     kinds = kinds_of(clauses)
-    refs = _ref_items(name, args, kwargs, kinds, scope, dynamic) if args or kwargs else None
+    refs = _ref_items(name, args, kwargs, kinds, scope) if args or kwargs else None
     after_tasks: list[Task] = []
     after_names: list[str] = []
     if after != ():
@@ -249,6 +249,8 @@ def build_task(
             st.kind = OUT
             st.group = task
             st.preds = None
+            if dynamic:  # keep this version's value for readers that come later
+                _version_slot(slots, st, item, task, parent is None)
         else:
             if k == kind and not r:
                 deps.extend(st.preds)  # join the current set
@@ -303,6 +305,54 @@ def _reader_slot(slots: list[Slot], st: Item, item: Hashable, dynamic: bool, top
     if dynamic:
         slot.remaining += 1
     return slot
+
+
+def _version_slot(slots: list[Slot], st: Item, item: Hashable, writer: Task, top: bool) -> Slot:
+    """A pinned value slot for ``writer``'s version of the item (it publishes there)."""
+    slot = st.slot = Slot(item)
+    slot.pin = True
+    pub = writer.publishes
+    writer.publishes = [slot] if pub is None else [*pub, slot]
+    if top:
+        slots.append(slot)
+    return slot
+
+
+def pin_current(scope: dict, slots: list[Slot]) -> None:
+    """Before an incremental run (``TaskGraph.start``): give the current version of every
+    item written with out/inout a value slot, so that a task added later may read it
+    even if its writer finished first (the runtime pins the current slots)."""
+    for item, st in scope.items():
+        if st.kind == OUT and st.slot is None:
+            _version_slot(slots, st, item, st.group, True)
+
+
+def wait_targets(scope: dict, clauses: tuple) -> list[Task]:
+    """The earlier sibling tasks a ``taskwait`` with these clauses (in_, out, inout,
+    mutexinoutset, inoutset) waits for: those a task added now with the same clauses
+    would wait for (the table above), OpenMP's ``taskwait depend(...)``. Each of them
+    waits for what came before it on the item, so once they are done, so is every
+    earlier task the clause conflicts with; the others may still run."""
+    found: list[Task] = []
+    for item, kind in kinds_of(clauses).items():
+        st = scope.get(item)
+        if st is None:
+            continue
+        k, r = st.kind, st.readers
+        if kind == IN:  # the last writer or set; the readers since may still run
+            if k == OUT:
+                found.append(st.group)
+            elif k is not None:
+                found.extend(st.group)
+        elif kind != OUT and k == kind and not r:  # joins the trailing set: its preds
+            found.extend(st.preds)
+        elif r:  # every earlier task on the item: the readers since the last writer
+            found.extend(r)
+        elif k == OUT:
+            found.append(st.group)
+        elif k is not None:
+            found.extend(st.group)
+    return found
 
 
 def supersede(st: Item) -> None:

@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 
 __all__ = ["TaskGraph", "gc_paused", "upward_ranks_of"]
 
+_NONE = (tuple, list, set, frozenset)  # an empty one of these names no item
+
 
 def upward_ranks_of(costs: Sequence[float], order: Sequence[Task]) -> list[float]:
     """rank[i] = costs[i] plus the costliest chain of successors after task i.
@@ -275,7 +277,9 @@ class TaskGraph:
         else:
             self._start(workers, trace, keep, incremental=False)
             report = self.join(timeout=timeout)
-        self._grain = report.busy / len(report) if len(report) else None
+        # (a run whose bodies added children never replays inline: they need a run)
+        n = len(report)
+        self._grain = report.busy / n if n and n == len(self.tasks) else None
         return report
 
     def start(
@@ -289,7 +293,8 @@ class TaskGraph:
 
         ``workers - 1`` threads start now; the calling thread joins them in
         ``taskwait``, ``taskgroup`` exits and ``join``. Values of the items' current
-        versions stay until ``join`` (a task added later may read them).
+        versions stay until ``join``: a task added later may read them with ``Ref``,
+        whether or not their writer has finished by then.
         """
         self._start(workers, trace, keep, incremental=True)
 
@@ -314,22 +319,71 @@ class TaskGraph:
         Raises TaskError for a failed task, TaskTimeoutError after ``timeout`` seconds.
         """
         run = self._require_run("join")
+        incremental = run.incremental
         try:
             return run.finish(timeout)
         finally:
             self._run = None
+            if incremental:
+                self._forget_unread()
 
-    def taskwait(self, on: Any = None) -> None:
-        """Wait until the tasks added so far (by this task body, or at top level) are done.
+    def _forget_unread(self) -> None:
+        """After an incremental run: drop the value slots that ``start`` kept for
+        readers that never came, so that replays do not publish them (and tasks left
+        with no extras are plain again)."""
+        self._prepared = False  # tasks may have gained or lost extras: plain or not
+        dead = {s for s in self.slots if not s.readers and not s.keep}
+        if not dead:
+            return
+        self.slots = [s for s in self.slots if s not in dead]
+        for st in self.scope.values():
+            if st.slot in dead:
+                st.slot = None
+        for t in self.tasks:
+            x = t.x
+            if x is not None and x.publishes is not None:
+                x.publishes = [s for s in x.publishes if s not in dead] or None
+                if x.empty():
+                    t.x = None
 
-        ``on``: wait only for the earlier tasks that touch these items. While waiting,
-        the calling thread runs other ready tasks. Raises TaskError if a task failed.
+    def taskwait(
+        self,
+        on: Any = None,
+        *,
+        in_: Any = (),
+        out: Any = (),
+        inout: Any = (),
+        mutexinoutset: Any = (),
+        inoutset: Any = (),
+    ) -> None:
+        """Wait for the sibling tasks added so far (by this task body, or at top level).
+
+        Without clauses: for all of them (OpenMP's ``taskwait``). With clauses, only
+        for the earlier siblings a task with those clauses would wait for (OpenMP's
+        ``taskwait depend(...)``): ``in_`` for the last writer of each item (the
+        ``out``/``inout``/``mutexinoutset``/``inoutset`` tasks; readers may still run);
+        ``out``/``inout`` for every earlier task touching the item; ``mutexinoutset``/
+        ``inoutset`` for every one but the members of a trailing set of the same kind
+        (OpenMP forbids ``mutexinoutset`` on taskwait; here it means just that).
+        ``on``: shorthand for ``inout``.
+
+        While waiting, the calling thread runs ready tasks: in a task body only
+        descendants of that task (OpenMP's task scheduling constraint, which bounds
+        how deep waits nest). Raises TaskError if a task failed.
         """
-        self._require_run("taskwait").taskwait(on)
+        run = self._require_run("taskwait")
+        if on is not None:
+            inout = (*items(inout), *items(on))
+        clauses = (in_, out, inout, mutexinoutset, inoutset)
+        if all(type(c) in _NONE and not c for c in clauses):
+            run.taskwait(None)  # no clause: every sibling
+        else:
+            run.taskwait(clauses)
 
     @contextmanager
     def taskgroup(self) -> Iterator[None]:
-        """On exit, wait for every task added inside the block and all their descendants."""
+        """On exit, wait for every task added inside the block and all their descendants
+        (in a task body, running only descendants of that task meanwhile)."""
         run = self._require_run("taskgroup")
         group = run.open_group()
         try:

@@ -24,6 +24,24 @@ idle             threads waiting on the condition; a retiring thread wakes only 
                  not pay for wake-ups nobody needs.
 watchers         threads in taskwait/join, waiting for a predicate: every retirement
                  wakes them all.
+below            ``{task: its ready descendants}`` for each task whose body has added
+                 children and not yet returned: the tasks a thread waiting in it may
+                 start (below).
+
+Task scheduling constraint
+~~~~~~~~~~~~~~~~~~~~~~~~~~
+A thread that waits in a task body (``taskwait``, the end of a ``taskgroup``) starts
+only descendants of the task it waits in, as OpenMP requires of tied tasks; the
+others wait for a thread that is free. Each task it starts there is a strict
+descendant of the one below it on the thread's stack, so waits nest at most as deep
+as the program's own task tree, not as deep as the number of tasks. It cannot
+deadlock: what a task waits for (its children, their dependences, a taskgroup's
+descendants) lies within its own subtree, and whichever thread holds the deepest
+waiting task can start every ready task of that subtree. A child task, when it
+becomes ready, is queued both in ``ready`` and in the ``below`` list of each ancestor
+whose body still runs (O(depth)); whichever thread takes it first runs it and the
+other entries are skipped when popped. Top-level tasks, and threads that wait at top
+level (``join``, ``taskwait`` outside a task), are unaffected.
 
 What it uses of the graph: ``tasks`` (to which it appends the top-level tasks added
 while it runs), ``heap``, ``slots``, ``scope`` and ``task_names`` (see
@@ -37,7 +55,9 @@ version whose last reader this was), publishes what it wrote, and readies succes
 Failure: the first exception is stored with its task, ``stopping`` is set, and each
 thread leaves after the task it is running; ``finish`` then cancels every task that did
 not run, joins the threads and raises ``TaskError`` from the original exception. A
-task that depends on a failed task can therefore never start.
+task that depends on a failed task can therefore never start. A wait in a task body
+also ends at join's deadline; when the run stops with no task failed (timeout,
+interrupt), such a wait raises ``_Unwind``, which cancels the body instead of failing it.
 """
 
 from __future__ import annotations
@@ -48,7 +68,7 @@ from collections import deque
 from time import monotonic, perf_counter
 from typing import TYPE_CHECKING, Any
 
-from .deps import build_task
+from .deps import build_task, pin_current, wait_targets
 from .errors import TaskError, TaskTimeoutError
 from .report import RunReport
 from .task import (
@@ -78,6 +98,11 @@ _CHILD_BASE = 1 << 40  # index space of tasks spawned inside task bodies
 
 class _Timeout(Exception):
     pass
+
+
+class _Unwind(Exception):
+    """Raised from a wait in a task body when the run stops (timeout, interrupt) with no
+    task failed: it unwinds the body, which is then cancelled, not failed."""
 
 
 class Group:
@@ -113,12 +138,17 @@ class Run:
         self.current: list[Task | None] = [None] * workers
         self.main_groups: list[Group] = []
         self.children: dict[Task, list[Task]] = {}
+        self.below: dict[Task, Any] = {}  # see "Task scheduling constraint"
         self.nchild = 0
         self.t0 = 0.0
         self.evtasks: list[Task] = []  # tasks with a detach event, to unbind at the end
+        self.deadline: float | None = None  # join's timeout, for waits in task bodies too
+        self.timed_out = False
 
     # ------------------------------------------------------------ lifecycle
     def begin(self) -> None:
+        if self.incremental:  # keep the current versions' values for later readers
+            pin_current(self.graph.scope, self.graph.slots)
         tasks = self.tasks
         heap, ready = self.heap, self.ready
         mutexes: set = set()
@@ -180,6 +210,7 @@ class Run:
                         slot.value = None
         interrupted: BaseException | None = None
         timed_out = False
+        self.deadline = deadline
         try:
             self._work(0, self._all_done, deadline)
         except _Timeout:
@@ -194,17 +225,19 @@ class Run:
         for th in self.threads:
             th.join()
         end = perf_counter()
-        for t in self.evtasks:
-            t.x.event.disarm()  # a late fulfil() is now a no-op
+        timed_out = timed_out or self.timed_out
+        for t in self.evtasks:  # a late fulfil() is dropped, an early one kept for next run
+            t.x.event.disarm(owed=t.run_state == DETACHED)
+        for p in self.children:  # values of children's items go with the run
+            x = p.x
+            if x.scope is not None:
+                _release_scope(x)
         pending = []
         if timed_out or interrupted is not None or self.error is not None or self.outstanding:
             for t in self.tasks:
                 if t.run_state in (PENDING, READY, PARKED, DETACHED, RUNNING):
                     pending.append(t.name)
                     t.run_state = CANCELLED
-                x = t.x
-                if x is not None and x.event is not None:
-                    x.event.disarm()
             report = RunReport.from_tasks(self.tasks, self.t0, end, self.workers, self._values())
         else:  # every task is done: the report in three list passes
             names = self.graph.task_names
@@ -287,11 +320,13 @@ class Run:
                             self.watchers -= 1
                     continue
                 task = heapq.heappop(ready)[2] if heap else pop()
+                x = task.x
+                if x is not None and task.run_state != READY:
+                    continue  # a thread waiting in its ancestor ran it (see below)
                 task.run_state = RUNNING
                 current[wid] = task
                 lock.release()
                 locked = False
-                x = task.x
                 t0 = perf()
                 try:
                     if x is None or x.reads is None:
@@ -340,13 +375,100 @@ class Run:
         finally:
             current[wid] = prev
             if locked:
-                if ready and self.idle and not self.stopping:
-                    cond.notify(len(ready))  # we leave: others take what is ready
+                if ready and self.idle and not self.stopping:  # we leave: others take it
+                    cond.notify_all() if self.watchers else cond.notify(len(ready))
                 lock.release()
+
+    def _work_within(self, wid: int, parent: Task, until: Callable[[], bool]) -> None:
+        """Run ready descendants of ``parent`` until ``until()`` holds: the task
+        scheduling constraint of a thread waiting in ``parent``'s body (see the module
+        docstring). The lock is not held on entry."""
+        lock = self.lock
+        cond = self.cond
+        heap = self.heap
+        current = self.current
+        perf = perf_counter
+        lock.acquire()
+        locked = True
+        own = self.below.get(parent)
+        made = own is None  # it added no child: nothing below it can become ready
+        if made:
+            own = self.below[parent] = [] if heap else deque()
+        try:
+            while True:
+                if self.stopping or until():
+                    return
+                task = None
+                while own:
+                    t = heapq.heappop(own)[2] if heap else own.popleft()
+                    if t.run_state == READY:  # else another thread took it
+                        task = t
+                        break
+                if task is None:
+                    deadline = self.deadline
+                    left = None if deadline is None else deadline - monotonic()
+                    if left is not None and left <= 0:  # join's timeout: stop the run
+                        self.timed_out = True
+                        self.stopping = True
+                        cond.notify_all()
+                        continue
+                    self.watchers += 1
+                    self.idle += 1
+                    try:
+                        cond.wait(left)
+                    finally:
+                        self.idle -= 1
+                        self.watchers -= 1
+                    continue
+                task.run_state = RUNNING
+                current[wid] = task
+                lock.release()
+                locked = False
+                x = task.x  # a descendant: never None
+                t0 = perf()
+                try:
+                    if x.reads is None:
+                        kw = task.kwargs
+                        result = task.fn(*task.args, **kw) if kw else task.fn(*task.args)
+                    else:
+                        result = _call_resolved(task)
+                    exc = None
+                except BaseException as e:
+                    result = None
+                    exc = e
+                t1 = perf()
+                lock.acquire()
+                locked = True
+                current[wid] = parent
+                task.t0 = t0
+                task.t1 = t1
+                task.worker = wid
+                if exc is not None:
+                    self._fail(task, exc)
+                    exc = None
+                    continue
+                done = self._retire(task, x, result)
+                result = None
+                if done and self.idle:
+                    cond.notify_all() if self.watchers else cond.notify(len(self.ready))
+        finally:
+            current[wid] = parent
+            if locked:
+                # (no hand-over of wake-ups: while it slept, watchers > 0 made every
+                # wake-up a notify_all, so it absorbed none meant for another thread)
+                if made:
+                    self.below.pop(parent, None)
+                lock.release()
+            elif made:
+                with lock:
+                    self.below.pop(parent, None)
 
     def _retire(self, task: Task, x: Any, result: Any) -> bool:
         """The function of a task with extras returned (lock held): release what it
         read, publish what it wrote; complete it unless it waits for its event."""
+        if x.scope is not None:  # its body added children and can add no more
+            self.below.pop(task, None)
+            _release_scope(x)
         if x.reads is not None:
             for slot in x.reads:
                 slot.remaining -= 1
@@ -390,21 +512,37 @@ class Run:
         self.outstanding -= 1
 
     def _make_ready(self, t: Task) -> None:
-        if t.mutexes is not None:
-            for m in t.mutexes:
+        x = t.x
+        if x is not None and x.mutexes is not None:
+            for m in x.mutexes:
                 if m.holder is not None and m.holder is not t:
                     m.waiters.append(t)
                     t.run_state = PARKED
                     return
-            for m in t.mutexes:
+            for m in x.mutexes:
                 m.holder = t
         t.run_state = READY
-        if self.heap:
+        heap = self.heap
+        if heap:
             heapq.heappush(self.ready, (t.key, t.index, t))
         else:
             self.ready.append(t)
+        if x is not None and x.parent is not None:  # a child: its ancestors may wait for it
+            below = self.below
+            a = x.parent
+            while a is not None:
+                own = below.get(a)
+                if own is not None:
+                    if heap:
+                        heapq.heappush(own, (t.key, t.index, t))
+                    else:
+                        own.append(t)
+                a = a.x.parent  # a task with children has extras
 
     def _fail(self, task: Task, exc: BaseException) -> None:
+        if exc.__class__ is _Unwind:  # unfinished, not failed: finish cancels it
+            task.run_state = RUNNING
+            return
         task.run_state = FAILED
         if self.error is None:
             self.error = (task, exc)
@@ -450,6 +588,7 @@ class Run:
             else:
                 if parent.scope is None:
                     parent.scope = {}
+                    self.below[parent] = [] if self.heap else deque()
                 scope = parent.scope
                 index = _CHILD_BASE + self.nchild
                 self.nchild += 1
@@ -479,29 +618,25 @@ class Run:
             self.outstanding += 1
             if not npred:
                 self._make_ready(task)
-                if self.idle:
-                    self.cond.notify()
+                if self.idle:  # a waiting thread may not start it: then wake them all
+                    self.cond.notify_all() if self.watchers else self.cond.notify()
         return task
 
     def children_of(self, parent: Task) -> list[Task]:
         return self.children.get(parent, [])
 
-    def taskwait(self, on: Any) -> None:
+    def taskwait(self, clauses: tuple | None) -> None:
+        """Wait for the earlier siblings (all, or those ``clauses`` name: see
+        :func:`~.deps.wait_targets`), running ready tasks meanwhile."""
         wid = self._wid("taskwait")
         parent = self.current[wid]
         with self.lock:
-            if on is None:
+            if clauses is None:
                 siblings = self.graph.tasks if parent is None else self.children_of(parent)
                 targets = [t for t in siblings if t.run_state != DONE]
             else:
-                from .deps import items, key_of
-
                 scope = self.graph.scope if parent is None else (parent.scope or {})
-                targets = []
-                for item in items(on):
-                    st = scope.get(key_of(item))
-                    if st is not None:
-                        targets.extend(t for t in st.last_tasks() if t.run_state != DONE)
+                targets = [t for t in wait_targets(scope, clauses) if t.run_state != DONE]
         self._wait(wid, _all_in(targets))
 
     def open_group(self) -> tuple[Group, list[Group], int]:
@@ -523,10 +658,17 @@ class Run:
         self._wait(wid, lambda: group.pending == 0)
 
     def _wait(self, wid: int, until: Callable[[], bool]) -> None:
-        self._work(wid, until, None)
-        if self.stopping and self.error is not None:
-            task, exc = self.error
-            raise TaskError(task.name, exc) from exc
+        parent = self.current[wid]
+        if parent is None:
+            self._work(wid, until, None)
+        else:
+            self._work_within(wid, parent, until)
+        if self.stopping:
+            if self.error is not None:
+                task, exc = self.error
+                raise TaskError(task.name, exc) from exc
+            if parent is not None:  # timeout or interrupt: unwind the body
+                raise _Unwind(f"the run of graph {self.graph.name!r} is stopping")
 
 
 def _all_in(targets: list[Task]) -> Callable[[], bool]:
@@ -536,6 +678,18 @@ def _all_in(targets: list[Task]) -> Callable[[], bool]:
         return not targets
 
     return done
+
+
+def _release_scope(x: Any) -> None:
+    """A parent's body returned (or the run ended): no sibling can be added to its
+    children any more, so their items' values go once their readers finished."""
+    for st in x.scope.values():
+        slot = st.slot
+        if slot is not None:
+            slot.pin = False
+            if slot.droppable():
+                slot.value = None
+    x.scope = None
 
 
 def _call_resolved(task: Task) -> Any:

@@ -12,6 +12,7 @@ rather than to an empty container.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -52,6 +53,12 @@ class Outputs(dict):
     """
 
 
+# Orders a signal that arrives while no run holds the event against arm()/disarm(),
+# so that a fulfil() racing with the start of a run is neither lost nor counted twice.
+# Taken only by events' own methods, never on a task's path.
+_SIGNALS = threading.Lock()
+
+
 class Event:
     """A detach event (OpenMP's ``detach`` clause and ``omp_fulfill_event``).
 
@@ -59,6 +66,14 @@ class Event:
     ``event.fulfill()`` has been called, from any thread, in either order. Tasks that
     depend on it wait for both. ``event.fail(exc)`` fails the task instead. The event
     is re-armed at the start of every run, so a replayed graph reuses it.
+
+    A signal given while no run holds the event is *early*: it is kept and counts for
+    the next run, which starts with the event already fulfilled (or failed), so the task
+    completes (or fails) as soon as its function returns. Between two runs the same
+    holds, with one exception that keeps late callbacks harmless: when a run ended with
+    the task still waiting for its event (the run failed, timed out or was interrupted),
+    the first signal after it is that run's late one and is dropped; a further signal
+    counts for the next run. A repeated early signal is a no-op.
 
     >>> from dagtrain.taskgraph import TaskGraph
     >>> g = TaskGraph()
@@ -77,13 +92,15 @@ class Event:
     :meth:`settle` (the runtime, under its lock, when ``fulfill``/``fail`` arrives).
     """
 
-    __slots__ = ("_done", "_error", "_run", "_task")
+    __slots__ = ("_done", "_early", "_error", "_owed", "_run", "_task")
 
     def __init__(self) -> None:
         self._run: Any = None
         self._task: Task | None = None
         self._done = False
         self._error: BaseException | None = None
+        self._early: Any = None  # a signal for the next run: True (fulfil) or an exception
+        self._owed = False  # the last run ended with its task waiting for this event
 
     @property
     def fulfilled(self) -> bool:
@@ -106,14 +123,22 @@ class Event:
         self._task = task
 
     def arm(self, run: Any) -> None:
-        """Reset for a new run of its task (by the runtime): pending, no error."""
-        self._run = run
-        self._done = False
-        self._error = None
+        """Reset for a new run of its task (by the runtime): pending and no error, or
+        fulfilled (failed) already if an early signal came since the last run."""
+        with _SIGNALS:
+            early = self._early
+            self._early = None
+            self._owed = False
+            self._done = early is True
+            self._error = None if early is None or early is True else early
+            self._run = run
 
-    def disarm(self) -> None:
-        """The run ended (by the runtime): a late ``fulfill()`` is now a no-op."""
-        self._run = None
+    def disarm(self, owed: bool = False) -> None:
+        """The run ended (by the runtime). ``owed``: its task was still waiting for this
+        event, so the next signal is that run's late one, and is dropped."""
+        with _SIGNALS:
+            self._run = None
+            self._owed = owed
 
     def settle(self, error: BaseException | None) -> bool:
         """Record a ``fulfill()`` (``error`` None) or a ``fail(error)``; called by the
@@ -127,7 +152,11 @@ class Event:
         return True
 
     def fulfill(self) -> None:
-        """Complete the detached task. Safe from any thread; a no-op once its run ended."""
+        """Complete the detached task. Safe from any thread, never raises once bound.
+
+        While no run holds the event (before the first run, between runs), the signal
+        counts for the next run; see the class docstring for a failed run's late one.
+        """
         self._signal(None)
 
     def fail(self, error: BaseException) -> None:
@@ -137,19 +166,27 @@ class Event:
         self._signal(error)
 
     def _signal(self, error: BaseException | None) -> None:
-        run = self._run
         if self._task is None:
             raise RuntimeError("this event is not attached to a task: pass it as detach=")
-        if run is None:
-            # Before the first run there is nothing to complete; after a run ended (a
-            # late callback of a failed step) the signal is moot. Neither may raise in
-            # the callback's thread.
-            return
+        with _SIGNALS:
+            run = self._run
+            if run is None:
+                # No run holds the event: the late signal of a run that ended with the
+                # task waiting for it (dropped), or an early one for the next run (kept).
+                # Neither may raise in a callback's thread.
+                if self._owed:
+                    self._owed = False
+                elif self._early is None:
+                    self._early = True if error is None else error
+                return
         run.signal(self, error)
 
     def __repr__(self) -> str:
         owner = self._task.name if self._task is not None else None
-        return f"<Event of {owner!r} {'fulfilled' if self._done else 'pending'}>"
+        state = "fulfilled" if self._done else "pending"
+        if self._run is None and self._early is not None:
+            state = "fulfilled early" if self._early is True else "failed early"
+        return f"<Event of {owner!r} {state}>"
 
 
 class Slot:
@@ -211,14 +248,6 @@ class Item:
         self.slot: Slot | None = None
         self.mutex: Mutex | None = None
 
-    def last_tasks(self) -> list[Task]:
-        """The tasks whose completion implies that of every earlier task on the item."""
-        if self.readers:
-            return list(self.readers)
-        if self.kind == OUT:
-            return [self.group]
-        return list(self.group or ())
-
 
 class Extras:
     """The rarely used fields of a task, kept apart so that a plain task stays small and
@@ -235,6 +264,10 @@ class Extras:
         self.scope: dict | None = None  # dependence state of its own children
         self.gstack: list | None = None  # taskgroups open in its body
         self.groups: tuple | None = None  # taskgroups it belongs to
+
+    def empty(self) -> bool:
+        """Every field is None: the task is plain again and needs no record."""
+        return all(getattr(self, f) is None for f in Extras.__slots__)
 
 
 def _extra(name: str) -> property:
