@@ -65,6 +65,8 @@ class _Section(BaseModel):
 
 
 class DataConfig(_Section):
+    """Where the data comes from and how it is split: train, validation, test."""
+
     source: str = Field(
         "digits",
         description="'digits' (scikit-learn's, no download) or a .npz/.npy/.csv/.parquet "
@@ -86,6 +88,8 @@ class DataConfig(_Section):
 
 
 class ModelConfig(_Section):
+    """The model: a built-in by name, or a factory of the DAG author's, and its arguments."""
+
     name: str = Field(
         "mlp",
         description="a built-in (mlp, cnn, rescnn, transformer) or 'package.module:factory' "
@@ -104,6 +108,8 @@ class ModelConfig(_Section):
 
 
 class TrainingConfig(_Section):
+    """The optimisation every rank runs, checkpoints, and the training task's retries."""
+
     epochs: int = Field(5, ge=1, le=1_000_000)
     max_steps: int | None = Field(None, ge=1, le=10**12, description="stop after this many steps")
     batch_size: int = Field(
@@ -134,6 +140,8 @@ class TrainingConfig(_Section):
 
 
 class DistributedConfig(_Section):
+    """How many ranks, how they sync gradients, and how they are launched."""
+
     backend: Backend = Field(
         "mpi", description="gradient sync: mpi (mpi4py), torch (gloo/nccl), horovod, local"
     )
@@ -170,6 +178,8 @@ class DistributedConfig(_Section):
 
 
 class ExecutorConfig(_Section):
+    """Each rank's op-level executor: its threads, torch's threads, the step trace."""
+
     workers: int = Field(2, ge=1, le=64, description="task-graph threads per rank")
     intra_op_threads: int = Field(1, ge=1, le=1024, description="torch threads per rank")
     trace: bool = Field(True, description="write the last step's Perfetto trace")
@@ -278,6 +288,8 @@ assert not set(_SHORTHAND) & set(TrainConfig.model_fields), "shorthand names col
 
 
 class EvaluationConfig(_Section):
+    """When a newly trained model replaces the champion in the registry."""
+
     metric: Literal["test_accuracy", "test_loss"] = "test_accuracy"
     min_improvement: float = Field(
         0.0, ge=0, le=1e6, description="a challenger must beat the champion by more than this"
@@ -286,6 +298,8 @@ class EvaluationConfig(_Section):
 
 
 class ScheduleConfig(_Section):
+    """When Airflow retrains: on a cron, or when an Asset is updated (file only)."""
+
     cron: str | None = Field(None, description="cron or preset (@daily); none: manual only")
     asset: str | None = Field(
         None, description="retrain when this Asset (URI) is updated, instead of on cron"
@@ -293,6 +307,8 @@ class ScheduleConfig(_Section):
 
 
 class RoundsConfig(_Section):
+    """Round-based training (pipeline: rounds): shards trained apart, then averaged."""
+
     rounds: int = Field(3, ge=1, le=100, description="rounds of local training + sync")
     shards: int = Field(2, ge=1, le=64, description="shards trained independently per round")
     local_steps: int = Field(20, ge=1, le=10**9, description="inner steps per shard per round")
@@ -301,6 +317,8 @@ class RoundsConfig(_Section):
 
 
 class ArtifactsConfig(_Section):
+    """Where the pipeline's data, checkpoints, traces and registry go (file only)."""
+
     root: str = Field(
         "../.dagtrain/artifacts",
         description="where data, checkpoints, traces and the model registry go; relative "
