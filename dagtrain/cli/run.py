@@ -29,6 +29,43 @@ from .common import ConfigArg, HomeOpt, Sets, fail, home_of, load, out, prefligh
 __all__ = ["run"]
 
 
+# after the DAG run has ended, how long dag.test() may take to shut its LocalExecutor down
+# before this process stops the executor's idle workers itself: Airflow 3.3's
+# LocalExecutor.end() joins its workers without a deadline, and one that missed its
+# shutdown message (seen under load) would keep the run from ever returning
+EXECUTOR_GRACE = 20.0
+
+
+def _finished(dag_id: str, run_id: str) -> bool:
+    """Whether the DAG run has ended, read through Airflow's ORM."""
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        state = session.scalar(
+            select(DagRun.state).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id)
+        )
+    return str(getattr(state, "value", state)) in ("success", "failed")
+
+
+def _stop_idle_workers() -> None:
+    """Terminate this process's LocalExecutor worker processes (their title says so)."""
+    import psutil
+
+    workers = []
+    for child in psutil.Process().children():
+        try:
+            if "LocalExecutor" in " ".join(child.cmdline()):
+                workers.append(child)
+                child.terminate()
+        except psutil.Error:
+            continue
+    _, alive = psutil.wait_procs(workers, timeout=5)
+    for child in alive:
+        child.kill()
+
+
 class _Stop(Exception):
     """Something to tell the user once the terminal is theirs again."""
 
@@ -108,8 +145,14 @@ def _run(h, dag_file: Path, conf: dict, eff: PipelineConfig, term: Console, log:
             done = threading.Event()
 
             def follow() -> None:
+                ended: float | None = None
                 while not done.wait(0.5):
                     progress.poll()
+                    if ended is None and _finished(dag.dag_id, run_id):
+                        ended = time.monotonic()
+                    elif ended is not None and time.monotonic() - ended > EXECUTOR_GRACE:
+                        _stop_idle_workers()  # dag.test's executor.end() waits for them
+                        ended = float("inf")
 
             live = (  # sys.stdout/err stay Airflow's (the log): no redirect into the display
                 Live(
