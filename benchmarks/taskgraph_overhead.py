@@ -2,13 +2,27 @@
 
     make bench            (or: .venv/bin/python benchmarks/taskgraph_overhead.py [--quick])
 
-Baselines, measured in the same run on the same programs (benchmarks/patterns.py):
-  sequential   a plain loop calling each task's function in program order: the floor
+Systems, measured in the same run on the same programs (benchmarks/patterns.py):
+  sequential   a plain loop calling each task's function in program order (no graph)
+  minimal      the floor for a graph: a pure-Python dependence-counting loop (last
+               writer and readers per item, successor lists, a FIFO), one thread
+  dagtrain     TaskGraph, 2 workers; replayed threaded (inline_below=0) and inline
   threadpool   concurrent.futures.ThreadPoolExecutor driven by dependence counting
   dask         dask's threaded scheduler (dask.threaded.get) on the same graph
 
+Every system is timed in the same phases, interleaved (one repeat of every system,
+then the next repeat, in a rotating order), medians and minima reported:
+  build        from the program to the system's graph (dask: its dict; the minimal
+               loop and the thread pool: their successor lists and counts)
+  first run    running that graph once (dask's get() includes its own analysis)
+  build+run    the two together: what a graph used once costs
+  replay       running the same built graph again: what a training step pays
+               (dask and the thread pool have no built graph to keep: their replay
+               is a second first run)
+
 Figures (printed as a table and written to benchmarks/results/taskgraph_overhead.json):
-  us/task      wall time per empty task at 2 workers (first run, and a replay)
+  us/task      per empty task and phase, at 2 workers, the 100x100 3-point stencil
+               and the Task-Bench patterns at width 16
   METG(50%)    the smallest task duration (busy work that releases the GIL) at which
                the run keeps >= 50% efficiency: efficiency = n * g / (workers * wall)
   1M tasks     build + run of a 1,000,000-task stencil, per task, and memory per task
@@ -29,7 +43,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -82,10 +96,12 @@ def busy_fn(seconds: float):
 
 # ---------------------------------------------------------------- runners
 def build_graph(prog, fn) -> TaskGraph:
+    """A TaskGraph of the program. Keys are tuples, so each is put in a list: a bare
+    tuple given to a clause names several items (docs/taskgraph.md)."""
     g = TaskGraph()
     add = g.add
     for key, deps in prog:
-        add(fn, out=key, in_=deps) if deps else add(fn, out=key)
+        add(fn, out=[key], in_=deps) if deps else add(fn, out=[key])
     return g
 
 
@@ -96,14 +112,69 @@ def run_sequential(prog, fn, workers):
     return time.perf_counter() - t
 
 
-def run_threadpool(prog, fn, workers):
+# Each system: build(prog, fn) -> graph; run(graph, workers) -> None. Timed alike.
+def minimal_build(prog, fn):
+    """The floor of a graph built from depend clauses: per item its last writer and
+    the readers since, per task its successors and predecessor count (in/out only)."""
+    last: dict = {}
+    readers: dict = {}
+    fns, succs, npred = [], [], []
+    for key, deps in prog:
+        i = len(fns)
+        fns.append(fn)
+        succs.append([])
+        preds = set()
+        for d in deps:  # in: the last writer
+            w = last.get(d)
+            if w is not None:
+                preds.add(w)
+            r = readers.get(d)
+            if r is None:
+                readers[d] = [i]
+            else:
+                r.append(i)
+        r = readers.pop(key, None)  # out: the readers since, else the last writer
+        if r:
+            preds.update(r)
+        else:
+            w = last.get(key)
+            if w is not None:
+                preds.add(w)
+        last[key] = i
+        npred.append(len(preds))
+        for p in preds:
+            succs[p].append(i)
+    return fns, succs, npred
+
+
+def minimal_run(graph, workers):
+    fns, succs, npred = graph
+    left = list(npred)
+    ready = deque(i for i, n in enumerate(left) if not n)
+    pop, push = ready.popleft, ready.append
+    while ready:
+        i = pop()
+        fns[i]()
+        for s in succs[i]:
+            n = left[s] - 1
+            left[s] = n
+            if not n:
+                push(s)
+
+
+def threadpool_build(prog, fn):
     succs, npred = defaultdict(list), {}
     for key, deps in prog:
         npred[key] = len(deps)
         for d in deps:
             succs[d].append(key)
+    return prog, fn, succs, npred
+
+
+def threadpool_run(graph, workers):
+    prog, fn, succs, npred0 = graph
+    npred = dict(npred0)
     lock, done, left = threading.Lock(), threading.Event(), [len(prog)]
-    t = time.perf_counter()
     with ThreadPoolExecutor(workers) as ex:
 
         def finish(key):
@@ -124,17 +195,82 @@ def run_threadpool(prog, fn, workers):
             if not deps:
                 ex.submit(fn).add_done_callback(lambda f, key=key: finish(key))
         done.wait()
-        wall = time.perf_counter() - t
-    return wall
 
 
-def run_dask(prog, fn, workers):
+def dask_build(prog, fn):
+    return {key: (fn, *deps) for key, deps in prog}
+
+
+def dask_run(dsk, workers):
     import dask.threaded
 
-    dsk = {key: (fn, *deps) for key, deps in prog}
-    t = time.perf_counter()
     dask.threaded.get(dsk, list(dsk), num_workers=workers)
-    return time.perf_counter() - t
+
+
+def dagtrain_run(g, workers):
+    g.run(workers=workers, inline_below=0)
+
+
+def dagtrain_inline_run(g, workers):
+    g.run(workers=workers)  # a replay of tiny tasks runs inline in the caller
+
+
+# name: (build, first run, replays): a replay is a run of the graph already built;
+# dask and the thread pool keep no built graph, so theirs is a second first run
+SYSTEMS = {
+    "minimal": (minimal_build, minimal_run, {"replay": minimal_run}),
+    "dagtrain": (
+        build_graph,
+        dagtrain_run,
+        {"replay": dagtrain_run, "replay_inline": dagtrain_inline_run},
+    ),
+    "threadpool": (threadpool_build, threadpool_run, {"replay": threadpool_run}),
+    "dask": (dask_build, dask_run, {"replay": dask_run}),
+}
+PHASES = ("build", "first", "build_run", "replay", "replay_inline")
+
+
+def phases_once(system, prog, fn, workers) -> dict:
+    """Seconds of build, first run and replay(s) of one system on one program."""
+    build, run, replays = SYSTEMS[system]
+    perf = time.perf_counter
+    t0 = perf()
+    graph = build(prog, fn)
+    t1 = perf()
+    run(graph, workers)
+    t2 = perf()
+    out = {"build": t1 - t0, "first": t2 - t1, "build_run": t2 - t0}
+    for name, replay in replays.items():
+        t = perf()
+        replay(graph, workers)
+        out[name] = perf() - t
+    return out
+
+
+def phases(prog, fn, workers, reps, systems=None) -> dict:
+    """us per task of each phase and system over ``reps`` interleaved repeats (every
+    system once, in a rotating order, then again): the median, the minimum (the least
+    disturbed repeat) and the spread (max - min) / median."""
+    systems = list(systems or SYSTEMS)
+    samples: dict = {s: defaultdict(list) for s in systems}
+    seq: list = []
+    for r in range(reps):
+        order = systems[r % len(systems) :] + systems[: r % len(systems)]
+        for s in order:
+            for k, v in phases_once(s, prog, fn, workers).items():
+                samples[s][k].append(v)
+        seq.append(run_sequential(prog, fn, workers))
+    n = len(prog)
+    out = {"sequential": {"run": statistics.median(seq) / n * 1e6, "run_min": min(seq) / n * 1e6}}
+    for s in systems:
+        row = {}
+        for k, v in samples[s].items():
+            med = statistics.median(v)
+            row[k] = med / n * 1e6
+            row[k + "_min"] = min(v) / n * 1e6
+            row[k + "_spread"] = (max(v) - min(v)) / med if med else 0.0
+        out[s] = row
+    return out
 
 
 def run_dagtrain(prog, fn, workers, replay=False):
@@ -149,8 +285,21 @@ def run_dagtrain(prog, fn, workers, replay=False):
     return time.perf_counter() - t
 
 
+def run_threadpool(prog, fn, workers):
+    t = time.perf_counter()
+    threadpool_run(threadpool_build(prog, fn), workers)
+    return time.perf_counter() - t
+
+
+def run_dask(prog, fn, workers):
+    t = time.perf_counter()
+    dask_run(dask_build(prog, fn), workers)
+    return time.perf_counter() - t
+
+
+# METG: the run at a grain, after the build (the build does not depend on the grain);
+# threadpool and dask include building their graph, as they always did (small: n <= 20k)
 RUNNERS = {
-    "sequential": run_sequential,
     "dagtrain": run_dagtrain,
     "dagtrain-replay": lambda p, f, w: run_dagtrain(p, f, w, replay=True),
     "threadpool": run_threadpool,
@@ -164,17 +313,16 @@ def median_wall(runner, prog, fn, workers, reps):
 
 # ---------------------------------------------------------------- experiments
 def overhead(quick: bool) -> dict:
-    """us per empty task, every pattern, every runtime, at WORKERS workers."""
+    """us per empty task and phase: the 100x100 stencil (3 dependences), then every
+    pattern at width 16, every system, at WORKERS workers."""
     out = {}
-    for pattern in ("trivial", "chains", "stencil", "tree", "fft", "nearest"):
-        row = {}
-        for name, runner in RUNNERS.items():
-            slow = name in ("threadpool", "dask")
-            steps = (50 if slow else 600) // (4 if quick else 1)
-            prog = program(pattern, 16, steps, seed=1)
-            wall = median_wall(runner, prog, noop, WORKERS, 3 if slow else 5)
-            row[name] = wall / len(prog) * 1e6
-        out[pattern] = row
+    steps = 150 if quick else 600
+    cases = [("stencil 100x100", "stencil", 100, 25 if quick else 100)]
+    cases += [(p, p, 16, steps) for p in ("trivial", "chains", "stencil", "tree", "fft", "nearest")]
+    for label, pattern, width, nsteps in cases:
+        prog = program(pattern, width, nsteps, seed=1)
+        out[label] = phases(prog, noop, WORKERS, 5 if quick else 9)
+        out[label]["tasks"] = len(prog)
     return out
 
 
@@ -222,12 +370,10 @@ def makespans(quick: bool) -> list[dict]:
         for i in range(n):
             layer = i // width
             deps = [
-                (j,)
-                for j in range(max(0, (layer - 1) * width), layer * width)
-                if rng.random() < 0.25
+                j for j in range(max(0, (layer - 1) * width), layer * width) if rng.random() < 0.25
             ]
             dur = rng.uniform(0.2e-3, 2e-3)
-            g.add(busy_fn(dur), name=f"t{i}", out=(i,), in_=deps, cost=dur)
+            g.add(busy_fn(dur), name=f"t{i}", out=i, in_=deps, cost=dur)
         g.run(workers=WORKERS)  # warm up
         r = g.run(workers=WORKERS)
         # the bound from what the tasks really took in this run (calibration drifts)
@@ -303,18 +449,48 @@ def main() -> None:
         f"{os.cpu_count()} CPUs"
     )
     ov = overhead(args.quick)
-    names = list(RUNNERS)
-    print("\nus per empty task (median)      " + "".join(f"{n:>16}" for n in names))
-    for pattern, row in ov.items():
-        print(f"  {pattern:<29}" + "".join(f"{row[n]:>16.2f}" for n in names))
-    st = ov["stencil"]
+    print(
+        "\nus per empty task: median (minimum) of interleaved repeats; the spread is"
+        " (max - min) / median\nof build+run over the repeats, the noise of this machine;"
+        " dask's and threadpool's replay is a second first run"
+    )
+    heads = ("build", "first run", "build+run", "replay", "inline replay")
+    for label, row in ov.items():
+        seq = row["sequential"]
+        print(
+            f"\n  {label} ({row['tasks']:,} tasks); sequential loop "
+            f"{seq['run']:.2f} ({seq['run_min']:.2f})"
+        )
+        print(f"    {'':<11}" + "".join(f"{c:>17}" for c in heads) + "  [build+run spread]")
+        for name in SYSTEMS:
+            r = row[name]
+            cells = "".join(
+                f"{r[k]:>8.2f} ({r[k + '_min']:>6.2f})" if k in r else f"{'':>17}" for k in PHASES
+            )
+            print(f"    {name:<11}{cells}  [{r['build_run_spread']:.0%}]")
+    st = ov["stencil 100x100"]
+
+    def ratio(a, pa, b, pb):
+        return {
+            "median": st[a][pa] / st[b][pb],
+            "min": st[a][pa + "_min"] / st[b][pb + "_min"],
+        }
+
     ratios = {
-        "dask_over_dagtrain": st["dask"] / st["dagtrain"],
-        "threadpool_over_dagtrain": st["threadpool"] / st["dagtrain"],
-        "dagtrain_over_sequential": st["dagtrain"] / st["sequential"],
-        "replay_over_sequential": st["dagtrain-replay"] / st["sequential"],
+        "dask_over_dagtrain_build_run": ratio("dask", "build_run", "dagtrain", "build_run"),
+        "threadpool_over_dagtrain_build_run": ratio(
+            "threadpool", "build_run", "dagtrain", "build_run"
+        ),
+        "dagtrain_over_minimal_build_run": ratio("dagtrain", "build_run", "minimal", "build_run"),
+        "dask_over_dagtrain_replay": ratio("dask", "replay", "dagtrain", "replay"),
+        "dask_over_dagtrain_inline_replay": ratio("dask", "replay", "dagtrain", "replay_inline"),
+        "dagtrain_inline_replay_over_minimal_replay": ratio(
+            "dagtrain", "replay_inline", "minimal", "replay"
+        ),
     }
-    print("  stencil ratios: " + ", ".join(f"{k} {v:.1f}x" for k, v in ratios.items()))
+    print("\n  stencil 100x100 ratios, this run: median (from minima)")
+    for k, v in ratios.items():
+        print(f"    {k:<44}{v['median']:6.1f}x ({v['min']:.1f}x)")
 
     mt = metg(args.quick)
     print("\nMETG(50%) on the stencil, us (busy tasks that release the GIL)")

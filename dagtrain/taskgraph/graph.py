@@ -23,7 +23,7 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from .deps import build_task, find_cycle, items, key_of
+from .deps import build_plain, build_task, find_cycle, items, key_of
 from .errors import CycleError
 from .task import OUT, Event, Item, Slot, Task
 
@@ -142,6 +142,28 @@ class TaskGraph:
             name = getattr(fn, "__name__", None) or type(fn).__name__
         if cost is not None and not cost >= 0:
             raise ValueError(f"task {name!r}: cost must be a number >= 0 (seconds), not {cost!r}")
+        run = self._run
+        if (
+            run is None
+            and not kwargs
+            and type(after) is tuple
+            and not after
+            and detach is None
+            and type(mutexinoutset) is tuple
+            and not mutexinoutset
+            and type(inoutset) is tuple
+            and not inoutset
+        ):  # the common case of a build, in one call (same rules: see build_plain)
+            made = build_plain(
+                self.scope, len(self.tasks), fn, args, name, priority, cost, in_, out, inout
+            )
+            if made is not None:
+                task, deps = made
+                for p in deps:
+                    p.succs.append(task)
+                self.tasks.append(task)
+                self._prepared = False
+                return task
         spec = (
             fn,
             args,
@@ -153,7 +175,6 @@ class TaskGraph:
             cost,
             detach,
         )
-        run = self._run
         if run is not None:
             task = run.add(self, spec)
             if task.parent is None:  # a top-level task: names, keys and plainness change

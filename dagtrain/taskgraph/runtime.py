@@ -290,6 +290,7 @@ class Run:
         current = self.current
         prev = current[wid]
         perf = perf_counter
+        joining = until == self._all_done  # join's predicate, inlined below (per task)
         locked = False
         lock.acquire()
         locked = True
@@ -298,7 +299,7 @@ class Run:
                 if self.stopping:
                     return
                 if until is not None:
-                    if until():
+                    if not self.outstanding if joining else until():
                         return
                 elif self.closing:
                     return

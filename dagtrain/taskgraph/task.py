@@ -240,11 +240,12 @@ class Item:
 
     __slots__ = ("group", "kind", "mutex", "preds", "readers", "slot")
 
-    def __init__(self) -> None:
-        self.kind: int | None = None
-        self.group: Any = None
+    def __init__(self, reader: Task | None = None, writer: Task | None = None) -> None:
+        # (a new item's first task: its reader, or its writer with ``out``/``inout``)
+        self.kind: int | None = None if writer is None else OUT
+        self.group: Any = writer
         self.preds: list[Task] | None = None
-        self.readers: list[Task] | None = None
+        self.readers: list[Task] | None = None if reader is None else [reader]
         self.slot: Slot | None = None
         self.mutex: Mutex | None = None
 
