@@ -171,7 +171,7 @@ def _ranks(result: dict | None, traces: dict[int, list], failures: list[dict]) -
             }
         )
     steps = [row["last_step_ms"] for row in rows if row["last_step_ms"] is not None]
-    if len(steps) > 1:
+    if len(steps) > 1 and max(steps) > min(steps):  # a tie has no slowest rank
         slowest = max(rows, key=lambda row: row["last_step_ms"] or 0)
         slowest["slowest"] = True
     return rows

@@ -5,6 +5,7 @@ const main = document.getElementById("main");
 const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
 const num = (v, d = 4) => (typeof v === "number" ? v.toFixed(d) : v ?? "");
 const link = (p) => `?${new URLSearchParams(p)}`;
+const bytes = (b) => (b >= 2 ** 20 ? `${(b / 2 ** 20).toFixed(1)} MB` : `${(b / 1024).toFixed(1)} KB`);
 
 async function get(path) {
   const r = await fetch(path, { credentials: "same-origin" });
@@ -92,10 +93,10 @@ async function run(dagId, runId) {
     <h2>Curves</h2><div class="charts" id="charts"></div>
     ${r.epochs.length ? "" : '<p class="muted">No epoch has ended yet.</p>'}
     <h2>Result</h2>${res ? table(["validation accuracy", "test accuracy", "samples/s", "median step (s)", "skipped steps"], [[num(res.val_accuracy), num(ev?.metrics?.test_accuracy), num(res.samples_per_second, 0), num(res.median_step_seconds, 4), esc(res.skipped_steps)]]) : '<p class="muted">No result yet.</p>'}
-    ${ev ? `<p>${ev.better ? "better than the champion" : "not promoted"}: ${esc(ev.reason)}</p>` : ""}
+    ${ev ? `<p>evaluation: ${esc(ev.reason)}${ev.better ? "" : " (not promoted)"}</p>` : ""}
     <h2>Ranks</h2>${table(["rank", "status", "last traced step (ms)", "how", "last lines"], r.ranks.map((k) => [esc(k.rank) + (k.slowest ? ' <span class="muted">(slowest)</span>' : ""), `<span class="${k.status === "failed" ? "bad" : ""}">${esc(k.status)}</span>`, `<span class="num">${num(k.last_step_ms, 1)}</span>`, esc(k.how), k.last_lines.length ? `<pre>${esc(k.last_lines.join("\n"))}</pre>` : ""]))}
     <h2>Tries and resumes</h2>${r.tries.length ? table(["try", "resumed from step"], r.tries.map((t) => [esc(t.try), esc(t.resumed_from_step ?? "start")])) : '<p class="muted">Training has not started.</p>'}
-    <h2>Gradient sync (rank 0, last step)</h2>${r.sync ? table(["buckets", "sizes (MB)", "allreduce (ms)", "hidden under backward", "skipped non-finite steps"], [[esc(r.sync.buckets), esc(r.sync.bucket_bytes.map((b) => (b / 2 ** 20).toFixed(2)).join(", ")), num(r.sync.allreduce_ms, 2), r.sync.hidden_share == null ? "" : `${(100 * r.sync.hidden_share).toFixed(0)}%`, esc(r.sync.skipped_steps)]]) : '<p class="muted">No trace.</p>'}
+    <h2>Gradient sync (rank 0, last step)</h2>${r.sync ? table(["buckets", "sizes", "allreduce (ms)", "hidden under backward", "skipped non-finite steps"], [[esc(r.sync.buckets), esc(r.sync.bucket_bytes.map(bytes).join(", ")), num(r.sync.allreduce_ms, 2), r.sync.hidden_share == null ? "" : `${(100 * r.sync.hidden_share).toFixed(0)}%`, esc(r.sync.skipped_steps)]]) : '<p class="muted">No trace.</p>'}
     <h2>Op timeline (last step, every rank) <a href="${base}/trace" download>download for Perfetto</a></h2>${timeline(trace)}
     <h2>Data</h2>${r.data ? table(["version", "rows"], [[esc(r.data.version), esc(JSON.stringify(r.data.rows))]]) : ""}
     <h2>Effective config</h2><pre>${esc(JSON.stringify(r.config, null, 1))}</pre>
