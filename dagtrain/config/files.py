@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .schema import _BUILTINS, FILE_ONLY, ConfigError, PipelineConfig
+from .schema import _BUILTINS, FILE_ONLY, NOT_APPLICABLE, ConfigError, PipelineConfig
 
 __all__ = ["apply_sets", "deep_merge", "load_config", "merge_conf", "parse_sets", "validate"]
 
@@ -130,6 +130,13 @@ def merge_conf(cfg: PipelineConfig, conf: dict[str, Any] | None) -> PipelineConf
             raise ConfigError(
                 f"conf: {field} may be set only in the config file in the DAGs folder, "
                 f"not by a run's conf: {FILE_ONLY[field]} (the file says {value!r})"
+            )
+    values = cfg.model_dump(mode="json")
+    for section in NOT_APPLICABLE[cfg.pipeline]:
+        if section in conf and deep_merge(values, {section: conf[section]}) != values:
+            raise ConfigError(
+                f"conf: {section} does not apply to a {cfg.pipeline} pipeline "
+                f"(pipeline: {cfg.pipeline} in the config file): leave it out"
             )
     name = _get(conf, "model.name")
     if name is not _MISSING and name != cfg.model.name and name not in _BUILTINS:

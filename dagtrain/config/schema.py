@@ -40,6 +40,7 @@ FILE_ONLY: dict[str, str] = {
     "artifacts.root": "it is a place on the workers",
     "data.source": "it is a file on the workers",
     "distributed.hosts": "it names machines to run on",
+    "distributed.hosts_connection": "it names the machines to run on (an Airflow connection)",
     "rounds.rounds": "it shapes the DAG",
     "rounds.shards": "it shapes the DAG",
     "training.retries": _PARSED,
@@ -48,6 +49,10 @@ FILE_ONLY: dict[str, str] = {
     "schedule.cron": _PARSED,
     "schedule.asset": _PARSED,
 }
+
+# sections a kind of pipeline does not use: the trigger form does not offer them, and a
+# run's conf may not change them
+NOT_APPLICABLE: dict[str, tuple[str, ...]] = {"retraining": ("rounds",), "rounds": ()}
 
 
 class ConfigError(InputError):
@@ -110,15 +115,15 @@ class ModelConfig(_Section):
 class TrainingConfig(_Section):
     """The optimisation every rank runs, checkpoints, and the training task's retries."""
 
-    epochs: int = Field(5, ge=1, le=1_000_000)
+    epochs: int = Field(5, ge=1, le=1_000_000, description="passes over the training data")
     max_steps: int | None = Field(None, ge=1, le=10**12, description="stop after this many steps")
     batch_size: int = Field(
         64, ge=1, le=10_000_000, description="global batch, split over the ranks"
     )
-    optimizer: Literal["sgd", "adam", "adamw"] = "sgd"
-    lr: float = Field(0.05, gt=0, le=1e3)
-    momentum: float = Field(0.9, ge=0, lt=1)
-    weight_decay: float = Field(0.0, ge=0, le=1e3)
+    optimizer: Literal["sgd", "adam", "adamw"] = Field("sgd", description="sgd, adam or adamw")
+    lr: float = Field(0.05, gt=0, le=1e3, description="learning rate")
+    momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum (sgd only)")
+    weight_decay: float = Field(0.0, ge=0, le=1e3, description="L2 penalty (decoupled: adamw)")
     seed: int = Field(0, ge=0, le=SEED_MAX, description="model init, data order, dropout")
     nonfinite: Literal["fail", "skip"] = Field(
         "fail", description="non-finite gradients: fail, or skip the step on every rank"
@@ -126,11 +131,13 @@ class TrainingConfig(_Section):
     checkpoint_every: int = Field(
         0, ge=0, le=10**12, description="steps; 0: at the end of each epoch"
     )
-    keep_checkpoints: int = Field(3, ge=1, le=10_000)
+    keep_checkpoints: int = Field(3, ge=1, le=10_000, description="newest checkpoints kept")
     retries: int = Field(
         2, ge=0, le=100, description="Airflow retries of each task (a retry resumes training)"
     )
-    retry_delay_seconds: float = Field(10.0, ge=0, le=7 * 86400)
+    retry_delay_seconds: float = Field(
+        10.0, ge=0, le=7 * 86400, description="Airflow's retry_delay of each task"
+    )
     timeout_minutes: float | None = Field(
         None,
         gt=0,
@@ -153,11 +160,26 @@ class DistributedConfig(_Section):
         default_factory=list,
         description="'host:slots' for several machines (config files only)",
     )
+    hosts_connection: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9_.\-]+$",
+        description="an Airflow connection whose extra lists the hosts: "
+        '{"hosts": ["10.0.0.2:1", ...], "rsh_agent": [...], "env": {...}} (config files only)',
+    )
     bucket_mb: float = Field(25.0, gt=0, le=1e5, description="gradient bucket size")
     overlap: bool = Field(True, description="false: backward, then sync all, then step")
     collective_timeout: float = Field(
         60.0, gt=0, le=7 * 86400, description="seconds for any collective"
     )
+
+    @model_validator(mode="after")
+    def _one_host_list(self) -> DistributedConfig:
+        if self.hosts and self.hosts_connection:
+            raise ValueError(
+                "distributed.hosts and distributed.hosts_connection are both set: give the "
+                "hosts in one place (the connection, to keep them out of the DAG's files)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _local_is_one_process(self) -> DistributedConfig:
@@ -182,7 +204,10 @@ class ExecutorConfig(_Section):
 
     workers: int = Field(2, ge=1, le=64, description="task-graph threads per rank")
     intra_op_threads: int = Field(1, ge=1, le=1024, description="torch threads per rank")
-    trace: bool = Field(True, description="write the last step's Perfetto trace")
+    trace: bool = Field(
+        True, description="write Perfetto traces of each epoch's last step (the newest 10) "
+        "and of the run's last step"
+    )
 
 
 class _RunSections(_Section):
@@ -246,7 +271,14 @@ class TrainConfig(_RunSections):
     )
     checkpoint_dir: str | None = None
     trace_dir: str | None = Field(
-        None, description="write the last step's trace here (if executor.trace)"
+        None,
+        description="write step traces here (if executor.trace): the last step's as "
+        "step-rank<N>.json, each epoch's last step's as step<S>-rank<N>.json",
+    )
+    status_dir: str | None = Field(
+        None,
+        description="every rank rewrites rank<N>.json here every few seconds: host, step, "
+        "samples/s, median and p95 step time",
     )
     metrics_file: str | None = Field(
         None,
@@ -290,7 +322,9 @@ assert not set(_SHORTHAND) & set(TrainConfig.model_fields), "shorthand names col
 class EvaluationConfig(_Section):
     """When a newly trained model replaces the champion in the registry."""
 
-    metric: Literal["test_accuracy", "test_loss"] = "test_accuracy"
+    metric: Literal["test_accuracy", "test_loss"] = Field(
+        "test_accuracy", description="what decides promotion (on the test split)"
+    )
     min_improvement: float = Field(
         0.0, ge=0, le=1e6, description="a challenger must beat the champion by more than this"
     )

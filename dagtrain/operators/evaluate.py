@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from dagtrain.errors import InputError
+from dagtrain.plugins.links import TraceLink, TrainingReportLink
 
 from ._base import DagtrainOperator, fails_fast_on_bad_input
 
@@ -18,6 +19,8 @@ class EvaluateOperator(DagtrainOperator):
     checkpoint path; ``data`` a DataPrepOperator's output. Returns the metrics, the
     champion's version and metrics, and ``better`` with the reason.
     """
+
+    operator_extra_links = (TrainingReportLink(), TraceLink())
 
     template_fields = ("data", "model")
 

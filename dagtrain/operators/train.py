@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from dagtrain.plugins.links import TraceLink, TrainingReportLink
+
 from ._base import DagtrainOperator, fails_fast_on_bad_input
 
 __all__ = ["DistributedTrainOperator"]
@@ -23,6 +25,8 @@ class DistributedTrainOperator(DagtrainOperator):
     the round's global model, trains ``rounds.local_steps`` steps on shard ``shard``'s
     data, and writes its parameter delta for the RoundAveragingOperator of the round.
     """
+
+    operator_extra_links = (TrainingReportLink(), TraceLink())
 
     template_fields = ("data", "shard")
 
@@ -73,6 +77,7 @@ class DistributedTrainOperator(DagtrainOperator):
                 eval_data=data_file(manifest, "val"),
                 checkpoint_dir=str(out / "checkpoints"),
                 trace_dir=str(out / "traces"),
+                status_dir=str(out / "ranks"),
                 metrics_file=str(out / "metrics.jsonl"),
             )
         else:
@@ -93,6 +98,7 @@ class DistributedTrainOperator(DagtrainOperator):
                 init_from=str(global_path(run, self.round)) if self.round else None,
                 checkpoint_dir=str(out / "checkpoints"),
                 trace_dir=str(out / "traces"),
+                status_dir=str(out / "ranks"),
                 metrics_file=str(out / "metrics.jsonl"),
             )
         self.log.info(
@@ -102,17 +108,26 @@ class DistributedTrainOperator(DagtrainOperator):
             tcfg.distributed.backend,
             tcfg.checkpoint_dir,
         )
+        from dagtrain.stages.files import write_json
+
+        # what the ranks receive, kept before they start: a run that fails still shows it
+        write_json(out / "config.json", tcfg.model_dump(mode="json"))
         try:
             summary = run_train(
                 tcfg, out, timeout=timeout, on_line=self.log.info, on_start=self._on_start
             )
         except RankFailure as e:  # kept for the training page: which rank, how, its lines
-            from dagtrain.stages.files import write_json
-
             try_number = getattr(context.get("ti"), "try_number", 1)
             write_json(
                 out / f"failure-try{try_number}.json",
-                {"rank": e.rank, "how": str(e).split(";")[0], "log_tail": e.log_tail},
+                {
+                    "rank": e.rank,
+                    "how": str(e).split(";")[0],
+                    "exit_code": e.exit_code,
+                    "signal": e.signal,
+                    "host": getattr(e, "host", None),
+                    "log_tail": e.log_tail,
+                },
             )
             raise
         if summary.get("resumed_from_step") is not None:

@@ -6,6 +6,8 @@
     GET /dagtrain/api/dags/{dag_id}/runs              their runs
     GET /dagtrain/api/dags/{dag_id}/runs/{run_id}     a run's report (``report``)
     GET /dagtrain/api/dags/{dag_id}/runs/{run_id}/trace   every rank's step trace, merged
+                                                      (?step=S: an epoch's last step)
+    GET /dagtrain/api/dags/{dag_id}/curves            newest runs' epochs (?limit=5)
     GET /dagtrain/api/dags/{dag_id}/registry          the pipeline's model registry
 
 Every route requires an authenticated Airflow user (the auth manager's token, as the
@@ -51,7 +53,7 @@ def create_app():
     from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
     from airflow.api_fastapi.common.db.common import SessionDep
     from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
-    from fastapi import Depends, FastAPI, HTTPException
+    from fastapi import Depends, FastAPI, HTTPException, Query
     from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
     from sqlalchemy import select
 
@@ -157,17 +159,58 @@ def create_app():
         ]
         serialized = DBDagBag().get_latest_version_of_dag(dag_id, session=session)
         file_config = None if serialized is None else serialized.params.dump()
-        return report.run_report(root, run_id, stages, file_config, data)
+        out = report.run_report(root, run_id, stages, file_config, data)
+        out["asset_events"] = asset_events(session, dag_id, run_id)
+        return out
+
+    def asset_events(session: Any, dag_id: str, run_id: str) -> list[dict[str, Any]]:
+        """The Asset events this run's tasks emitted (the data version, the model)."""
+        from airflow.models.asset import AssetEvent
+
+        rows = session.scalars(
+            select(AssetEvent).where(
+                AssetEvent.source_dag_id == dag_id, AssetEvent.source_run_id == run_id
+            )
+        )
+        return [
+            {
+                "asset_id": e.asset_id,
+                "name": e.asset.name,
+                "uri": e.asset.uri,
+                "task_id": e.source_task_id,
+                "timestamp": e.timestamp.isoformat() if e.timestamp else None,
+            }
+            for e in rows
+        ]
 
     @app.get("/api/dags/{dag_id}/runs/{run_id}/trace", dependencies=read_run)
-    def trace(dag_id: str, run_id: str, session: SessionDep) -> Any:
+    def trace(
+        dag_id: str, run_id: str, session: SessionDep, step: int | None = Query(None, ge=1)
+    ) -> Any:
         dag_of(dag_id, session)
         root, _ = root_of(session, dag_id, run_id)
-        name = f"{dag_id}-{report.run_dir_of(root, run_id).name}-trace.json"
+        at = "last" if step is None else f"step{step}"
+        name = f"{dag_id}-{report.run_dir_of(root, run_id).name}-{at}-trace.json"
+        try:
+            merged = report.merged_trace(root, run_id, step)
+        except LookupError as e:
+            raise HTTPException(404, str(e)) from None
         return JSONResponse(
-            report.merged_trace(root, run_id),
-            headers={"Content-Disposition": f'attachment; filename="{name}"'},
+            merged, headers={"Content-Disposition": f'attachment; filename="{name}"'}
         )
+
+    @app.get("/api/dags/{dag_id}/curves", dependencies=read_run)
+    def curves(
+        dag_id: str, session: SessionDep, limit: int = Query(5, ge=1, le=20)
+    ) -> list[dict[str, Any]]:
+        """Per-epoch metrics of the pipeline's newest runs, for overlaid curves."""
+        dag_of(dag_id, session)
+        out: list[dict[str, Any]] = []
+        for r in runs_of(session, dag_id, limit):
+            root = report.artifact_root(output_of(session, dag_id, r["run_id"], "prepare_data"))
+            if root is not None:
+                out += [c | {"state": r["state"]} for c in report.curves_of(root, [r["run_id"]])]
+        return out
 
     @app.get("/api/dags/{dag_id}/registry", dependencies=read_dag)
     def registry(dag_id: str, session: SessionDep) -> dict[str, Any]:

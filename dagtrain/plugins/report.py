@@ -3,7 +3,8 @@
 Everything comes from files the stages wrote under the pipeline's artifact root (found
 through the run's ``prepare_data`` XCom, whose ``dir`` is ``<root>/data/<version>``):
 ``runs/<run>/train/`` (``config.json``, ``result.json``, ``metrics.jsonl``, ``traces/``,
-``failure-try<N>.json``), ``runs/<run>/eval.json`` and ``registry/registry.json``. Every
+``ranks/rank<N>.json``, ``failure-try<N>.json``), ``runs/<run>/eval.json``,
+``runs/<run>/rounds/`` (round-based pipelines) and ``registry/registry.json``. Every
 path is resolved and must stay inside that root. Plain functions of plain data (no
 FastAPI, no Airflow): ``dagtrain.plugins.app`` feeds them what it reads through
 Airflow's ORM, and tests call them directly.
@@ -19,6 +20,8 @@ from typing import Any
 __all__ = [
     "artifact_root",
     "config_diff",
+    "critical_path",
+    "curves_of",
     "epochs_of",
     "merged_trace",
     "registry_of",
@@ -26,7 +29,10 @@ __all__ = [
     "run_report",
 ]
 
-_TRACE = re.compile(r"^step-rank(\d+)\.json$")
+# a traced step: the run's last (step-rank<N>.json) or an epoch's last (step<S>-rank<N>)
+_TRACE = re.compile(r"^step(\d*)-rank(\d+)\.json$")
+_SHARD = re.compile(r"^shard-(\d+)$")
+_ROUND = re.compile(r"^round-(\d+)$")
 
 
 def artifact_root(prep_output: Any) -> Path | None:
@@ -107,79 +113,220 @@ def config_diff(effective: dict[str, Any], other: dict[str, Any] | None) -> list
     ]
 
 
-def _sync_figures(events: list[dict[str, Any]], result: dict | None) -> dict[str, Any]:
-    """Buckets (from the result), allreduce time and the share of it hidden under
-    backward (from one rank's step trace), skipped non-finite steps."""
-    spans = [e for e in events if e.get("ph") == "X"]
+def _spans(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in events if e.get("ph") == "X"]
+
+
+def _end(e: dict[str, Any]) -> float:
+    return float(e["ts"]) + float(e.get("dur", 0))
+
+
+def critical_path(events: list[dict[str, Any]]) -> list[int]:
+    """The task indices (``args.index``) of one rank's step that set its length: from
+    the op that ended last, back through the op each waited for that ended last
+    (``args.after``). Empty for a trace without dependences."""
+    by_index = {e.get("args", {}).get("index"): e for e in _spans(events)}
+    by_index.pop(None, None)
+    if not by_index:
+        return []
+    cur = max(by_index.values(), key=_end)
+    path = []
+    while cur is not None:
+        path.append(cur["args"]["index"])
+        before = [by_index[i] for i in cur["args"].get("after", []) if i in by_index]
+        cur = max(before, key=_end) if before else None
+    return path[::-1]
+
+
+def _hidden_share(events: list[dict[str, Any]]) -> tuple[float, float | None]:
+    """(allreduce milliseconds, the share of it that ran while forward-backward did)."""
+    spans = _spans(events)
     ar = [e for e in spans if str(e.get("name", "")).startswith("allreduce")]
     fb = [e for e in spans if e.get("name") == "forward-backward"]
     total = sum(float(e.get("dur", 0)) for e in ar)
     hidden = 0.0
     for b in fb:
-        b0, b1 = float(b["ts"]), float(b["ts"]) + float(b.get("dur", 0))
         for e in ar:
-            e0, e1 = float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))
-            hidden += max(0.0, min(b1, e1) - max(b0, e0))
+            hidden += max(0.0, min(_end(b), _end(e)) - max(float(b["ts"]), float(e["ts"])))
+    return total / 1000, (hidden / total if total else None)
+
+
+def _sync_figures(events: list[dict[str, Any]], result: dict | None) -> dict[str, Any]:
+    """Buckets (from the result), allreduce time and the share of it hidden under
+    backward (from one rank's step trace), skipped non-finite steps."""
+    ms, share = _hidden_share(events)
     sizes = (result or {}).get("bucket_bytes") or []
     return {
         "buckets": len(sizes),
         "bucket_bytes": sizes,
-        "allreduce_ms": total / 1000,
-        "hidden_share": hidden / total if total else None,
+        "allreduce_ms": ms,
+        "hidden_share": share,
         "skipped_steps": (result or {}).get("skipped_steps"),
     }
 
 
-def _traces(root: Path, run: Path) -> dict[int, list[dict[str, Any]]]:
-    d = run / "train" / "traces"
-    out: dict[int, list[dict[str, Any]]] = {}
+def _traces(root: Path, train: Path) -> dict[int | None, dict[int, list[dict[str, Any]]]]:
+    """{step (None: the run's last): {rank: trace events}} of a training folder."""
+    d = train / "traces"
+    out: dict[int | None, dict[int, list[dict[str, Any]]]] = {}
     if not d.is_dir():
         return out
     for f in sorted(d.iterdir()):
         m = _TRACE.match(f.name)
         doc = _json(root, f) if m else None
         if isinstance(doc, dict):
-            out[int(m.group(1))] = doc.get("traceEvents", [])
+            step = int(m.group(1)) if m.group(1) else None
+            out.setdefault(step, {})[int(m.group(2))] = doc.get("traceEvents", [])
     return out
 
 
-def merged_trace(root: Path, run_id: str) -> dict[str, Any]:
-    """Every rank's step trace as one Perfetto/Chrome trace (each rank a process)."""
-    events = [e for evs in _traces(root, run_dir_of(root, run_id)).values() for e in evs]
+def _step_list(traces: dict, result: dict | None) -> list[dict[str, Any]]:
+    """The traced steps, oldest first: ``{"step": S or None, "label": ...}``."""
+    last = (result or {}).get("steps")
+    rows = [{"step": s, "label": f"step {s}"} for s in sorted(k for k in traces if k is not None)]
+    if None in traces:
+        rows.append({"step": None, "label": f"step {last} (last)" if last else "last step"})
+    return rows
+
+
+def merged_trace(root: Path, run_id: str, step: int | None = None) -> dict[str, Any]:
+    """Every rank's trace of one traced step (default: the run's last) as one
+    Perfetto/Chrome trace: each rank a process, the ops on each rank's critical path
+    marked ``args.critical``."""
+    traces = _traces(root, run_dir_of(root, run_id) / "train")
+    if step is not None and step not in traces:
+        raise LookupError(f"step {step} was not traced; traced: {sorted(k for k in traces if k)}")
+    events = []
+    for evs in traces.get(step, {}).values():
+        crit = set(critical_path(evs))
+        for e in evs:
+            if e.get("ph") == "X" and e.get("args", {}).get("index") in crit:
+                e = {**e, "args": {**e["args"], "critical": True}}
+            events.append(e)
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
-def _ranks(result: dict | None, traces: dict[int, list], failures: list[dict]) -> list[dict]:
-    world = int((result or {}).get("world") or (max(traces) + 1 if traces else 0))
-    failed = {f.get("rank"): f for f in failures if f.get("rank") is not None}
+def _statuses(root: Path, train: Path) -> dict[int, dict[str, Any]]:
+    d = train / "ranks"
+    out: dict[int, dict[str, Any]] = {}
+    if d.is_dir():
+        for f in d.glob("rank*.json"):
+            doc = _json(root, f)
+            if isinstance(doc, dict) and isinstance(doc.get("rank"), int):
+                out[doc["rank"]] = doc
+    return out
+
+
+def _ranks(
+    result: dict | None,
+    traces: dict[int, list],
+    statuses: dict[int, dict[str, Any]],
+    failures: list[dict],
+    train_state: str | None,
+) -> list[dict]:
+    """A row per rank: status, host, figures, and how it failed (the newest try's
+    failure, unless a later try succeeded); the slowest rank marked."""
+    world = int(
+        (result or {}).get("world")
+        or max([*statuses, *traces, *(f.get("rank") or 0 for f in failures), -1]) + 1
+    )
+    failure = failures[-1] if failures and result is None else None
     rows = []
     for r in range(world):
-        spans = [e for e in traces.get(r, []) if e.get("ph") == "X"]
+        st = statuses.get(r, {})
+        spans = _spans(traces.get(r, []))
         step = None
         if spans:
-            t0 = min(float(e["ts"]) for e in spans)
-            t1 = max(float(e["ts"]) + float(e.get("dur", 0)) for e in spans)
-            step = (t1 - t0) / 1000
-        f = failed.get(r)
+            step = (max(_end(e) for e in spans) - min(float(e["ts"]) for e in spans)) / 1000
+        failed = failure is not None and failure.get("rank") == r
+        if result is not None:
+            status = "done"
+        elif failed:
+            status = "failed"
+        elif failure is not None:
+            status = "stopped"  # the launcher stops the others when one rank fails
+        elif st.get("status") == "running" and train_state not in ("running", None):
+            status = "stopped"
+        else:
+            status = st.get("status") or ("waiting" if train_state == "running" else "unknown")
         rows.append(
             {
                 "rank": r,
-                "status": "failed" if f else ("done" if result else "unknown"),
-                "how": f.get("how") if f else None,
-                "last_lines": f.get("log_tail", [])[-8:] if f else [],
+                "status": status,
+                "host": (failure or {}).get("host") if failed else st.get("host"),
+                "host_seen": st.get("host"),
+                "step": st.get("step"),
+                "total_steps": st.get("total_steps"),
+                "samples_per_second": st.get("samples_per_second"),
+                "median_step_ms": st.get("median_step_ms"),
+                "p95_step_ms": st.get("p95_step_ms"),
+                "how": failure.get("how") if failed else None,
+                "exit_code": failure.get("exit_code") if failed else None,
+                "signal": failure.get("signal") if failed else None,
+                "last_lines": failure.get("log_tail", [])[-8:] if failed else [],
                 "last_step_ms": step,
             }
         )
-    steps = [row["last_step_ms"] for row in rows if row["last_step_ms"] is not None]
-    if len(steps) > 1 and max(steps) > min(steps):  # a tie has no slowest rank
-        slowest = max(rows, key=lambda row: row["last_step_ms"] or 0)
-        slowest["slowest"] = True
+        if rows[-1]["host"] is None:
+            rows[-1]["host"] = st.get("host")
+        del rows[-1]["host_seen"]
+    key = "median_step_ms" if all(r["median_step_ms"] for r in rows) else "last_step_ms"
+    times = [row[key] for row in rows if row[key] is not None]
+    if len(times) > 1 and max(times) > min(times):  # a tie has no slowest rank
+        max(rows, key=lambda row: row[key] or 0)["slowest"] = True
     return rows
 
 
 def registry_of(root: Path) -> dict[str, Any]:
     reg = _json(root, root / "registry" / "registry.json")
     return reg if isinstance(reg, dict) else {"champion": None, "versions": []}
+
+
+def curves_of(root: Path, run_ids: list[str]) -> list[dict[str, Any]]:
+    """Each run's per-epoch metrics (runs without any left out), for overlaid curves."""
+    out = []
+    for run_id in run_ids:
+        epochs = epochs_of(_lines(root, run_dir_of(root, run_id) / "train" / "metrics.jsonl"))
+        if epochs:
+            out.append({"run_id": run_id, "epochs": epochs})
+    return out
+
+
+def _rounds(root: Path, run: Path, stages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Round-based pipelines: per round, each shard's contribution and the global
+    model the round produced (its validation metrics)."""
+    d = run / "rounds"
+    if not d.is_dir():
+        return []
+    state = {(s["task_id"], s.get("map_index", -1)): s.get("state") for s in stages}
+    out = []
+    for rd in sorted(p for p in d.iterdir() if _ROUND.match(p.name)):
+        r = int(_ROUND.match(rd.name).group(1))
+        shards = []
+        for sd in sorted(p for p in rd.iterdir() if _SHARD.match(p.name)):
+            k = int(_SHARD.match(sd.name).group(1))
+            res = _json(root, sd / "result.json") or {}
+            epochs = epochs_of(_lines(root, sd / "metrics.jsonl"))
+            shards.append(
+                {
+                    "shard": k,
+                    "state": state.get((f"round_{r}_train", k)),
+                    "contributed": _inside(root, sd / "delta.pt.json").exists(),
+                    "steps": res.get("steps"),
+                    "samples_per_second": res.get("samples_per_second"),
+                    "val_accuracy": res.get("val_accuracy")
+                    or (epochs[-1].get("val_accuracy") if epochs else None),
+                }
+            )
+        out.append(
+            {
+                "round": r,
+                "sync_state": state.get((f"round_{r}_sync", -1)),
+                "shards": shards,
+                "global": _json(root, rd / "global.json"),
+            }
+        )
+    return out
 
 
 def run_report(
@@ -197,20 +344,32 @@ def run_report(
     config = _json(root, train / "config.json")
     metrics = _lines(root, train / "metrics.jsonl")
     failures = [
-        f
-        for f in (_json(root, p) for p in sorted(train.glob("failure-try*.json")))
+        f | {"try": int(re.sub(r"\D", "", p.name) or 0)}
+        for p, f in ((p, _json(root, p)) for p in train.glob("failure-try*.json"))
         if isinstance(f, dict)
     ]
-    traces = _traces(root, run)
+    failures.sort(key=lambda f: f["try"])
+    traces = _traces(root, train)
+    last = traces.get(None) or (traces[max(k for k in traces if k)] if traces else {})
     registry = registry_of(root)
     champ = next(
         (v for v in registry["versions"] if v["version"] == registry.get("champion")), None
     )
     champ_config = (champ or {}).get("lineage", {}).get("config_values")
+    train_state = next((s["state"] for s in stages if s["task_id"] == "train"), None)
+    starts = [m for m in metrics if m.get("kind") == "start"]
     tries = [
-        {"try": i + 1, "resumed_from_step": m.get("resumed_from_step"), "time": m.get("time")}
-        for i, m in enumerate(x for x in metrics if x.get("kind") == "start")
+        {
+            "try": i + 1,
+            "resumed_from_step": m.get("resumed_from_step"),
+            "epochs_done_before": (m.get("resumed_from_step") or 0) // m["steps_per_epoch"]
+            if m.get("steps_per_epoch")
+            else None,
+            "time": m.get("time"),
+        }
+        for i, m in enumerate(starts)
     ]
+    hidden = {r: _hidden_share(evs) for r, evs in last.items()}
     return {
         "run_id": run_id,
         "stages": stages,
@@ -225,7 +384,13 @@ def run_report(
         if result is None
         else {k: v for k, v in result.items() if k not in ("config", "epochs")},
         "evaluation": _json(root, run / "eval.json"),
-        "sync": _sync_figures(traces.get(0, []), result) if traces or result else None,
-        "ranks": _ranks(result, traces, failures),
+        "sync": _sync_figures(last.get(0, []), result) if last or result else None,
+        "sync_by_rank": [
+            {"rank": r, "allreduce_ms": ms, "hidden_share": share}
+            for r, (ms, share) in sorted(hidden.items())
+        ],
+        "ranks": _ranks(result, last, _statuses(root, train), failures, train_state),
         "failures": failures,
+        "trace_steps": _step_list(traces, result),
+        "rounds": _rounds(root, run, stages),
     }

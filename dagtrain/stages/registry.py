@@ -26,21 +26,23 @@ __all__ = ["better", "champion", "evaluate_checkpoint", "promote", "promoted_in"
 
 
 def evaluate_checkpoint(
-    cfg: PipelineConfig, manifest: dict[str, Any], ckpt: str
+    cfg: PipelineConfig, manifest: dict[str, Any], ckpt: str, split: str = "test"
 ) -> dict[str, float]:
-    """Test metrics of the model in checkpoint ``ckpt`` on the prepared test split."""
+    """Metrics of the model in checkpoint ``ckpt`` on a prepared split (``test`` or
+    ``val``), named after it: ``test_accuracy``, ``test_loss``, ``test_samples``."""
     from dagtrain.training import checkpoint
     from dagtrain.training.data import load_dataset
     from dagtrain.training.models import build_model, evaluate
 
     from .prep import data_file
 
-    test = load_dataset(data_file(manifest, "test"), 0.0, 0, normalize=False)
+    test = load_dataset(data_file(manifest, split), 0.0, 0, normalize=False)
     model = build_model(
         cfg.model.name, tuple(manifest["in_shape"]), manifest["classes"], **cfg.model.args
     )
     model.load_state_dict(checkpoint.load(ckpt)["model"])
-    return {**evaluate(model, test.x_train, test.y_train), "test_samples": len(test.y_train)}
+    metrics = evaluate(model, test.x_train, test.y_train, split)
+    return {**metrics, f"{split}_samples": len(test.y_train)}
 
 
 def _dir(cfg: PipelineConfig) -> Path:

@@ -143,7 +143,9 @@ def sync_round(
     shards: int,
     dirs: dict[int, Path] | None = None,
 ) -> dict[str, Any]:
-    """Check all K contributions of round ``r``, then write the global model of ``r + 1``.
+    """Check all K contributions of round ``r``, then write the global model of ``r + 1``
+    and ``round-NN/global.json`` (the return value: norm of the mean pseudo-gradient, the
+    new global model's validation metrics).
 
     ``dirs`` maps each shard to the folder of its contribution (default: the round's
     ``shard-NN`` folders). Nothing is written unless every shard is good (ShardError names the
@@ -176,9 +178,15 @@ def sync_round(
         norm += float(g.pow(2).sum())
     snap = {"model": new, "momentum": new_m, "round": r + 1}
     path = checkpoint.save(snap, global_dir(run), r + 1, keep=cfg.rounds.rounds + 1)
-    return {
+    out = {
         "round": r,
         "shards": shards,
         "checkpoint": str(path),
         "pseudo_gradient_norm": math.sqrt(norm),
     }
+    if manifest["files"].get("val", {}).get("rows"):  # the new global model, on validation
+        from .registry import evaluate_checkpoint
+
+        out["metrics"] = evaluate_checkpoint(cfg, manifest, str(path), "val")
+    atomic_write(rd / "global.json", json.dumps(out, indent=1).encode())
+    return out

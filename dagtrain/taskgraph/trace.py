@@ -2,7 +2,8 @@
 
 Open the file at https://ui.perfetto.dev or chrome://tracing. The format is the
 Trace Event Format's JSON object form: complete events (``ph: "X"``) for tasks,
-flow events (``ph: "s"``/``"f"``) for the dependences between tasks that ran.
+flow events (``ph: "s"``/``"f"``) for the dependences between tasks that ran; a task's
+``args.after`` lists the indices of the tasks it waited for.
 """
 
 from __future__ import annotations
@@ -55,11 +56,22 @@ def trace_events(
                 "args": {"name": "caller" if w == 0 else f"worker {w}"},
             }
         )
+    preds: list[list[int]] = [[] for _ in report.names]
+    if tasks is not None:  # each slice names the slices it depended on (critical paths)
+        where = {id(t): i for i, t in enumerate(tasks)}
+        for i, t in enumerate(tasks):
+            for s in t.succs:
+                j = where.get(id(s))
+                if j is not None:
+                    preds[j].append(i)
     for i, (name, s, e, w) in enumerate(
         zip(report.names, report.starts, report.ends, report.workers_of)
     ):
         if w < 0:
             continue
+        args: dict = {"index": i, "state": report.states[i]}
+        if preds[i]:
+            args["after"] = preds[i]
         events.append(
             {
                 "ph": "X",
@@ -69,7 +81,7 @@ def trace_events(
                 "tid": w,
                 "ts": s * us,
                 "dur": max(e - s, 0.0) * us,
-                "args": {"index": i, "state": report.states[i]},
+                "args": args,
             }
         )
     if tasks is not None:

@@ -12,7 +12,6 @@ import copy
 import json
 import logging
 import math
-import os
 import sys
 import time
 from collections.abc import Iterator
@@ -31,6 +30,7 @@ from dagtrain.sync import Backend, get_backend
 from . import checkpoint
 from .data import Dataset, load_dataset, shard_batches
 from .models import build_model, evaluate
+from .progress import Progress, RankStatus
 from .step import StepGraph
 
 __all__ = ["TrainResult", "train"]
@@ -191,8 +191,10 @@ def _train(cfg: TrainConfig, backend: Backend) -> TrainResult:
         upcoming = next(batches, None)
         sg.fetch = lambda: next(batches, None)
         sums = state["sums"]
-        progress = _Progress(cfg.metrics_file if rank == 0 else None, t.batch_size)
+        progress = Progress(cfg.metrics_file if rank == 0 else None, t.batch_size)
         progress.start(start, total, per_epoch, result.resumed_from_step)
+        status = RankStatus(cfg.status_dir, rank)
+        status.start(start, total)
         while upcoming is not None and sg.step < total:
             epoch, k, batch = upcoming
             last_in_epoch = k == per_epoch - 1
@@ -202,9 +204,8 @@ def _train(cfg: TrainConfig, backend: Backend) -> TrainResult:
                 or (not every and last_in_epoch)
                 or sg.step + 1 == total
             )
-            trace = None
-            if cfg.trace_dir and cfg.executor.trace and sg.step + 1 == total:
-                trace = str(Path(cfg.trace_dir) / f"step-rank{rank}.json")
+            trace = _trace_file(cfg, rank, sg.step, total, last_in_epoch)
+            if trace is not None and sg.step + 1 == total:
                 result.trace = trace
             t0 = time.perf_counter()
             # an epoch's last step checkpoints after the epoch's metrics are in
@@ -212,9 +213,11 @@ def _train(cfg: TrainConfig, backend: Backend) -> TrainResult:
             sums[0] += loss
             sums[1] += correct
             sums[2] += seen
+            status.step(time.perf_counter() - t0, len(batch[1]))
             if last_in_epoch:
                 _close_epoch(cfg, backend, model, ds, state, epoch)
                 progress.epoch(state["epochs"][-1], sg.step)
+                status.flush()
                 if want:
                     snapshot(sg.step)
             if want:
@@ -232,6 +235,7 @@ def _train(cfg: TrainConfig, backend: Backend) -> TrainResult:
         if times:
             result.samples_per_second = t.batch_size / times[len(times) // 2]
         progress.end(sg.step)
+        status.done()
         return result
     finally:
         sg.close()
@@ -239,61 +243,25 @@ def _train(cfg: TrainConfig, backend: Backend) -> TrainResult:
             writer.shutdown(wait=True)
 
 
-class _Progress:
-    """Rank 0's progress, one JSON line per event appended to ``metrics_file``: what a
-    task tails to show each epoch as it ends. ``kind`` is ``start`` (step, total_steps,
-    steps_per_epoch, resumed_from_step), ``epoch`` (the epoch's metrics, step,
-    total_steps, samples_per_second since the previous line, elapsed) or ``end``."""
+# traced steps kept per rank besides the last: the newest epochs' last steps
+TRACED_EPOCHS = 10
 
-    def __init__(self, path: str | None, batch_size: int) -> None:
-        self.path = path
-        if path is not None:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self.batch = batch_size
-        self.t0 = self.t_last = time.time()
-        self.step_last = 0
-        self.total = 0
 
-    def _write(self, record: dict[str, Any]) -> None:
-        if self.path is None:
-            return
-        line = json.dumps({**record, "time": time.time()}) + "\n"
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
-        try:
-            os.write(fd, line.encode())  # one write: a reader never sees half a line
-        finally:
-            os.close(fd)
-
-    def start(self, step: int, total: int, per_epoch: int, resumed: int | None) -> None:
-        self.step_last, self.total = step, total
-        self.t0 = self.t_last = time.time()
-        self._write(
-            {
-                "kind": "start",
-                "step": step,
-                "total_steps": total,
-                "steps_per_epoch": per_epoch,
-                "resumed_from_step": resumed,
-            }
-        )
-
-    def epoch(self, row: dict[str, Any], step: int) -> None:
-        now = time.time()
-        rate = (step - self.step_last) * self.batch / max(now - self.t_last, 1e-9)
-        self.t_last, self.step_last = now, step
-        self._write(
-            {
-                "kind": "epoch",
-                **row,
-                "step": step,
-                "total_steps": self.total,
-                "samples_per_second": rate,
-                "elapsed": now - self.t0,
-            }
-        )
-
-    def end(self, step: int) -> None:
-        self._write({"kind": "end", "step": step, "total_steps": self.total})
+def _trace_file(
+    cfg: TrainConfig, rank: int, step: int, total: int, last_in_epoch: bool
+) -> str | None:
+    """Where step ``step``'s trace goes, if it is traced: the run's last step as
+    ``step-rank<N>.json``, each epoch's last step as ``step<S>-rank<N>.json`` (S counted
+    from 1; beyond TRACED_EPOCHS of those, the oldest is removed)."""
+    if not (cfg.trace_dir and cfg.executor.trace) or not (last_in_epoch or step + 1 == total):
+        return None
+    d = Path(cfg.trace_dir)
+    if step + 1 == total:
+        return str(d / f"step-rank{rank}.json")
+    older = sorted(f for f in d.glob(f"step*-rank{rank}.json") if not f.name.startswith("step-"))
+    for f in older[: max(0, len(older) - (TRACED_EPOCHS - 1))]:
+        f.unlink(missing_ok=True)
+    return str(d / f"step{step + 1:07d}-rank{rank}.json")
 
 
 def _close_epoch(

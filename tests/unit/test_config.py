@@ -151,3 +151,25 @@ def test_every_example_config_validates():
 def test_checks_across_fields_name_both(tmp_path, text, needle):
     with pytest.raises(ConfigError, match=needle):
         load_config(write(tmp_path, text))
+
+
+def test_a_section_the_pipeline_does_not_use_is_neither_offered_nor_accepted(tmp_path):
+    from dagtrain.config import merge_conf
+    from dagtrain.config.params import fixed_sections
+
+    cfg = load_config(write(tmp_path, "training: {epochs: 4}\n"))
+    fixed = fixed_sections(cfg)
+    assert set(fixed) == {"name", "pipeline", "schedule", "artifacts", "rounds"}
+    assert "not used by a retraining pipeline" in fixed["rounds"]
+    params = dag_params(cfg)
+    assert params["rounds"].schema == {"const": cfg.model_dump(mode="json")["rounds"]}
+    assert params["training"].description and all(
+        f.get("description") for f in params["training"].schema["properties"].values()
+    )
+    with pytest.raises(ConfigError, match="rounds does not apply to a retraining pipeline"):
+        merge_conf(cfg, {"rounds": {"local_steps": 3}})
+    same = cfg.model_dump(mode="json")["rounds"]  # the form sends the hidden value back
+    assert merge_conf(cfg, {"rounds": same, "training": {"epochs": 2}}).training.epochs == 2
+    rounds = load_config(write(tmp_path, "pipeline: rounds\n"))
+    assert "rounds" not in fixed_sections(rounds)
+    assert merge_conf(rounds, {"rounds": {"local_steps": 3}}).rounds.local_steps == 3

@@ -58,3 +58,70 @@ def test_nothing_outside_the_artifact_root_is_read(tmp_path):
     link.symlink_to(outside)  # a link out of the root is refused, not followed
     with pytest.raises(ValueError, match="outside the pipeline's artifact root"):
         report.run_report(root, "manual__1", [], None, None)
+
+
+def test_the_critical_path_follows_what_each_op_waited_for():
+    # load(0) -> fb(1) -> ar(2) -> upd(3); prefetch(4) ends late but nothing waits for it
+    ev = [
+        {"ph": "X", "name": "load", "ts": 0, "dur": 10, "args": {"index": 0}},
+        {"ph": "X", "name": "fb", "ts": 10, "dur": 50, "args": {"index": 1, "after": [0]}},
+        {"ph": "X", "name": "ar", "ts": 40, "dur": 40, "args": {"index": 2, "after": [1]}},
+        {"ph": "X", "name": "upd", "ts": 80, "dur": 30, "args": {"index": 3, "after": [2, 1]}},
+        {"ph": "X", "name": "prefetch", "ts": 0, "dur": 100, "args": {"index": 4}},
+    ]
+    assert report.critical_path(ev) == [0, 1, 2, 3]
+    assert report.critical_path([]) == []
+
+
+def test_a_step_graphs_trace_names_what_each_task_waited_for(tmp_path):
+    from dagtrain.taskgraph import TaskGraph
+
+    g = TaskGraph()
+    g.add(lambda: None, name="a", out="x")
+    g.add(lambda: None, name="b", inout="x")
+    g.add(lambda: None, name="c", in_="x")
+    g.run(workers=2, trace=str(tmp_path / "t.json"))
+    ev = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    names = {e["args"]["index"]: e["name"] for e in ev if e["ph"] == "X"}
+    assert [names[i] for i in report.critical_path(ev)] == ["a", "b", "c"]
+
+
+def test_ranks_show_their_live_figures_and_a_failed_try_marks_the_others_stopped(tmp_path):
+    root, _ = make_run(tmp_path)
+    ranks = report.run_dir_of(root, "manual__1") / "train" / "ranks"
+    ranks.mkdir()
+    for r, med in ((0, 10.0), (1, 30.0)):
+        (ranks / f"rank{r}.json").write_text(
+            json.dumps(
+                {
+                    "rank": r,
+                    "host": f"h{r}",
+                    "status": "running",
+                    "step": 7,
+                    "samples_per_second": 100.0,
+                    "median_step_ms": med,
+                    "p95_step_ms": med * 2,
+                }
+            )
+        )
+    stages = [{"task_id": "train", "state": "failed", "map_index": -1}]
+    r = report.run_report(root, "manual__1", stages, None, None)
+    by = {k["rank"]: k for k in r["ranks"]}
+    assert by[1]["status"] == "failed" and by[0]["status"] == "stopped"
+    assert by[0]["host"] == "h0" and by[1]["p95_step_ms"] == 60.0
+    assert by[1].get("slowest") and not by[0].get("slowest")
+
+
+def test_rank_status_writes_percentiles_of_its_own_steps(tmp_path):
+    from dagtrain.training.progress import RankStatus, percentile
+
+    assert percentile([], 0.5) is None and percentile([1.0, 2.0, 3.0], 0.95) == 3.0
+    s = RankStatus(str(tmp_path), 3, every=3600)
+    s.start(0, 10)
+    for sec in [0.01] * 9 + [0.1]:
+        s.step(sec, 32)
+    s.done()
+    doc = json.loads((tmp_path / "rank3.json").read_text())
+    assert doc["status"] == "done" and doc["step"] == 10 and doc["total_steps"] == 10
+    assert doc["median_step_ms"] == pytest.approx(10.0) and doc["p95_step_ms"] == pytest.approx(100)
+    assert doc["samples_per_second"] == pytest.approx(320 / 0.19)

@@ -4,8 +4,12 @@ const q = new URLSearchParams(location.search);
 const main = document.getElementById("main");
 const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
 const num = (v, d = 4) => (typeof v === "number" ? v.toFixed(d) : v ?? "");
+const pct = (v) => (typeof v === "number" ? `${(100 * v).toFixed(0)}%` : "");
 const link = (p) => `?${new URLSearchParams(p)}`;
 const bytes = (b) => (b >= 2 ** 20 ? `${(b / 2 ** 20).toFixed(1)} MB` : `${(b / 1024).toFixed(1)} KB`);
+const stateCls = (s) => (s === "failed" || s === "upstream_failed" ? "bad" : s === "success" || s === "done" ? "good" : "");
+const howOf = (how) => String(how ?? "").replace(/^rank \d+ /, "");  // "rank 1 was killed by SIGKILL"
+const COLOURS = ["#0b69a3", "#c8571e", "#0e7c3a", "#7b3fbf", "#b8860b", "#52606d"];
 
 async function get(path) {
   const r = await fetch(path, { credentials: "same-origin" });
@@ -13,23 +17,25 @@ async function get(path) {
   return r.json();
 }
 
-function table(head, rows) {
-  return `<table><tr>${head.map((h) => `<th>${esc(h)}</th>`).join("")}</tr>${rows
+function table(head, rows, cls = "") {
+  return `<table class="${cls}"><tr>${head.map((h) => `<th>${esc(h)}</th>`).join("")}</tr>${rows
     .map((r) => `<tr>${r.map((c) => `<td>${c}</td>`).join("")}</tr>`)
     .join("")}</table>`;
 }
 
-function chart(el, title, epochs, series) {
-  const xs = epochs.map((e) => e.epoch + 1);
-  const cols = series.filter(([key]) => epochs.some((e) => typeof e[key] === "number"));
-  if (!xs.length || !cols.length) return;
-  const data = [xs, ...cols.map(([key]) => epochs.map((e) => e[key] ?? null))];
-  const colours = ["#0b69a3", "#c8571e", "#0e7c3a", "#7b3fbf"];
-  window.dagtrainCharts = window.dagtrainCharts || [];  // for the browser test
+// One chart: `lines` are [label, epochs, key, {dash, width}]; x is the epoch (from 1).
+function chart(el, title, lines) {
+  lines = lines.filter(([, epochs, key]) => epochs.some((e) => typeof e[key] === "number"));
+  const n = Math.max(0, ...lines.map(([, epochs]) => Math.max(0, ...epochs.map((e) => e.epoch + 1))));
+  if (!n) return;
+  const xs = Array.from({ length: n }, (_, i) => i + 1);
+  const data = [xs, ...lines.map(([, epochs, key]) => xs.map((x) => epochs.find((e) => e.epoch + 1 === x)?.[key] ?? null))];
   window.dagtrainCharts.push(new uPlot({
-    title, width: 420, height: 240,
+    title, width: 460, height: 260,
     scales: { x: { time: false } },
-    series: [{ label: "epoch" }, ...cols.map(([key, label], i) => ({ label, stroke: colours[i], points: { show: true } }))],
+    series: [{ label: "epoch" }, ...lines.map(([label, , , o], i) => ({
+      label, stroke: COLOURS[i % COLOURS.length], width: o.width ?? 2, dash: o.dash, points: { show: true, size: o.dash ? 4 : 6 }, spanGaps: true,
+    }))],
     axes: [{ label: "epoch" }, {}],
   }, data, el));
 }
@@ -40,26 +46,32 @@ async function pipelines() {
     ["pipeline", "description", "recent runs"],
     list.map((p) => [
       `<a href="${link({ dag_id: p.dag_id })}">${esc(p.dag_id)}</a>`, esc(p.description),
-      p.runs.map((r) => `<a href="${link({ dag_id: p.dag_id, run_id: r.run_id })}">${esc(r.run_id)}</a> <span class="muted">${esc(r.state)}</span>`).join("<br>"),
+      p.runs.map((r) => `<a href="${link({ dag_id: p.dag_id, run_id: r.run_id })}">${esc(r.run_id)}</a> <span class="${stateCls(r.state)}">${esc(r.state)}</span>`).join("<br>"),
     ])) : `<p class="muted">No dagtrain pipeline you may read.</p>`);
 }
 
 async function pipeline(dagId) {
-  const [runs, reg] = await Promise.all([get(`api/dags/${encodeURIComponent(dagId)}/runs`), get(`api/dags/${encodeURIComponent(dagId)}/registry`)]);
+  const d = `api/dags/${encodeURIComponent(dagId)}`;
+  const [runs, reg] = await Promise.all([get(`${d}/runs`), get(`${d}/registry`)]);
   main.innerHTML = `<p><a href="?">all pipelines</a></p><h1>${esc(dagId)}</h1><h2>Runs</h2>` +
     table(["run", "state", "started", "ended"], runs.map((r) => [
-      `<a href="${link({ dag_id: dagId, run_id: r.run_id })}">${esc(r.run_id)}</a>`, esc(r.state), esc(r.start), esc(r.end)])) +
+      `<a href="${link({ dag_id: dagId, run_id: r.run_id })}">${esc(r.run_id)}</a>`, `<span class="${stateCls(r.state)}">${esc(r.state)}</span>`, esc(r.start), esc(r.end)])) +
     registry(reg);
 }
 
 function registry(reg) {
-  return `<h2>Model registry</h2>` + (reg.versions.length ? table(
-    ["version", "test accuracy", "test loss", "promoted", "why", "run", "data"],
-    reg.versions.map((v) => [
+  const lineage = (l) => l ? `<details><summary>run ${esc(l.run_id)}</summary>${table(["", ""], [
+    ["data version", esc(l.data_version)], ["data manifest", `<code>${esc(l.data_manifest)}</code>`],
+    ["config", `<code>${esc(l.config)}</code>`],
+    ...["model", "training", "distributed"].filter((s) => l.config_values?.[s]).map((s) => [esc(s), `<code>${esc(JSON.stringify(l.config_values[s]))}</code>`]),
+  ])}</details>` : "";
+  return `<h2 id="registry">Model registry</h2>` + (reg.versions.length ? table(
+    ["version", "test accuracy", "test loss", "promoted", "why", "lineage"],
+    reg.versions.slice().reverse().map((v) => [
       `v${v.version} ${v.version === reg.champion ? '<span class="badge">champion</span>' : ""}`,
       `<span class="num">${num(v.metrics.test_accuracy)}</span>`, `<span class="num">${num(v.metrics.test_loss)}</span>`,
-      v.promoted ? '<span class="good">yes</span>' : "no", esc(v.reason), esc(v.lineage?.run_id), esc(v.lineage?.data_version),
-    ])) : `<p class="muted">No model registered yet.</p>`);
+      v.promoted ? '<span class="good">yes</span>' : '<span class="bad">no</span>', esc(v.reason), lineage(v.lineage),
+    ]), "registry") : `<p class="muted">No model registered yet.</p>`);
 }
 
 function diff(rows, other) {
@@ -67,48 +79,96 @@ function diff(rows, other) {
     : `<p class="muted">Same as the ${esc(other)}.</p>`;
 }
 
+// Every rank's trace of one step: a lane per worker thread per rank, a bar per op, the
+// critical path (args.critical, from the server) outlined in black.
 function timeline(trace) {
   const spans = trace.traceEvents.filter((e) => e.ph === "X");
   if (!spans.length) return `<p class="muted">No step trace (executor.trace is off, or the run did not get that far).</p>`;
-  const lanes = [...new Set(spans.map((e) => `${e.pid}:${e.tid}`))].sort();
+  const names = {};
+  for (const e of trace.traceEvents) if (e.ph === "M" && e.name === "thread_name") names[`${e.pid}:${e.tid}`] = e.args.name;
+  const lanes = [...new Set([...Object.keys(names), ...spans.map((e) => `${e.pid}:${e.tid}`)])].sort((a, b) => a.split(":")[0] - b.split(":")[0] || a.split(":")[1] - b.split(":")[1]);
   const t0 = Math.min(...spans.map((e) => e.ts)), t1 = Math.max(...spans.map((e) => e.ts + e.dur));
-  const W = 900, L = 110, H = 18, scale = (W - L) / Math.max(t1 - t0, 1);
-  const colour = (n) => n.startsWith("allreduce") ? "#c8571e" : n.startsWith("update") ? "#0e7c3a" : n.startsWith("forward") ? "#0b69a3" : "#9aa5b1";
+  const W = 960, L = 130, H = 20, scale = (W - L - 4) / Math.max(t1 - t0, 1);
+  const colour = (n) => n.startsWith("allreduce") ? "#c8571e" : n.startsWith("update") ? "#0e7c3a" : n.startsWith("forward") ? "#0b69a3" : n.startsWith("bucket") ? "#e0a96d" : "#9aa5b1";
   const rects = spans.map((e) => {
-    const y = lanes.indexOf(`${e.pid}:${e.tid}`) * H;
-    return `<rect x="${L + (e.ts - t0) * scale}" y="${y + 2}" width="${Math.max(e.dur * scale, 1)}" height="${H - 4}" fill="${colour(e.name)}"><title>${esc(e.name)}: ${(e.dur / 1000).toFixed(2)} ms</title></rect>`;
+    const y = lanes.indexOf(`${e.pid}:${e.tid}`) * H, crit = e.args?.critical;
+    return `<rect class="op${crit ? " critical" : ""}" x="${L + (e.ts - t0) * scale}" y="${y + 3}" width="${Math.max(e.dur * scale, 1)}" height="${H - 6}" fill="${colour(e.name)}"${crit ? ' stroke="#111" stroke-width="2"' : ""}><title>rank ${e.pid} · ${esc(e.name)}: ${(e.dur / 1000).toFixed(2)} ms${crit ? " (critical path)" : ""}</title></rect>`;
   }).join("");
-  const labels = lanes.map((l, i) => { const [p, t] = l.split(":"); return `<text class="lane" x="0" y="${i * H + 13}">rank ${p} · thread ${t}</text>`; }).join("");
-  return `<svg class="timeline" width="${W}" height="${lanes.length * H}" data-lanes="${lanes.length}">${labels}${rects}</svg>
-    <p class="muted">${((t1 - t0) / 1000).toFixed(1)} ms; blue: forward/backward, orange: allreduce, green: update.</p>`;
+  const labels = lanes.map((l, i) => { const [p, t] = l.split(":"); return `<text class="lane" x="0" y="${i * H + 14}">rank ${p} · ${esc(names[l] ?? `thread ${t}`)}</text>`; }).join("");
+  const seps = lanes.map((l, i) => i && l.split(":")[0] !== lanes[i - 1].split(":")[0] ? `<line x1="0" x2="${W}" y1="${i * H}" y2="${i * H}" stroke="#cbd2d9"/>` : "").join("");
+  return `<svg class="timeline" width="${W}" height="${lanes.length * H}" data-lanes="${lanes.length}" data-ranks="${new Set(spans.map((e) => e.pid)).size}">${seps}${labels}${rects}</svg>
+    <p class="muted">${((t1 - t0) / 1000).toFixed(1)} ms. <span style="color:#0b69a3">■</span> forward/backward <span style="color:#e0a96d">■</span> bucket ready <span style="color:#c8571e">■</span> allreduce <span style="color:#0e7c3a">■</span> update <span style="color:#9aa5b1">■</span> other (prefetch, snapshot); outlined: the critical path.</p>`;
+}
+
+function ranksTable(ranks) {
+  if (!ranks.length) return '<p class="muted">No rank has reported yet.</p>';
+  return table(["rank", "host", "status", "step", "samples/s", "median step (ms)", "p95 step (ms)", "exit", "how", "last lines"], ranks.map((k) => [
+    esc(k.rank) + (k.slowest ? ' <span class="warn">slowest</span>' : ""), esc(k.host),
+    `<span class="${stateCls(k.status)}">${esc(k.status)}</span>`,
+    k.step == null ? "" : `${esc(k.step)}${k.total_steps ? ` / ${esc(k.total_steps)}` : ""}`,
+    `<span class="num">${num(k.samples_per_second, 0)}</span>`, `<span class="num">${num(k.median_step_ms, 1)}</span>`, `<span class="num">${num(k.p95_step_ms, 1)}</span>`,
+    esc(k.signal ?? k.exit_code), esc(howOf(k.how)), k.last_lines.length ? `<pre>${esc(k.last_lines.join("\n"))}</pre>` : "",
+  ]), "ranks");
+}
+
+function roundsView(rounds) {
+  return rounds.map((r) => `<h3>Round ${r.round} <span class="muted">sync: ${esc(r.sync_state ?? "not yet")}</span></h3>` +
+    table(["shard", "task", "contribution", "steps", "samples/s", "validation accuracy"], r.shards.map((s) => [
+      esc(s.shard), `<span class="${stateCls(s.state)}">${esc(s.state)}</span>`, s.contributed ? '<span class="good">written</span>' : '<span class="muted">none</span>',
+      esc(s.steps), `<span class="num">${num(s.samples_per_second, 0)}</span>`, `<span class="num">${num(s.val_accuracy)}</span>`])) +
+    (r.global ? `<p>global model after round ${r.round}: validation accuracy <b>${num(r.global.metrics?.val_accuracy)}</b>, loss ${num(r.global.metrics?.val_loss)}, |pseudo-gradient| ${num(r.global.pseudo_gradient_norm)}</p>` : "")).join("");
 }
 
 async function run(dagId, runId) {
-  const base = `api/dags/${encodeURIComponent(dagId)}/runs/${encodeURIComponent(runId)}`;
-  const [r, reg, trace] = await Promise.all([get(base), get(`api/dags/${encodeURIComponent(dagId)}/registry`), get(`${base}/trace`).catch(() => ({ traceEvents: [] }))]);
+  const d = `api/dags/${encodeURIComponent(dagId)}`, base = `${d}/runs/${encodeURIComponent(runId)}`;
+  const step = q.get("step");
+  const traceUrl = `${base}/trace${step ? `?step=${encodeURIComponent(step)}` : ""}`;
+  const [r, reg, trace, curves] = await Promise.all([get(base), get(`${d}/registry`), get(traceUrl).catch(() => ({ traceEvents: [] })), get(`${d}/curves`).catch(() => [])]);
   const ev = r.evaluation, res = r.result;
+  const failed = r.ranks.filter((k) => k.status === "failed");
+  const steps = r.trace_steps.map((s) => `<option value="${s.step ?? ""}"${String(s.step ?? "") === (step ?? "") ? " selected" : ""}>${esc(s.label)}</option>`).join("");
+  const assets = r.asset_events?.length ? r.asset_events.map((a) => `<a href="/assets/${encodeURIComponent(a.asset_id)}">${esc(a.name)}</a> <span class="muted">(${esc(a.task_id)}, ${esc(a.timestamp)})</span>`).join("<br>") : "";
   main.innerHTML = `<p><a href="?">all pipelines</a> · <a href="${link({ dag_id: dagId })}">${esc(dagId)}</a></p>
     <h1>${esc(dagId)} <span class="muted">${esc(runId)}</span></h1>
-    <h2>Stages</h2>${table(["stage", "state", "try", "seconds"], r.stages.map((s) => [esc(s.task_id + (s.map_index >= 0 ? `[${s.map_index}]` : "")), `<span class="${s.state === "failed" ? "bad" : ""}">${esc(s.state)}</span>`, esc(s.try_number), `<span class="num">${num(s.duration, 1)}</span>`]))}
+    ${failed.length ? `<p class="bad failure">rank ${failed.map((k) => `${esc(k.rank)}${k.host ? ` on ${esc(k.host)}` : ""} ${esc(howOf(k.how))}`).join("; ")}</p>` : ""}
+    <h2>Stages</h2>${table(["stage", "state", "try", "seconds"], r.stages.map((s) => [esc(s.task_id + (s.map_index >= 0 ? `[${s.map_index}]` : "")), `<span class="${stateCls(s.state)}">${esc(s.state)}</span>`, esc(s.try_number), `<span class="num">${num(s.duration, 1)}</span>`]))}
     <h2>Curves</h2><div class="charts" id="charts"></div>
-    ${r.epochs.length ? "" : '<p class="muted">No epoch has ended yet.</p>'}
+    ${r.epochs.length ? (curves.length > 1 ? `<p class="muted">dashed: validation of the pipeline's ${curves.length - 1} other newest run(s), for comparison</p>` : "") : '<p class="muted">No epoch has ended yet.</p>'}
     <h2>Result</h2>${res ? table(["validation accuracy", "test accuracy", "samples/s", "median step (s)", "skipped steps"], [[num(res.val_accuracy), num(ev?.metrics?.test_accuracy), num(res.samples_per_second, 0), num(res.median_step_seconds, 4), esc(res.skipped_steps)]]) : '<p class="muted">No result yet.</p>'}
-    ${ev ? `<p>evaluation: ${esc(ev.reason)}${ev.better ? "" : " (not promoted)"}</p>` : ""}
-    <h2>Ranks</h2>${table(["rank", "status", "last traced step (ms)", "how", "last lines"], r.ranks.map((k) => [esc(k.rank) + (k.slowest ? ' <span class="muted">(slowest)</span>' : ""), `<span class="${k.status === "failed" ? "bad" : ""}">${esc(k.status)}</span>`, `<span class="num">${num(k.last_step_ms, 1)}</span>`, esc(k.how), k.last_lines.length ? `<pre>${esc(k.last_lines.join("\n"))}</pre>` : ""]))}
-    <h2>Tries and resumes</h2>${r.tries.length ? table(["try", "resumed from step"], r.tries.map((t) => [esc(t.try), esc(t.resumed_from_step ?? "start")])) : '<p class="muted">Training has not started.</p>'}
-    <h2>Gradient sync (rank 0, last step)</h2>${r.sync ? table(["buckets", "sizes", "allreduce (ms)", "hidden under backward", "skipped non-finite steps"], [[esc(r.sync.buckets), esc(r.sync.bucket_bytes.map(bytes).join(", ")), num(r.sync.allreduce_ms, 2), r.sync.hidden_share == null ? "" : `${(100 * r.sync.hidden_share).toFixed(0)}%`, esc(r.sync.skipped_steps)]]) : '<p class="muted">No trace.</p>'}
-    <h2>Op timeline (last step, every rank) <a href="${base}/trace" download>download for Perfetto</a></h2>${timeline(trace)}
-    <h2>Data</h2>${r.data ? table(["version", "rows"], [[esc(r.data.version), esc(JSON.stringify(r.data.rows))]]) : ""}
-    <h2>Effective config</h2><pre>${esc(JSON.stringify(r.config, null, 1))}</pre>
-    <h2>Difference from the file</h2>${diff(r.config_vs_file, "file")}
-    <h2>Difference from the champion${r.champion ? ` (v${r.champion})` : ""}</h2>${r.champion ? diff(r.config_vs_champion, "champion") : '<p class="muted">No champion.</p>'}
+    ${ev ? `<p class="verdict">${ev.better ? "promoted" : "not promoted"}: ${esc(ev.reason)}</p>` : ""}
+    <h2 id="ranks">Ranks</h2>${ranksTable(r.ranks)}
+    <h2>Tries and resumes</h2>${r.tries.length ? table(["try", "resumed from step", "epochs already done", "failed rank"], r.tries.map((t) => {
+      const f = r.failures.find((x) => x.try === t.try);
+      return [esc(t.try), esc(t.resumed_from_step ?? "start"), esc(t.epochs_done_before ?? ""), f ? `<span class="bad">rank ${esc(f.rank)} ${esc(howOf(f.how))}</span>` : ""];
+    })) : '<p class="muted">Training has not started.</p>'}
+    <h2>Gradient sync</h2>${r.sync ? table(["buckets", "sizes", "allreduce (ms)", "hidden under backward", "skipped non-finite steps"], [[esc(r.sync.buckets), esc(r.sync.bucket_bytes.map(bytes).join(", ")), num(r.sync.allreduce_ms, 2), pct(r.sync.hidden_share), esc(r.sync.skipped_steps)]]) +
+      (r.sync_by_rank.length > 1 ? `<p class="muted">per rank, last step: ${r.sync_by_rank.map((s) => `rank ${s.rank} ${num(s.allreduce_ms, 2)} ms allreduce, ${pct(s.hidden_share)} hidden`).join("; ")}</p>` : "") : '<p class="muted">No trace.</p>'}
+    <h2 id="timeline">Op timeline, every rank</h2>
+    <p>${steps ? `<label>step <select id="step">${steps}</select></label> · ` : ""}<a href="${traceUrl}" download>download the merged trace</a> <span class="muted">(opens in ui.perfetto.dev)</span></p>${timeline(trace)}
+    ${r.rounds.length ? `<h2>Rounds</h2>${roundsView(r.rounds)}` : ""}
+    <h2>Data</h2>${r.data ? table(["version", "rows", "asset events"], [[esc(r.data.version), esc(Object.entries(r.data.rows ?? {}).map(([k, v]) => `${k} ${v}`).join(", ")), assets]]) : ""}
+    <h2>Effective config <span class="muted">(what the ranks received)</span></h2>${r.config ? `<pre class="config">${esc(JSON.stringify(r.config, null, 1))}</pre>` : '<p class="muted">Training has not started.</p>'}
+    ${r.config ? `<h2>Difference from the file</h2>${diff(r.config_vs_file, "file")}
+    <h2>Difference from the champion${r.champion ? ` (v${r.champion})` : ""}</h2>${r.champion ? diff(r.config_vs_champion, "champion") : '<p class="muted">No champion.</p>'}` : ""}
     ${registry(reg)}`;
+  document.getElementById("step")?.addEventListener("change", (e) => {
+    const p = new URLSearchParams(location.search);
+    if (e.target.value) p.set("step", e.target.value); else p.delete("step");
+    history.replaceState(null, "", `?${p}`);
+    q.set("step", e.target.value); if (!e.target.value) q.delete("step");
+    run(dagId, runId);
+  });
   const charts = document.getElementById("charts");
   window.dagtrainCharts = [];
-  for (const [title, s] of [["loss", [["train_loss", "train"], ["val_loss", "validation"]]], ["accuracy", [["train_accuracy", "train"], ["val_accuracy", "validation"]]]]) {
-    const el = document.createElement("div"); el.className = "chart"; charts.appendChild(el); chart(el, title, r.epochs, s);
+  const others = curves.filter((c) => c.run_id !== runId);
+  for (const [title, keys] of [["loss", ["train_loss", "val_loss"]], ["accuracy", ["train_accuracy", "val_accuracy"]]]) {
+    const el = document.createElement("div"); el.className = "chart"; charts.appendChild(el);
+    chart(el, title, [
+      ["train", r.epochs, keys[0], {}], ["validation", r.epochs, keys[1], {}],
+      ...others.map((c) => [`${c.run_id.slice(0, 28)} (val)`, c.epochs, keys[1], { dash: [6, 4], width: 1 }]),
+    ]);
   }
-  if (r.stages.some((s) => ["running", "queued", "scheduled", "up_for_retry"].includes(s.state))) setTimeout(() => run(dagId, runId), 3000);
+  if (r.stages.some((s) => ["running", "queued", "scheduled", "up_for_retry", "restarting"].includes(s.state))) setTimeout(() => run(dagId, runId), 3000);
 }
 
 (async () => {

@@ -1,0 +1,151 @@
+"""What a training run tells the outside while it runs: files others poll.
+
+``Progress``: rank 0's JSON lines (``metrics_file``), one per event — what ``dagtrain
+run`` and the training page tail for each epoch. ``RankStatus``: every rank's own small
+JSON file (``status_dir/rank<N>.json``), rewritten atomically every few seconds and at
+each epoch's end: its host and pid, the step it is at, samples/s, median and p95 step
+time — the training page's ranks table, live.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from dagtrain.taskgraph.atomic import atomic_write
+
+__all__ = ["Progress", "RankStatus", "percentile"]
+
+
+def percentile(sorted_values: list[float], q: float) -> float | None:
+    """The ``q`` quantile (0..1) of already sorted values, nearest rank; None if empty."""
+    if not sorted_values:
+        return None
+    i = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
+    return sorted_values[i]
+
+
+class Progress:
+    """Rank 0's progress, one JSON line per event appended to ``metrics_file``: what a
+    task tails to show each epoch as it ends. ``kind`` is ``start`` (step, total_steps,
+    steps_per_epoch, resumed_from_step), ``epoch`` (the epoch's metrics, step,
+    total_steps, samples_per_second since the previous line, elapsed) or ``end``."""
+
+    def __init__(self, path: str | None, batch_size: int) -> None:
+        self.path = path
+        if path is not None:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self.batch = batch_size
+        self.t0 = self.t_last = time.time()
+        self.step_last = 0
+        self.total = 0
+
+    def _write(self, record: dict[str, Any]) -> None:
+        if self.path is None:
+            return
+        line = json.dumps({**record, "time": time.time()}) + "\n"
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        try:
+            os.write(fd, line.encode())  # one write: a reader never sees half a line
+        finally:
+            os.close(fd)
+
+    def start(self, step: int, total: int, per_epoch: int, resumed: int | None) -> None:
+        self.step_last, self.total = step, total
+        self.t0 = self.t_last = time.time()
+        self._write(
+            {
+                "kind": "start",
+                "step": step,
+                "total_steps": total,
+                "steps_per_epoch": per_epoch,
+                "resumed_from_step": resumed,
+            }
+        )
+
+    def epoch(self, row: dict[str, Any], step: int) -> None:
+        now = time.time()
+        rate = (step - self.step_last) * self.batch / max(now - self.t_last, 1e-9)
+        self.t_last, self.step_last = now, step
+        self._write(
+            {
+                "kind": "epoch",
+                **row,
+                "step": step,
+                "total_steps": self.total,
+                "samples_per_second": rate,
+                "elapsed": now - self.t0,
+            }
+        )
+
+    def end(self, step: int) -> None:
+        self._write({"kind": "end", "step": step, "total_steps": self.total})
+
+
+class RankStatus:
+    """One rank's live figures in ``<status_dir>/rank<N>.json`` (nothing without a
+    ``status_dir``). ``step(seconds, samples)`` after every step costs a list append;
+    the file is rewritten at most every ``every`` seconds, at each ``flush()`` (an
+    epoch's end) and by ``done()``.
+
+    The file: ``rank``, ``host``, ``pid``, ``status`` (``running``/``done``), ``step``,
+    ``total_steps``, ``steps_timed``, ``samples_per_second`` (this rank's samples over
+    its step time, this try), ``median_step_ms``, ``p95_step_ms``, ``updated`` (unix)."""
+
+    def __init__(self, status_dir: str | None, rank: int, every: float = 2.0) -> None:
+        self.path = None if status_dir is None else Path(status_dir) / f"rank{rank}.json"
+        self.rank = rank
+        self.every = every
+        self.seconds: list[float] = []
+        self.samples = 0
+        self.step_now = 0
+        self.total = 0
+        self.last_write = 0.0
+
+    def start(self, step: int, total: int) -> None:
+        self.step_now, self.total = step, total
+        self._write("running")
+
+    def step(self, seconds: float, samples: int) -> None:
+        self.seconds.append(seconds)
+        self.samples += samples
+        self.step_now += 1
+        if self.path is not None and time.monotonic() - self.last_write >= self.every:
+            self._write("running")
+
+    def flush(self) -> None:
+        self._write("running")
+
+    def done(self) -> None:
+        self._write("done")
+
+    def figures(self) -> dict[str, Any]:
+        times = sorted(self.seconds)
+        med, p95 = percentile(times, 0.5), percentile(times, 0.95)
+        total = sum(times)
+        return {
+            "steps_timed": len(times),
+            "samples_per_second": self.samples / total if total > 0 else None,
+            "median_step_ms": None if med is None else med * 1000,
+            "p95_step_ms": None if p95 is None else p95 * 1000,
+        }
+
+    def _write(self, status: str) -> None:
+        if self.path is None:
+            return
+        self.last_write = time.monotonic()
+        doc = {
+            "rank": self.rank,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "status": status,
+            "step": self.step_now,
+            "total_steps": self.total,
+            **self.figures(),
+            "updated": time.time(),
+        }
+        atomic_write(self.path, json.dumps(doc).encode())

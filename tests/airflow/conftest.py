@@ -1,0 +1,104 @@
+"""The Airflow the tests of this folder talk to: ``dagtrain run`` of the tiny pipeline
+in an 80-column pseudo-terminal, then ``dagtrain up`` (api-server, scheduler,
+dag-processor, triggerer; SQLite, LocalExecutor) on the same home, for the whole
+session. Its DAGs folder has ``dagtrain_tiny`` and ``dagtrain_tiny_fail`` (rank 1 killed
+mid-training)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import httpx
+import psutil
+import pytest
+
+from .live import DAGTRAIN, PYLIB, REPO, alive, free_port, password_of, run_in_terminal
+
+
+@pytest.fixture(scope="session")
+def airflow(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("up")
+    dags = tmp / "dags"
+    dags.mkdir()
+    shutil.copy(REPO / "dags" / "digits_retraining.py", dags / "tiny.py")
+    (dags / "tiny.yaml").write_text(
+        "name: tiny\ndata: {source: digits}\nmodel: {name: mlp, args: {hidden: [16]}}\n"
+        "training: {epochs: 1, batch_size: 64, retries: 0}\n"
+        "distributed: {backend: mpi, ranks: 2}\nschedule: {cron: null}\n"
+        f"artifacts: {{root: {tmp / 'art'}}}\n"
+    )
+    # a pipeline whose rank 1 is killed mid-training (PYLIB has its model factory)
+    shutil.copy(REPO / "dags" / "digits_retraining.py", dags / "tiny_fail.py")
+    (dags / "tiny_fail.yaml").write_text(
+        "name: tiny_fail\ndata: {source: digits}\n"
+        "model: {name: 'faulty_model:mlp_dying_on_rank', args: {rank: 1, at_call: 6}}\n"
+        "training: {epochs: 1, batch_size: 64, retries: 0}\n"
+        "distributed: {backend: mpi, ranks: 2}\nschedule: {cron: null}\n"
+        f"artifacts: {{root: {tmp / 'art'}}}\n"
+    )
+    port = free_port()
+    home = tmp / "home"
+    # first a run made by `dagtrain run` on the same home, in a terminal: `up` must show it
+    code, screen = run_in_terminal(
+        [*DAGTRAIN, "run", str(dags / "tiny.yaml"), "--home", str(home)], columns=80
+    )
+    assert code == 0, screen
+    proc = subprocess.Popen(
+        [*DAGTRAIN, "up", "--port", str(port), "--home", str(home), "--dags", str(dags)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "PYTHONPATH": str(PYLIB)},
+    )
+    url = f"http://localhost:{port}"
+    deadline = time.monotonic() + 240
+    try:
+        while True:  # up, and the DAG parsed by the dag-processor
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "Airflow did not come up with the DAG"
+            try:
+                tok = httpx.post(
+                    f"{url}/auth/token",
+                    json={"username": "admin", "password": password_of(home)},
+                    timeout=5,
+                )
+                if tok.status_code < 300:
+                    h = {"Authorization": f"Bearer {tok.json()['access_token']}"}
+                    dags_seen = [
+                        httpx.get(f"{url}/api/v2/dags/{d}", headers=h).status_code
+                        for d in ("dagtrain_tiny", "dagtrain_tiny_fail")
+                    ]
+                    if dags_seen == [200, 200]:
+                        break
+            except (httpx.HTTPError, FileNotFoundError, KeyError):
+                pass
+            time.sleep(2)
+        family = [proc.pid, *(c.pid for c in psutil.Process(proc.pid).children(recursive=True))]
+        yield {
+            "url": url,
+            "home": home,
+            "port": port,
+            "headers": h,
+            "art": tmp / "art",
+            "screen": screen,
+            "family": family,
+            "dags": dags,
+        }
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)  # dagtrain up stops everything it started
+        try:
+            proc.wait(90)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    # after the session's tests: nothing `dagtrain up` started outlived it
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and [p for p in family if alive(p)]:
+        time.sleep(0.2)
+    assert not [p for p in family if alive(p)], "processes outlived dagtrain up"
