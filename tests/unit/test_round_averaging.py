@@ -116,3 +116,23 @@ def test_contributions_can_be_given_and_a_missing_one_is_named(setup):
         s.op.execute(s.ctx)
     s.op.contributions = [*given, {"shard": 1, "dir": str(rd / "shard-01")}]
     assert s.op.execute(s.ctx)["checkpoint"].endswith("ckpt-00000001.pt")
+
+
+def test_a_round_records_its_global_model_and_the_page_shows_it_per_shard(setup):
+    from dagtrain.plugins import report
+
+    s = setup
+    out = s.op.execute(s.ctx)
+    assert 0 <= out["metrics"]["val_accuracy"] <= 1 and out["metrics"]["val_samples"] > 0
+    doc = json.loads((round_dir(s.run, 0) / "global.json").read_text())
+    assert doc["metrics"] == out["metrics"]
+    stages = [
+        {"task_id": "round_0_train", "map_index": k, "state": "success"} for k in range(3)
+    ] + [{"task_id": "round_0_sync", "map_index": -1, "state": "success"}]
+    root = s.cfg.artifact_root()
+    rounds = report.run_report(root, RUN, stages, None, None)["rounds"]
+    assert [r["round"] for r in rounds] == [0]
+    assert [(x["shard"], x["state"], x["contributed"]) for x in rounds[0]["shards"]] == [
+        (k, "success", True) for k in range(3)
+    ]
+    assert rounds[0]["sync_state"] == "success" and rounds[0]["global"]["metrics"] == out["metrics"]
