@@ -1,5 +1,5 @@
 """dagtrain's Airflow operators. Thin: they validate and delegate to dagtrain.stages,
-which imports torch only inside ``execute`` (DAG files are parsed every few seconds)."""
+which imports torch only inside ``execute`` (Airflow parses DAG files again and again)."""
 
 from .data_prep import DataPrepOperator
 from .evaluate import EvaluateOperator, PromoteOperator
@@ -15,5 +15,5 @@ __all__ = [
     "RoundAveragingOperator",
 ]
 
-# the name this operator had before 0.2, kept for DAG files written against it
+# the name this operator had at first, kept for DAG files written against it
 GradientSyncOperator = RoundAveragingOperator

@@ -290,6 +290,19 @@ def test_the_training_page_in_a_real_browser(airflow, two_epochs, failed_run):
             assert "rank 1" in top and "SIGKILL" in top, top
             assert "kills itself" in page.locator("table.ranks").inner_text()
             page.screenshot(path=str(images / "training-failed-run.png"), full_page=True)
+            # Airflow's trigger form: the sections a run may change, with their
+            # descriptions; the others are hidden inputs
+            page.goto(f"{airflow['url']}/dags/dagtrain_tiny")
+            page.get_by_role("button", name="Trigger").first.click()
+            page.wait_for_selector("text=Run Parameters", timeout=30_000)
+            page.wait_for_timeout(1500)
+            labels = {t.split("\n")[0] for t in page.locator("label").all_inner_texts()}
+            assert {"model", "training", "distributed", "data", "evaluation"} <= labels, labels
+            assert not {"rounds", "schedule", "artifacts", "name"} & labels, labels
+            hidden = page.locator("input[type=hidden]").evaluate_all("l => l.map(e => e.name)")
+            assert {"element_rounds", "element_schedule", "element_artifacts"} <= set(hidden)
+            assert page.get_by_text("The optimisation every rank runs").count() == 1
+            page.screenshot(path=str(images / "trigger-form.png"))
             page.goto(f"{airflow['url']}/dagtrain/")
             page.wait_for_selector("text=Training pipelines")
             page.screenshot(path=str(images / "training-pipelines.png"))
