@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 SAGA   := .venv-saga
 
-.PHONY: setup horovod browser run up ui demo test lint format bench bench-parse bench-schedule clean
+.PHONY: setup horovod browser multihost-setup multihost run up ui demo test lint format bench bench-parse bench-schedule compose clean
 
 setup: $(VENV)/.installed
 
@@ -33,6 +33,12 @@ run: setup
 up ui: setup
 	$(BIN)/dagtrain up
 
+# Airflow with the CeleryExecutor in Docker: PostgreSQL, Redis, api-server, scheduler,
+# dag-processor, triggerer and two Celery workers, the image of docker/Dockerfile (built
+# on first use). Needs Docker with Compose v2; see docs/deployment.md.
+compose:
+	docker compose -f docker/docker-compose.yaml up
+
 # The executor alone: a simulated training step replayed, with a Perfetto trace.
 demo: setup
 	$(BIN)/python -m dagtrain.taskgraph
@@ -45,7 +51,17 @@ browser:
 	  && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
 	  || echo "no chromium here: the browser test will be skipped"
 
-test: setup horovod browser
+# What tests/multihost needs from the machine (PostgreSQL, redis-server, ip netns),
+# from Debian's packages; as root. Elsewhere the multi-host tests skip, saying why.
+multihost-setup:
+	tools/multihost-setup.sh
+
+# Airflow on PostgreSQL + Redis with two Celery workers on network-namespace "hosts",
+# the training ranks spanning them (mpirun and torchrun); a few minutes.
+multihost: setup multihost-setup
+	$(BIN)/python -m pytest -q -m multihost tests/multihost
+
+test: setup horovod browser multihost-setup
 	$(BIN)/python -m pytest -q
 
 lint: setup

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 __all__ = [
     "FIRST_COLLECTIVE",
+    "ON_HOST",
     "RANK_VARIABLES",
     "die_with_parent",
     "env_rank",
@@ -22,6 +23,10 @@ __all__ = [
 # what a rank prints (stderr) as it reaches its first collective: the launcher names a
 # rank that never printed it as the one the others waited for
 FIRST_COLLECTIVE = "reached its first collective"
+
+# what a rank prints (stderr) as it starts: "dagtrain rank N runs on host NAME"; the
+# launcher learns from it where each rank runs, to name the host of a failed rank
+ON_HOST = "runs on host"
 
 # torchrun and the direct launcher, mpirun (Open MPI), horovodrun
 RANK_VARIABLES = ("RANK", "OMPI_COMM_WORLD_RANK", "HOROVOD_RANK")

@@ -166,6 +166,11 @@ class DistributedConfig(_Section):
         description="an Airflow connection whose extra lists the hosts: "
         '{"hosts": ["10.0.0.2:1", ...], "rsh_agent": [...], "env": {...}} (config files only)',
     )
+    device: Literal["cpu", "cuda", "auto"] = Field(
+        "cpu",
+        description="cpu; cuda: one GPU per rank, its local rank's (NCCL for torch), "
+        "untested on a GPU yet; auto: cuda where the host has one",
+    )
     bucket_mb: float = Field(25.0, gt=0, le=1e5, description="gradient bucket size")
     overlap: bool = Field(True, description="false: backward, then sync all, then step")
     collective_timeout: float = Field(
@@ -205,8 +210,9 @@ class ExecutorConfig(_Section):
     workers: int = Field(2, ge=1, le=64, description="task-graph threads per rank")
     intra_op_threads: int = Field(1, ge=1, le=1024, description="torch threads per rank")
     trace: bool = Field(
-        True, description="write Perfetto traces of each epoch's last step (the newest 10) "
-        "and of the run's last step"
+        True,
+        description="write Perfetto traces of each epoch's last step (the newest 10) "
+        "and of the run's last step",
     )
 
 
@@ -336,7 +342,9 @@ class ScheduleConfig(_Section):
 
     cron: str | None = Field(None, description="cron or preset (@daily); none: manual only")
     asset: str | None = Field(
-        None, description="retrain when this Asset (URI) is updated, instead of on cron"
+        None,
+        description="retrain when this Asset is updated, instead of on cron: its name, or a "
+        "URI (a value with ://)",
     )
 
 

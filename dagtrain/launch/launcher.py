@@ -8,8 +8,21 @@ Launchers (argv lists only, never a shell string):
                mpirun too). Hosts: ``--host a:2,b:2``.
 - ``horovodrun`` ``horovodrun --gloo -np N [-H a:2,b:2] python -m ...``.
 - ``torchrun`` ``torchrun --nnodes 1 --nproc-per-node N --max-restarts 0 -m ...``.
+               Hosts: one torchrun per host (``--nnodes H``, that host's slots as
+               ``--nproc-per-node``), all meeting at a c10d (TCP) rendezvous on the first
+               host; a host that is not this one gets its torchrun through the rsh agent.
 - ``direct``   N processes started here with ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/
                ``MASTER_PORT`` (torch.distributed's env:// rendezvous; one host).
+
+Several hosts (:class:`~dagtrain.launch.hosts.Hosts`): mpirun reaches the others
+through ``--mca plm_rsh_agent`` (ssh unless the host list names another agent) and
+starts its daemons there; torchrun's remote nodes are started as ``AGENT HOST python
+-m dagtrain.launch.remote ... torchrun ...``, the words quoted for the remote shell as
+ssh requires. ``dagtrain.launch.remote`` kills its torchrun (and so the ranks) when the
+agent's connection closes (stdin at EOF) or it is signalled, so a remote node never
+outlives the launcher, whatever ends it: the agent's stdin is a pipe that closes when
+this process dies. When a host is lost (its daemon or node stopped answering), the
+failure names the rank that ran there and the host.
 
 Every child runs in a process group of its own; each line it prints is prefixed with
 its rank and kept (the last lines per rank). When any rank exits non-zero or is
@@ -32,6 +45,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,12 +53,20 @@ from typing import get_args
 
 from dagtrain.config import Launcher
 from dagtrain.errors import InputError
-from dagtrain.rank_env import FIRST_COLLECTIVE, parent_death_signal
+from dagtrain.rank_env import FIRST_COLLECTIVE, ON_HOST, parent_death_signal
 
-__all__ = ["LAUNCHERS", "Job", "RankFailure", "build_argv", "launch"]
+from .hosts import Hosts, is_local
+
+__all__ = ["LAUNCHERS", "Job", "RankFailure", "build_argv", "launch", "node_argvs"]
 
 LAUNCHERS: tuple[str, ...] = get_args(Launcher)
 _TAIL = 30
+# how long torchrun's nodes wait for each other at the rendezvous (a node that never
+# comes is usually one whose agent failed, which the launcher sees sooner)
+RDZV_JOIN_TIMEOUT = 120
+# the exit code of ssh (and of the rsh agents that imitate it) when the connection to
+# the host was lost or could not be made
+_LOST = 255
 
 
 class RankFailure(RuntimeError):
@@ -58,10 +80,13 @@ class RankFailure(RuntimeError):
         log_tail: Sequence[str],
         detail: str = "",
         how: str | None = None,
+        host: str | None = None,
     ) -> None:
         if how is None:
             how = f"was killed by {signal_name}" if signal_name else f"exited with code {exit_code}"
         who = f"rank {rank}" if rank is not None else "a rank"
+        if host:
+            who += f" on host {host}"
         tail = "\n".join(f"    {line}" for line in log_tail[-12:]) or "    (no output)"
         super().__init__(
             f"{who} {how}{detail}; the other ranks were stopped. Last lines of its log:\n{tail}"
@@ -70,6 +95,7 @@ class RankFailure(RuntimeError):
         self.exit_code = exit_code
         self.signal = signal_name
         self.log_tail = list(log_tail)
+        self.host = host
 
 
 def _free_port() -> int:
@@ -89,11 +115,25 @@ def _tool(name: str) -> str:
     return found
 
 
+def _forwarded(env: dict[str, str] | None) -> dict[str, str]:
+    """What every rank gets, on any host: the job's own variables, the host list's
+    ``env``, and PYTHONPATH/OMP_NUM_THREADS of this process."""
+    out = {v: os.environ[v] for v in ("PYTHONPATH", "OMP_NUM_THREADS") if v in os.environ}
+    return out | dict(env or {})
+
+
 def build_argv(
-    launcher: str, nprocs: int, module_args: Sequence[str], hosts: Sequence[str] | None = None
+    launcher: str,
+    nprocs: int,
+    module_args: Sequence[str],
+    hosts: Hosts | Sequence[str] | None = None,
+    env: dict[str, str] | None = None,
 ) -> list[str]:
-    """The argv of the launcher process (not used for ``direct``)."""
+    """The argv of the launcher process (not used for ``direct``, nor for torchrun on
+    several hosts: see :func:`node_argvs`). ``env``: variables the ranks get on every
+    host (mpirun ``-x``)."""
     py = sys.executable
+    spec = Hosts.of(hosts)
     if launcher == "mpirun":
         argv = [
             _tool("mpirun"),
@@ -112,18 +152,30 @@ def build_argv(
         ]
         if os.geteuid() == 0:
             argv.insert(1, "--allow-run-as-root")
-        if hosts:
-            argv += ["--host", ",".join(hosts)]
-        for var in ("PYTHONPATH", "OMP_NUM_THREADS"):
-            if var in os.environ:
-                argv += ["-x", var]
+        if spec is not None:
+            argv += ["--host", ",".join(spec.entries)]
+            if spec.rsh_agent:  # one string: Open MPI splits it on spaces itself
+                argv += ["--mca", "plm_rsh_agent", " ".join(spec.rsh_agent)]
+        for var, value in (_forwarded(env) | _spec_env(spec)).items():
+            argv += ["-x", f"{var}={value}"]
         return [*argv, py, "-m", "mpi4py", "-m", *module_args]
     if launcher == "horovodrun":
         argv = [_tool("horovodrun"), "--gloo", "-np", str(nprocs)]
-        if hosts:
-            argv += ["-H", ",".join(hosts)]
+        if spec is not None:
+            if spec.rsh_agent:
+                raise InputError(
+                    f"{spec.source}: horovodrun reaches other hosts through ssh only, not "
+                    f"through the rsh agent {list(spec.rsh_agent)}; choose distributed."
+                    "launcher mpirun (Horovod runs under mpirun too)"
+                )
+            argv += ["-H", ",".join(spec.entries)]
         return [*argv, py, "-m", *module_args]
     if launcher == "torchrun":
+        if _nodes_apart(spec):
+            raise InputError(
+                "torchrun on other hosts starts one torchrun per host: use "
+                "node_argvs(), or launch(), which does"
+            )
         argv = [
             _tool("torchrun"),
             "--nproc-per-node",
@@ -132,13 +184,6 @@ def build_argv(
             "0",
             "--tee",
             "3",
-        ]
-        if hosts:
-            raise InputError(
-                "torchrun over several hosts needs a rendezvous endpoint: start "
-                "it on each host yourself, or use mpirun"
-            )
-        argv += [
             "--nnodes",
             "1",
             "--rdzv-backend",
@@ -148,6 +193,85 @@ def build_argv(
         ]
         return [*argv, "-m", *module_args]
     raise ValueError(f"launcher {launcher!r} is not one of {', '.join(LAUNCHERS)}")
+
+
+def _nodes_apart(spec: Hosts | None) -> bool:
+    """Whether torchrun needs a node per host: several hosts, or one that is not this."""
+    return spec is not None and (len(spec.entries) > 1 or not is_local(spec.names[0]))
+
+
+def _spec_env(spec: Hosts | None) -> dict[str, str]:
+    return dict(spec.env) if spec is not None else {}
+
+
+def node_argvs(
+    nprocs: int,
+    module_args: Sequence[str],
+    hosts: Hosts | Sequence[str],
+    env: dict[str, str] | None = None,
+    rdzv_id: str | None = None,
+) -> list[tuple[str, list[str], bool]]:
+    """torchrun on several hosts: ``(host, argv, remote)`` for each host, one torchrun
+    per host, each with that host's slots as its ranks, meeting at a c10d rendezvous
+    on the first host (``rdzv_port``). A remote host's argv goes through the rsh agent
+    and ``dagtrain.launch.remote``; its words are quoted for the remote shell, which an
+    ssh-like agent hands them to (``shlex.quote``: the argv arrives as it is)."""
+    import shlex
+
+    spec = Hosts.of(hosts)
+    if spec is None:
+        raise ValueError("node_argvs needs a host list")
+    if sum(spec.slots) != nprocs:
+        raise InputError(
+            f"{spec.source}: the hosts' slots add up to {sum(spec.slots)} but the job has "
+            f"{nprocs} ranks; torchrun starts exactly the slots of each host: make them "
+            "add up to distributed.ranks"
+        )
+    rdzv_id = rdzv_id or uuid.uuid4().hex[:16]
+    endpoint = f"{spec.names[0]}:{spec.rdzv_port}"
+    variables = _forwarded(env) | _spec_env(spec) | _TORCHRUN_ENV
+    out = []
+    for k, (host, slots) in enumerate(zip(spec.names, spec.slots)):
+        torchrun = [
+            _tool("torchrun"),
+            "--nnodes",
+            str(len(spec.entries)),
+            "--nproc-per-node",
+            str(slots),
+            "--max-restarts",
+            "0",
+            "--tee",
+            "3",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            endpoint,
+            "--rdzv-id",
+            rdzv_id,
+            # the first host serves the rendezvous; say so rather than let torchrun
+            # guess from host names (which a container or namespace may not resolve)
+            "--rdzv-conf",
+            f"is_host={'true' if k == 0 else 'false'},join_timeout={RDZV_JOIN_TIMEOUT}",
+            # the address the others reach this node at: the host list's name for it
+            "--local-addr",
+            host.strip("[]"),
+            "-m",
+            *module_args,
+        ]
+        if is_local(host):
+            out.append((host, torchrun, False))
+            continue
+        remote = [sys.executable, "-m", "dagtrain.launch.remote"]
+        for var, value in variables.items():
+            remote += ["--env", f"{var}={value}"]
+        words = [*remote, "--", *torchrun]
+        out.append((host, [*spec.agent(), host, *map(shlex.quote, words)], True))
+    return out
+
+
+# every torchrun prefixes each rank's lines with its global rank (its default is the
+# local rank, which repeats on every host)
+_TORCHRUN_ENV = {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[default${rank}]:"}
 
 
 # what the launchers print when a rank fails, to find which one did
@@ -168,6 +292,9 @@ _READY = re.compile(rf"dagtrain rank (\d+) {FIRST_COLLECTIVE}")
 _TORCHRUN = re.compile(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s+exitcode\s*:\s*(-?\d+)", re.S)
 # how each launcher tags a rank's lines: mpirun --output tag, horovodrun, torchrun --tee
 _TAGGED = re.compile(r"^\[(?:\d+,)?(\d+)\]<(?:stdout|stderr)>: ?(.*)$|^\[default(\d+)\]:(.*)$")
+_ON_HOST = re.compile(rf"dagtrain rank (\d+) {ON_HOST} (\S+)")
+# Open MPI (PRRTE) when a host's daemon is gone: it then exits 0, so this is the sign
+_MPI_LOST = re.compile(r"Remote daemon:\s*\S+ on node (\S+)|^\s*Remote host:\s+(\S+)")
 
 
 @dataclass
@@ -183,9 +310,44 @@ class Job:
     ready: set[int] = field(default_factory=set)  # ranks that reached their first collective
     lock: threading.Lock = field(default_factory=threading.Lock)
     readers: list[threading.Thread] = field(default_factory=list)
+    hosts: Hosts | None = None  # the host list of a job on several hosts
+    placement: dict[int, str] = field(default_factory=dict)  # rank -> the host it reported
+    node_hosts: list[str] = field(default_factory=list)  # torchrun: procs[k] serves this host
+    node_of_rank: dict[int, int] = field(default_factory=dict)  # torchrun: rank -> procs[k]
+    lost: list[str] = field(default_factory=list)  # hosts the launcher said it lost
+    nprocs: int = 0
+
+    def host_of(self, rank: int | None) -> str | None:
+        """The host ``rank`` ran on: the name it reported, and the host list's entry
+        for it where that differs; None on one host or when unknown."""
+        if rank is None or self.hosts is None:
+            return None
+        listed = None
+        if rank in self.node_of_rank:
+            listed = self.node_hosts[self.node_of_rank[rank]]
+        elif not self.node_hosts:
+            listed = self.hosts.placement(rank + 1)[rank]
+        reported = self.placement.get(rank)
+        if reported and listed and reported != listed:
+            return f"{reported} ({listed})"
+        return reported or listed
+
+    def ranks_on(self, host: str) -> list[int]:
+        """The ranks that ran on ``host`` (a reported name or a host list entry)."""
+        found = {r for r, h in self.placement.items() if h == host}
+        found |= {r for r, k in self.node_of_rank.items() if self.node_hosts[k] == host}
+        if not found and self.hosts is not None and not self.node_hosts:
+            found = {r for r, h in enumerate(self.hosts.placement(self.nprocs)) if h == host}
+        return sorted(found)
 
     def kill(self, grace: float = 5.0) -> None:
-        """SIGTERM every process group, SIGKILL what is left after ``grace`` seconds."""
+        """SIGTERM every process group, SIGKILL what is left after ``grace`` seconds.
+        First the pipes to the rsh agents are closed: a remote node stops its ranks
+        when its input ends."""
+        for p in self.procs:
+            if p.stdin is not None:
+                with contextlib.suppress(OSError):
+                    p.stdin.close()
         for sig in (signal.SIGTERM, signal.SIGKILL):
             for p in self.procs:
                 if p.poll() is None:
@@ -199,7 +361,13 @@ class Job:
                 os.killpg(p.pid, signal.SIGKILL)
 
 
-def _reader(job: Job, stream, rank: int | None, on_line: Callable[[str], None]) -> None:
+def _reader(
+    job: Job,
+    stream,
+    rank: int | None,
+    on_line: Callable[[str], None],
+    node: int | None = None,
+) -> None:
     for raw in iter(stream.readline, ""):
         line = raw.rstrip("\n")
         r = rank
@@ -212,11 +380,17 @@ def _reader(job: Job, stream, rank: int | None, on_line: Callable[[str], None]) 
             if r is None:
                 job.lines.append(line)
                 del job.lines[:-400]
+                if (m := _MPI_LOST.search(line)) is not None:
+                    job.lost.append(m.group(1) or m.group(2))
+            elif node is not None:
+                job.node_of_rank[r] = node
             m = _OURS.search(line)
             if m:  # kept apart: a long traceback after it must not push it out
                 job.failed.append((float(m.group(2) or "inf"), int(m.group(1)), m.group(3)))
             elif (m := _READY.search(line)) is not None:
                 job.ready.add(int(m.group(1)))
+            elif (m := _ON_HOST.search(line)) is not None:
+                job.placement[int(m.group(1))] = m.group(2)
         on_line(f"[rank {r}] {line}" if r is not None else line)
     stream.close()
 
@@ -232,8 +406,49 @@ def _signal_name(code: int) -> str | None:
     return None
 
 
-def _diagnose(job: Job, first: tuple[int, int] | None, nprocs: int) -> RankFailure:
+def _lost_host(job: Job, codes: Sequence[int | None]) -> tuple[str, str] | None:
+    """(host, why) of a host that was lost, if one was: Open MPI said it lost the
+    daemon there, or the rsh agent of a torchrun node ended as ssh does when its
+    connection fails (255) or was killed."""
+    with job.lock:
+        if job.lost:
+            return job.lost[0], (
+                "Open MPI lost its daemon there: the host died, or the network to it failed"
+            )
+    for k, c in enumerate(codes):
+        if k < len(job.node_hosts) and c is not None and (c == _LOST or c < 0):
+            how = f"with code {c}" if c >= 0 else f"by {_signal_name(c)}"
+            return job.node_hosts[k], (
+                f"the connection to its torchrun ended (the rsh agent exited {how}): the "
+                "host died, or the network to it failed"
+            )
+    return None
+
+
+def _diagnose(
+    job: Job,
+    first: tuple[int, int] | None,
+    nprocs: int,
+    codes: Sequence[int | None] = (),
+) -> RankFailure:
     """Which rank failed first, and how, from exit codes and what the launcher printed."""
+    lost = _lost_host(job, codes)
+    if lost is not None:
+        host, why = lost
+        ranks = job.ranks_on(host)
+        rank = ranks[0] if ranks else None
+        with job.lock:
+            tail = list(job.tails.get(rank) or job.lines[-_TAIL:])
+        others = f" (ranks {', '.join(map(str, ranks))} ran there)" if len(ranks) > 1 else ""
+        return RankFailure(
+            rank,
+            None,
+            None,
+            tail,
+            others,
+            how=f"was lost with its host: {why}",
+            host=job.host_of(rank) or host,
+        )
     with job.lock:
         text = "\n".join([*job.lines, *(line for t in job.tails.values() for line in t)])
         ours = sorted(job.failed, key=lambda f: f[0])  # the earliest failure is the cause
@@ -286,39 +501,67 @@ def _diagnose(job: Job, first: tuple[int, int] | None, nprocs: int) -> RankFailu
     with job.lock:
         # the rank's own last lines; the launcher's only when the rank printed none
         tail = list(job.tails.get(rank) or job.lines[-_TAIL:])
-    return RankFailure(rank, code, sig, tail, detail, how)
+    return RankFailure(rank, code, sig, tail, detail, how, host=job.host_of(rank))
 
 
 def launch(
     module_args: Sequence[str],
     nprocs: int,
     launcher: str = "direct",
-    hosts: Sequence[str] | None = None,
+    hosts: Hosts | Sequence[str] | None = None,
     env: dict[str, str] | None = None,
     on_line: Callable[[str], None] | None = None,
     timeout: float | None = None,
     grace: float = 5.0,
     on_start: Callable[[Job], None] | None = None,
-) -> None:
-    """Run ``python -m <module_args>`` on ``nprocs`` ranks; return when all exit 0.
+) -> Job:
+    """Run ``python -m <module_args>`` on ``nprocs`` ranks; return the Job when all
+    exit 0 (``job.placement``: the host each rank reported).
 
-    Raises RankFailure when a rank fails (the others are stopped within ``grace`` +
-    5 s), TimeoutError after ``timeout`` seconds (every rank killed).
+    ``hosts``: a host list (``host:slots`` entries, or a Hosts with its rsh agent and
+    environment) for ranks on several machines. Raises RankFailure when a rank fails
+    or a host is lost (the others are stopped within ``grace`` + 5 s), TimeoutError
+    after ``timeout`` seconds (every rank killed), InputError for a host list the
+    launcher cannot use.
     """
     if nprocs < 1:
         raise ValueError(f"nprocs must be >= 1, not {nprocs}")
     if launcher not in LAUNCHERS:
         raise ValueError(f"launcher {launcher!r} is not one of {', '.join(LAUNCHERS)}")
+    spec = Hosts.of(hosts)
+    if launcher == "direct" and spec is not None:
+        elsewhere = [h for h in spec.names if not is_local(h)]
+        if elsewhere:
+            raise InputError(
+                f"{spec.source}: launcher direct starts every rank on this host, but the "
+                f"host list names {', '.join(elsewhere)}; choose distributed.launcher "
+                "mpirun or torchrun to run ranks on other hosts"
+            )
+        spec = None
+    nodes = (
+        node_argvs(nprocs, module_args, spec, env)
+        if launcher == "torchrun" and _nodes_apart(spec)
+        else None
+    )
     on_line = on_line or (lambda line: print(line, file=sys.stderr, flush=True))
-    base = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
+    base = {**os.environ, **_spec_env(spec), **(env or {}), "PYTHONUNBUFFERED": "1"}
     orphan_guard = parent_death_signal(signal.SIGTERM)
     procs: list[subprocess.Popen] = []
-    job = Job(procs, direct=launcher == "direct")
+    job = Job(procs, direct=launcher == "direct", hosts=spec, nprocs=nprocs)
 
-    def spawn(argv: list[str], extra: dict[str, str], rank: int | None) -> None:
+    def spawn(
+        argv: list[str],
+        extra: dict[str, str],
+        rank: int | None,
+        node: int | None = None,
+        remote: bool = False,
+    ) -> None:
         p = subprocess.Popen(
             argv,
             env={**base, **extra},
+            # a remote node watches its input: it stops its ranks when the pipe closes,
+            # which it does when this process dies, however it dies
+            stdin=subprocess.PIPE if remote else None,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -330,7 +573,9 @@ def launch(
         )
         procs.append(p)
         for stream in (p.stdout, p.stderr):
-            t = threading.Thread(target=_reader, args=(job, stream, rank, on_line), daemon=True)
+            t = threading.Thread(
+                target=_reader, args=(job, stream, rank, on_line, node), daemon=True
+            )
             t.start()
             job.readers.append(t)
 
@@ -359,8 +604,13 @@ def launch(
                     },
                     r,
                 )
+        elif nodes is not None:
+            job.node_hosts = [host for host, _, _ in nodes]
+            for k, (_, argv, remote) in enumerate(nodes):
+                spawn(argv, _TORCHRUN_ENV, None, node=k, remote=remote)
         else:
-            spawn(build_argv(launcher, nprocs, module_args, hosts), {}, None)
+            extra = _TORCHRUN_ENV if launcher == "torchrun" else {}
+            spawn(build_argv(launcher, nprocs, module_args, spec, env), extra, None)
         if on_start is not None:
             on_start(job)
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -371,14 +621,23 @@ def launch(
                 if c not in (None, 0) and first is None:
                     first = (r, c)
             if first is not None:
+                # the others' own ends say more than those we cause: a node whose host
+                # was lost ends a moment after the rank that lost its peer there
+                settle = time.monotonic() + 1.0
+                while time.monotonic() < settle and any(p.poll() is None for p in procs):
+                    time.sleep(0.05)
+                codes = [p.poll() for p in procs]
                 job.kill(grace)
                 for t in job.readers:
                     t.join(timeout=2)
-                raise _diagnose(job, first, nprocs)
+                raise _diagnose(job, first, nprocs, codes)
             if all(c == 0 for c in codes):
                 for t in job.readers:
                     t.join(timeout=2)
-                return
+                if job.lost:  # Open MPI exits 0 when it loses a host's daemon
+                    job.kill(grace)
+                    raise _diagnose(job, None, nprocs, codes)
+                return job
             if deadline is not None and time.monotonic() > deadline:
                 job.kill(grace)
                 raise TimeoutError(

@@ -9,6 +9,16 @@ on the DAG run and the task, so try 2 finds what try 1 wrote, and the training l
 resumes from the newest valid checkpoint there. (Airflow 3.3's task state store would
 hold a pointer; the directory already is one, and it survives the metadata DB.)
 
+Ranks on several hosts: ``distributed.hosts_connection`` names an Airflow Connection
+whose ``extra`` lists them (``{"hosts": ["10.0.0.2:1", "10.0.0.3:1"], "rsh_agent":
+[...], "env": {...}, "rdzv_port": 29400}``, see ``dagtrain.launch.hosts``). It is read
+through Airflow's API (the Task SDK's ``BaseHook.get_connection``: the connection may
+live in the metadata DB, an ``AIRFLOW_CONN_*`` variable or a secrets backend) when the
+task starts, and refused, naming the connection and the key, before any rank starts.
+The ranks then exchange their config and rank 0's result in ``out_dir`` (the artifact
+directory, which every host must share, as it shares the checkpoints), not in a local
+temporary folder. The summary's ``placement`` says which host each rank ran on.
+
 Beside the checkpoints: ``result.json`` (rank 0's result, with ``config``, what the
 ranks received), ``config.json`` (that config alone: the run's effective config) and
 ``metrics.jsonl`` (rank 0's progress, a line per epoch, appended by every try).
@@ -21,11 +31,47 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from dagtrain.config import TrainConfig
+from dagtrain.config import DistributedConfig, TrainConfig
+from dagtrain.errors import InputError
 
 from .files import write_json
 
-__all__ = ["run_train"]
+__all__ = ["connection_hosts", "resolve_hosts", "run_train"]
+
+
+def connection_hosts(conn_id: str) -> Any:
+    """The Hosts that Airflow connection ``conn_id``'s extra lists, read through the Task
+    SDK (inside a task: from the API server; elsewhere: ``AIRFLOW_CONN_*`` variables or
+    the secrets backend). InputError naming the connection for a missing one or a bad
+    extra."""
+    from dagtrain.training.job import from_extra
+
+    try:
+        from airflow.sdk import BaseHook
+        from airflow.sdk.exceptions import AirflowNotFoundException
+    except ImportError as e:  # the training layer alone, without Airflow
+        raise InputError(
+            f"distributed.hosts_connection is {conn_id!r}, an Airflow connection, but "
+            f"Airflow is not installed here ({e}); give distributed.hosts instead"
+        ) from None
+    try:
+        conn = BaseHook.get_connection(conn_id)
+    except AirflowNotFoundException:
+        raise InputError(
+            f"distributed.hosts_connection: there is no Airflow connection {conn_id!r}; "
+            f"create it (`airflow connections add {conn_id} --conn-type generic "
+            '--conn-extra \'{"hosts": ["host1:1", "host2:1"]}\'`, or the UI\'s Admin > '
+            "Connections), or fix the name in the pipeline's file"
+        ) from None
+    return from_extra(conn_id, conn.extra)
+
+
+def resolve_hosts(dist: DistributedConfig) -> Any:
+    """The hosts of a run: the connection ``distributed.hosts_connection`` names, or
+    ``distributed.hosts``, or None (one host)."""
+    if dist.hosts_connection:
+        return connection_hosts(dist.hosts_connection)
+    return list(dist.hosts) or None
 
 
 def run_train(
@@ -35,10 +81,29 @@ def run_train(
     on_line: Callable[[str], None] | None = None,
     on_start: Callable[[Any], None] | None = None,
 ) -> dict[str, Any]:
-    """Launch the ranks; write and return a summary of rank 0's TrainResult."""
+    """Launch the ranks; write and return a summary of rank 0's TrainResult.
+
+    Raises InputError before any rank starts when ``distributed.hosts_connection``
+    names no connection, or one whose extra is not a host list."""
     from dagtrain.training import run_training
 
-    res = run_training(tcfg, timeout=timeout, on_line=on_line, on_start=on_start)
+    hosts = resolve_hosts(tcfg.distributed)
+    jobs: list[Any] = []
+
+    def started(job: Any) -> None:
+        jobs.append(job)
+        if on_start is not None:
+            on_start(job)
+
+    res = run_training(
+        tcfg,
+        hosts=hosts,
+        timeout=timeout,
+        on_line=on_line,
+        on_start=started,
+        # ranks on other hosts read their config and write the result where all see it
+        work_dir=out_dir if hosts else None,
+    )
     times = sorted(res.step_seconds)
     summary = {k: v for k, v in asdict(res).items() if k != "step_seconds"} | {
         "val_accuracy": res.val_accuracy,  # eval_data: the prepared validation split
@@ -47,6 +112,8 @@ def run_train(
         # steps_trained_now > 0 with epochs_trained_now == 0 is work done, not lost
         "epochs_trained_now": len(res.epochs) - res.resumed_epochs,
         "steps_trained_now": res.steps - (res.resumed_from_step or 0),
+        # the host each rank said it ran on (its hostname), by rank
+        "placement": {str(r): h for r, h in sorted(jobs[-1].placement.items())} if jobs else {},
     }
     write_json(out_dir / "config.json", res.config)
     write_json(out_dir / "result.json", summary)

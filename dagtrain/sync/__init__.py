@@ -44,22 +44,26 @@ def require(name: str) -> None:
         )
 
 
-def get_backend(name: str, timeout: float = 60.0, **kwargs: Any) -> Backend:
-    """Join the process group of backend ``name`` (one of BACKENDS)."""
+def get_backend(name: str, timeout: float = 60.0, device: str = "cpu", **kwargs: Any) -> Backend:
+    """Join the process group of backend ``name`` (one of BACKENDS) for a rank that
+    trains on ``device`` (``cpu``, or ``cuda:N``: NCCL for torch, buckets staged
+    through host memory for mpi4py, Horovod's own GPU operations)."""
     if name == "local":
         from .local import LocalBackend
 
-        return LocalBackend(timeout)
+        backend: Backend = LocalBackend(timeout)
+        backend.device = device
+        return backend
     if name == "torch":
         from .torch_dist import TorchBackend
 
-        return TorchBackend(timeout, **kwargs)
+        return TorchBackend(timeout, device=device, **kwargs)
     if name == "mpi":
         from .mpi import MPIBackend
 
-        return MPIBackend(timeout)
+        return MPIBackend(timeout, device=device)
     if name == "horovod":
         from .horovod import HorovodBackend
 
-        return HorovodBackend(timeout)
+        return HorovodBackend(timeout, device=device)
     raise ValueError(f"backend {name!r} is not one of {', '.join(BACKENDS)}")

@@ -102,6 +102,10 @@ class Backend:
         self.timeout = timeout
         self.rank = 0
         self.size = 1
+        # where this rank's model lives ("cpu" or "cuda:N"); a backend given tensors
+        # elsewhere stages them (torch: CPU tensors to the GPU for NCCL; mpi4py: GPU
+        # buckets through host memory)
+        self.device = "cpu"
 
     # -- to implement
     def allreduce_async(self, flat: torch.Tensor, what: str) -> Handle:

@@ -15,8 +15,11 @@ __all__ = ["HorovodBackend"]
 class HorovodBackend(Backend):
     name = "horovod"
 
-    def __init__(self, timeout: float = 60.0) -> None:
+    def __init__(self, timeout: float = 60.0, device: str = "cpu") -> None:
         super().__init__(timeout)
+        # CUDA tensors are reduced by Horovod itself (NCCL) when it was built with
+        # HOROVOD_GPU_OPERATIONS=NCCL; the CPU build refuses them
+        self.device = device
         import horovod.torch as hvd
 
         hvd.init()

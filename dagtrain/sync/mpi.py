@@ -18,8 +18,9 @@ __all__ = ["MPIBackend"]
 class MPIBackend(Backend):
     name = "mpi"
 
-    def __init__(self, timeout: float = 60.0) -> None:
+    def __init__(self, timeout: float = 60.0, device: str = "cpu") -> None:
         super().__init__(timeout)
+        self.device = device
         from mpi4py import MPI
 
         self._MPI = MPI
@@ -28,14 +29,22 @@ class MPIBackend(Backend):
         self.size = self.comm.Get_size()
 
     def allreduce_async(self, flat: torch.Tensor, what: str) -> Handle:
-        if not flat.is_contiguous() or flat.device.type != "cpu":
-            raise ValueError(f"{what}: MPI needs a contiguous CPU tensor")
-        view = flat.numpy()  # shares memory with the tensor: no copy
+        if not flat.is_contiguous():
+            raise ValueError(f"{what}: MPI needs a contiguous tensor")
+        # a GPU bucket goes through host memory: pip's Open MPI is not CUDA-aware
+        host = flat if flat.device.type == "cpu" else flat.detach().to("cpu")
+        view = host.numpy()  # shares memory with the tensor: no copy
         req = self.comm.Iallreduce(self._MPI.IN_PLACE, view, op=self._MPI.SUM)
         size = self.size
+
+        def finish() -> None:
+            if host is not flat:
+                flat.copy_(host)
+            flat.div_(size)
+
         # a blocking Wait lets MPI progress the collective at full speed (polling Test
         # with pauses starves it); the watchdog aborts the job if a peer never comes
-        return Handle(what, block=req.Wait, finish=lambda: flat.div_(size), on_timeout=self._abort)
+        return Handle(what, block=req.Wait, finish=finish, on_timeout=self._abort)
 
     def _abort(self, err: Exception) -> None:
         import sys
@@ -46,7 +55,10 @@ class MPIBackend(Backend):
     def broadcast(self, tensors: Sequence[torch.Tensor], root: int = 0) -> None:
         # non-blocking broadcasts, all waited for under one watchdog: a peer that never
         # arrives (hung before its first collective) aborts the job after the timeout
-        pairs = [(t, t.detach() if t.is_contiguous() else t.detach().contiguous()) for t in tensors]
+        pairs = [
+            (t, t.detach() if t.is_contiguous() and t.device.type == "cpu" else _host(t))
+            for t in tensors
+        ]
         reqs = [self.comm.Ibcast(buf.numpy(), root=root) for _, buf in pairs]
         waitall = self._MPI.Request.Waitall
         Handle("broadcast", block=lambda: waitall(reqs), on_timeout=self._abort).wait(
@@ -59,3 +71,8 @@ class MPIBackend(Backend):
     def barrier(self) -> None:
         req = self.comm.Ibarrier()
         Handle("barrier", block=req.Wait, on_timeout=self._abort).wait(self.rank, self.timeout)
+
+
+def _host(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of ``t`` in host memory, for MPI to read and write."""
+    return t.detach().to("cpu", copy=True).contiguous()

@@ -1,5 +1,10 @@
 """torch.distributed: gloo on CPU, nccl on GPU. Ranks come from the environment
-(``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), as torchrun sets it."""
+(``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), as torchrun sets it.
+
+On a GPU (``device="cuda:N"``) the process group is NCCL's, bound to that device; the
+few CPU tensors the trainer reduces (an epoch's metric sums, the checkpoint's) and
+broadcasts (a resumed run's checkpoint path) are copied to the GPU and back, as NCCL
+reduces device memory only."""
 
 from __future__ import annotations
 
@@ -19,23 +24,47 @@ class TorchBackend(Backend):
 
     def __init__(self, timeout: float = 60.0, device: str = "cpu") -> None:
         super().__init__(timeout)
-        backend = "nccl" if device.startswith("cuda") else "gloo"
+        self.device = device
+        cuda = device.startswith("cuda")
         if not dist.is_initialized():
+            extra = {}
+            if cuda:  # NCCL binds the process group to this rank's one GPU
+                torch.cuda.set_device(torch.device(device))
+                extra["device_id"] = torch.device(device)
             dist.init_process_group(
-                backend, init_method="env://", timeout=datetime.timedelta(seconds=timeout)
+                "nccl" if cuda else "gloo",
+                init_method="env://",
+                timeout=datetime.timedelta(seconds=timeout),
+                **extra,
             )
         self.rank = dist.get_rank()
         self.size = dist.get_world_size()
 
+    def _staged(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` where the process group reduces: itself, or its copy on the GPU."""
+        if self.device.startswith("cuda") and t.device.type != "cuda":
+            return t.to(self.device)
+        return t
+
     def allreduce_async(self, flat: torch.Tensor, what: str) -> Handle:
-        work = dist.all_reduce(flat, op=dist.ReduceOp.SUM, async_op=True)
+        buf = self._staged(flat)
+        work = dist.all_reduce(buf, op=dist.ReduceOp.SUM, async_op=True)
         size = self.size
+
+        def finish() -> None:
+            if buf is not flat:
+                flat.copy_(buf)
+            flat.div_(size)
+
         # gloo progresses in its own thread; its wait takes the process group's timeout
-        return Handle(what, block=work.wait, finish=lambda: flat.div_(size))
+        return Handle(what, block=work.wait, finish=finish)
 
     def broadcast(self, tensors: Sequence[torch.Tensor], root: int = 0) -> None:
         for t in tensors:
-            dist.broadcast(t, src=root)
+            buf = self._staged(t)
+            dist.broadcast(buf, src=root)
+            if buf is not t:
+                t.copy_(buf)
 
     def barrier(self) -> None:
         dist.barrier()

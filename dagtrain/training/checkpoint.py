@@ -62,7 +62,7 @@ def state_digest(state: dict[str, torch.Tensor]) -> str:
     h = hashlib.sha256()
     for k in sorted(state):
         h.update(k.encode())
-        h.update(state[k].detach().contiguous().numpy().tobytes())
+        h.update(state[k].detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
 
 
@@ -84,7 +84,9 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
     if len(data) != meta.get("bytes") or hashlib.sha256(data).hexdigest() != meta.get("sha256"):
         raise InputError(f"{path.name}: checksum mismatch (truncated or corrupted)")
     try:
-        state = torch.load(io.BytesIO(data), weights_only=True)
+        # map_location: a GPU run's checkpoint loads anywhere (load_state_dict then
+        # copies it to the model's device)
+        state = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
     except Exception as e:  # torch's message advises weights_only=False: never do that
         raise InputError(
             f"{path.name} is not a dagtrain checkpoint: it holds no tensors and plain data "

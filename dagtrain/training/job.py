@@ -14,28 +14,34 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dagtrain.config import TrainConfig
-from dagtrain.launch import Job, RankFailure, launch
+from dagtrain.launch import Hosts, Job, RankFailure, from_extra, launch
 from dagtrain.sync import require
 
 if TYPE_CHECKING:
     from .trainer import TrainResult
 
-__all__ = ["run_training"]
+# the host list a run takes, and how a connection's extra becomes one: for the stages,
+# which reach the launcher through this layer
+__all__ = ["Hosts", "from_extra", "run_training"]
 
 
 def run_training(
     cfg: TrainConfig,
     nprocs: int | None = None,
     launcher: str | None = None,
-    hosts: Sequence[str] | None = None,
+    hosts: Hosts | Sequence[str] | None = None,
     timeout: float | None = None,
     on_line: Callable[[str], None] | None = None,
     on_start: Callable[[Job], None] | None = None,
+    work_dir: str | Path | None = None,
 ) -> TrainResult:
     """Train on the ranks of ``cfg.distributed``; return rank 0's TrainResult.
 
     ``nprocs``, ``launcher`` and ``hosts`` default to ``distributed.ranks``,
-    ``distributed.launcher`` and ``distributed.hosts``; an ``nprocs`` that differs is
+    ``distributed.launcher`` and ``distributed.hosts`` (``hosts`` may also be a Hosts,
+    with its rsh agent). ``work_dir``: where the ranks' config and rank 0's result are
+    exchanged (a temporary folder in it); ranks on other hosts need it on storage they
+    share (default: the system's temporary folder). An ``nprocs`` that differs is
     set as ``distributed.ranks`` (and validated) so that every rank receives it. Raises
     MissingDependency before anything starts if the backend is not installed,
     RankFailure if a rank fails, TimeoutError after ``timeout`` seconds.
@@ -48,7 +54,7 @@ def run_training(
         cfg = TrainConfig.model_validate(data)
     require(cfg.distributed.backend)
     d = cfg.distributed
-    with tempfile.TemporaryDirectory(prefix="dagtrain-run-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="dagtrain-run-", dir=work_dir) as tmp:
         cfg_path = Path(tmp) / "config.json"
         out = Path(tmp) / "result.json"
         cfg_path.write_text(cfg.model_dump_json())

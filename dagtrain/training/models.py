@@ -164,6 +164,9 @@ def evaluate(
     """``{split}_loss`` (cross-entropy) and ``{split}_accuracy`` of ``model`` on
     ``(x, y)``, in eval mode; ``split`` names the data (``val`` or ``test``)."""
     model.eval()
+    first = next(model.parameters(), None)
+    if first is not None and first.device != x.device:  # a GPU model, host data
+        x, y = x.to(first.device), y.to(first.device)
     with torch.no_grad():
         out = model(x)
         loss = torch.nn.functional.cross_entropy(out, y).item()

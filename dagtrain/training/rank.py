@@ -13,13 +13,14 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 import traceback
 from pathlib import Path
 
 from dagtrain.config import TrainConfig
-from dagtrain.rank_env import die_with_parent, env_rank
+from dagtrain.rank_env import ON_HOST, die_with_parent, env_rank
 from dagtrain.taskgraph.atomic import atomic_write
 
 from .trainer import train
@@ -38,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = TrainConfig.model_validate_json(Path(args[0]).read_text())
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     rank = env_rank() or "?"
+    # where this rank runs: the launcher names the host of a rank that fails
+    print(f"dagtrain rank {rank} {ON_HOST} {socket.gethostname()}", file=sys.stderr, flush=True)
     pid_dir = os.environ.get("DAGTRAIN_PID_DIR")  # tests and tools find the ranks here
     if pid_dir:
         Path(pid_dir, f"rank{rank}.pid").write_text(str(os.getpid()))

@@ -29,6 +29,7 @@ from dagtrain.sync import Backend, get_backend
 
 from . import checkpoint
 from .data import Dataset, load_dataset, shard_batches
+from .device import choose_device
 from .models import build_model, evaluate
 from .progress import Progress, RankStatus
 from .step import StepGraph
@@ -94,7 +95,11 @@ def train(cfg: TrainConfig, backend: Backend | None = None) -> TrainResult:
     torch.set_num_threads(cfg.executor.intra_op_threads)
     own = backend is None
     if backend is None:
-        backend = get_backend(cfg.distributed.backend, cfg.distributed.collective_timeout)
+        # before anything initialises CUDA: a GPU rank sees its own GPU only
+        device = choose_device(cfg.distributed.device)
+        backend = get_backend(
+            cfg.distributed.backend, cfg.distributed.collective_timeout, device=str(device)
+        )
     try:
         result = _train(cfg, backend)
     except BaseException:
@@ -129,6 +134,7 @@ def _train(cfg: TrainConfig, backend: Backend) -> TrainResult:
         ds = load_dataset(cfg.data, cfg.test_fraction, t.seed, cfg.normalize)
     torch.manual_seed(t.seed)
     model = build_model(cfg.model.name, ds.in_shape, ds.classes, **cfg.model.args)
+    model.to(backend.device)
     if cfg.init_from:
         model.load_state_dict(checkpoint.load(cfg.init_from)["model"])
     result = TrainResult(

@@ -28,8 +28,8 @@ def test_horovodrun_and_torchrun_argv():
     assert h[1:3] == ["--gloo", "-np"] and h[h.index("-H") + 1] == "a:1,b:1"
     t = build_argv("torchrun", 2, MOD)
     assert t[t.index("--nproc-per-node") + 1] == "2" and t[-4:] == ["-m", *MOD]
-    with pytest.raises(ValueError, match="rendezvous"):
-        build_argv("torchrun", 2, MOD, hosts=["a:1"])
+    with pytest.raises(ValueError, match="one torchrun per host"):
+        build_argv("torchrun", 2, MOD, hosts=["a:1", "b:1"])
     with pytest.raises(ValueError, match="not one of"):
         build_argv("srun", 2, MOD)
 
