@@ -171,8 +171,14 @@ class DistributedConfig(_Section):
         description="cpu; cuda: one GPU per rank, its local rank's (NCCL for torch), "
         "untested on a GPU yet; auto: cuda where the host has one",
     )
-    bucket_mb: float = Field(25.0, gt=0, le=1e5, description="gradient bucket size")
-    overlap: bool = Field(True, description="false: backward, then sync all, then step")
+    bucket_mb: float = Field(
+        25.0, gt=0, le=1e5, description="gradient bucket size; the first at most 1 MB"
+    )
+    overlap: bool = Field(
+        True,
+        description="true: allreduce overlaps backward where the first steps measure it "
+        "faster; false: backward, then sync all, then step",
+    )
     collective_timeout: float = Field(
         60.0, gt=0, le=7 * 86400, description="seconds for any collective"
     )

@@ -14,14 +14,23 @@ the parameters, the order backward produces their gradients in::
 the bucket's parameters and fulfils its event when the last one's gradient is in, so
 bucket k's allreduce starts while backward still computes the buckets after it. The
 allreduce tasks are chained (``inout="comm"``) so every rank issues them in the same
-order. Each update starts as soon as its own bucket is averaged. ``overlap=False``
-builds the plain step instead: backward, then every allreduce, then every update.
+order. Each update starts as soon as its own bucket is averaged (and backward, which
+reads the parameters, is over).
+
+The plain step is the other graph: backward, then every allreduce, then every update,
+in the calling thread alone. It runs with ``overlap: false``, when the model has one
+bucket (nothing to overlap), and where the overlap trial (``TRIAL_SKIP``) measured it
+faster than the overlapped step: on cores that the ranks' backward fills, an allreduce
+is CPU work that competes with backward. Both give the same parameters, bit for bit.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import statistics
 from collections.abc import Callable
+from time import perf_counter
 from typing import Any
 
 import torch
@@ -32,6 +41,15 @@ from dagtrain.sync import Backend
 from dagtrain.taskgraph import Event, TaskGraph, TraceFile
 
 __all__ = ["Bucket", "NonFiniteGradients", "StepGraph"]
+
+log = logging.getLogger(__name__)
+
+# overlap is kept only where it is measured faster: the first TRIAL_SKIP steps run
+# overlapped (allocations, optimizer state), then TRIAL_STEPS of each kind alternate,
+# and rank 0's verdict (median against median) holds for the rest of the run. Both kinds
+# give the same parameters bit for bit, so the choice changes the speed only.
+TRIAL_SKIP = 2
+TRIAL_STEPS = 4
 
 
 class NonFiniteGradients(FloatingPointError):
@@ -48,34 +66,68 @@ class NonFiniteGradients(FloatingPointError):
 
 
 class Bucket:
-    """Parameters whose gradients are reduced together, in one flat buffer."""
+    """Parameters whose gradients are reduced together, in one flat buffer.
+
+    The parameters live in one flat buffer too: each parameter's ``.data`` is a view
+    into ``param`` (one tensor holding the bucket's parameters) and its ``.grad`` a view
+    into ``flat``, which is ``param.grad``. The bucket's optimizer updates ``param``, so
+    a step of SGD or Adam is a few kernels per bucket, not a few per parameter (the
+    residual CNN's 29 parameters: 0.6 ms -> 0.33 ms a step). The update is elementwise,
+    so it is the same, bit for bit, as the per-parameter one. ``model.to(...)`` after
+    the buckets are made would undo the views: move the model first.
+    """
 
     def __init__(self, index: int, params: list[tuple[str, nn.Parameter]]) -> None:
         self.index = index
         self.names = [n for n, _ in params]
         self.params = [p for _, p in params]
         numel = sum(p.numel() for p in self.params)
-        self.flat = torch.zeros(numel, dtype=self.params[0].dtype)
+        dtype, device = self.params[0].dtype, self.params[0].device
+        # on the parameters' device: a GPU model's gradients stay on its GPU
+        self.flat = torch.zeros(numel, dtype=dtype, device=device)
+        weights = torch.empty(numel, dtype=dtype, device=device)
+        self.offsets: list[int] = []
         offset = 0
-        for p in self.params:
-            p.grad = self.flat[offset : offset + p.numel()].view_as(p)
-            offset += p.numel()
+        with torch.no_grad():
+            for p in self.params:
+                n = p.numel()
+                view = weights[offset : offset + n].view_as(p)
+                view.copy_(p)
+                p.data = view
+                p.grad = self.flat[offset : offset + n].view_as(p)
+                self.offsets.append(offset)
+                offset += n
+        self.param = nn.Parameter(weights)  # the same memory as the views
+        self.param.grad = self.flat
         self.event = Event()
         self.pending = len(self.params)
         self.optimizer: torch.optim.Optimizer | None = None
 
 
-def make_buckets(model: nn.Module, bucket_mb: float) -> list[Bucket]:
-    cap = max(1, int(bucket_mb * 2**20))
+# DDP's rule: the first bucket (the last layers, whose gradients backward produces first)
+# is small, so that its allreduce can start early; the others hold up to bucket_mb
+FIRST_BUCKET_MB = 1.0
+
+
+def make_buckets(
+    model: nn.Module, bucket_mb: float, first_mb: float = FIRST_BUCKET_MB
+) -> list[Bucket]:
+    """Trainable parameters in buckets, in reverse order (backward's): the first holds
+    up to ``min(first_mb, bucket_mb)`` MB, the others up to ``bucket_mb``. A parameter
+    is never split, so one larger than its bucket's cap has a bucket of its own."""
+    cap = max(1, int(min(first_mb, bucket_mb) * 2**20))
     groups: list[list[tuple[str, nn.Parameter]]] = [[]]
     size = 0
     for name, p in reversed(list(model.named_parameters())):
         if not p.requires_grad:
             continue
         nbytes = p.numel() * p.element_size()
-        if groups[-1] and size + nbytes > cap:
+        last = groups[-1][-1][1] if groups[-1] else p
+        # one flat buffer holds one dtype on one device
+        if groups[-1] and (size + nbytes > cap or (last.dtype, last.device) != (p.dtype, p.device)):
             groups.append([])
             size = 0
+            cap = max(1, int(bucket_mb * 2**20))
         groups[-1].append((name, p))
         size += nbytes
     return [Bucket(i, g) for i, g in enumerate(groups) if g]
@@ -107,10 +159,12 @@ class StepGraph:
         self.model = model
         self.backend = backend
         self.buckets = make_buckets(model, cfg.distributed.bucket_mb)
+        first = next(model.parameters(), None)
+        self.device = first.device if first is not None else torch.device("cpu")
         for b in self.buckets:
             # one optimizer per bucket: SGD, Adam and AdamW are elementwise, so this is
             # the same update as one optimizer over all parameters
-            b.optimizer = make_optimizer(cfg, b.params)
+            b.optimizer = make_optimizer(cfg, [b.param])
         self.loss_fn = nn.CrossEntropyLoss(reduction="sum")
         self.step = 0
         self.batch: tuple[torch.Tensor, torch.Tensor, int] | None = None
@@ -125,18 +179,28 @@ class StepGraph:
         # one bucket leaves nothing to overlap: its allreduce waits for all of backward
         # anyway, and the plain step is cheaper
         self.overlap = cfg.distributed.overlap and len(self.buckets) > 1
+        self.overlapping = self.overlap  # the kind of step that runs now
+        # the plain step is a chain (the prefetch aside, ~0.1 ms of indexing): it runs
+        # in the calling thread. A helper thread would be started and joined every step,
+        # and on cores shared with the other ranks that cost 1-5 ms a step (see
+        # benchmarks/README.md, "Training throughput")
+        self.workers = cfg.executor.workers if self.overlap else 1
+        # seconds of the timed steps of each kind (True: overlapped), until the verdict
+        self.trial: dict[bool, list[float]] | None = {True: [], False: []} if self.overlap else None
+        self._runs = 0  # steps run by this object (a resumed run tries again)
         if self.overlap:
             for b in self.buckets:
                 for p in b.params:
                     self._hooks.append(p.register_post_accumulate_grad_hook(self._hook(b)))
-        self.graph = self._build()
+        self.plain_graph = self._build(overlap=False)
+        self.graph = self._build(overlap=True) if self.overlap else self.plain_graph
 
     # ------------------------------------------------------------------ graph
-    def _build(self) -> TaskGraph:
+    def _build(self, overlap: bool) -> TaskGraph:
         g = TaskGraph("train-step")
         params = [f"params{b.index}" for b in self.buckets]
         g.add(self._load_next, name="load-next", out="next-batch")
-        if not self.overlap:
+        if not overlap:
             g.add(self._forward_backward, name="forward-backward", in_=params, out="grads")
             g.add(self._allreduce_all, name="allreduce", inout="grads")
             g.add(self._update_all, name="update", in_="grads", inout=params)
@@ -168,6 +232,9 @@ class StepGraph:
 
     def _hook(self, b: Bucket) -> Callable[[torch.Tensor], None]:
         def fire(_: torch.Tensor) -> None:
+            # a plain step must not fulfil: the event would be kept for the next run
+            if not self.overlapping:
+                return
             b.pending -= 1
             if b.pending == 0:
                 b.event.fulfill()
@@ -180,15 +247,19 @@ class StepGraph:
 
     def _forward_backward(self) -> None:
         x, y, count = self.batch
+        if self.device.type != "cpu":  # batches are cut on the host
+            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         for b in self.buckets:
             b.flat.zero_()
             b.pending = len(b.params)
-        self.model.train()
+        if not self.model.training:  # evaluation left it in eval mode (train() walks
+            self.model.train()  # every module: 0.06 ms a step for the residual CNN)
         # the CPU generator only: torch.manual_seed also queues seeds for CUDA, MTIA and
         # XPU, formatting a stack trace each time (0.8 ms a step)
-        torch.default_generator.manual_seed(
-            _step_seed(self.cfg.training.seed, self.backend.rank, self.step)
-        )
+        seed = _step_seed(self.cfg.training.seed, self.backend.rank, self.step)
+        torch.default_generator.manual_seed(seed)
+        if self.device.type == "cuda":  # dropout on a GPU draws from its own generator
+            torch.cuda.manual_seed(seed)
         if len(x):
             out = self.model(x)
             # sum / global count * world: averaged over the ranks, this is the mean loss
@@ -199,7 +270,7 @@ class StepGraph:
             self.out = (loss.item() * count / self.backend.size, correct, len(x))
         else:
             self.out = (0.0, 0, 0)
-        if self.overlap:
+        if self.overlapping:
             for b in self.buckets:  # parameters that got no gradient (unused) never hook
                 b.event.fulfill()
 
@@ -246,25 +317,71 @@ class StepGraph:
         self.want_snapshot = snapshot
         self.finite = True
         rank = self.backend.rank
-        self.graph.run(
-            workers=self.cfg.executor.workers,
+        if self.trial is not None:
+            self._choose()
+        overlapping = self.overlapping
+        t0 = perf_counter()
+        (self.graph if overlapping else self.plain_graph).run(
+            workers=self.workers if overlapping else 1,
             trace=None if trace is None else TraceFile(trace, rank, f"rank {rank}"),
             timeout=self.cfg.distributed.collective_timeout * (len(self.buckets) + 2),
         )
+        if self.trial is not None and self._runs >= TRIAL_SKIP:
+            self.trial[overlapping].append(perf_counter() - t0)
+        self._runs += 1
         self.step += 1
         return self.out
 
+    def _choose(self) -> None:
+        """Which kind of step runs next: see TRIAL_SKIP. Called by every rank at the
+        same step, since the verdict is a broadcast from rank 0."""
+        timed = self._runs - TRIAL_SKIP
+        if timed < 2 * TRIAL_STEPS:  # plain first, then overlapped, alternating
+            self.overlapping = timed < 0 or timed % 2 == 1
+            return
+        ms = {k: 1000 * statistics.median(v) for k, v in self.trial.items()}
+        keep = self.backend.broadcast_object(ms[True] < ms[False])
+        self.trial = None
+        self.overlapping = keep
+        if not keep:  # nothing to count any more
+            self.close()
+            self._hooks = []
+        log.info(
+            "rank %d: %s (median overlapped step %.1f ms, plain %.1f ms, rank 0 decides)",
+            self.backend.rank,
+            "overlap kept" if keep else "overlap off: the plain step is faster here",
+            ms[True],
+            ms[False],
+        )
+
     def optimizer_states(self) -> list[dict[str, Any]]:
-        return [b.optimizer.state_dict() for b in self.buckets]
+        """Per bucket, the ``state_dict`` an optimizer over the bucket's parameters one
+        by one would have (the checkpoint format does not depend on the flat buffers).
+        Its tensors are views of the live state: copy them to keep them."""
+        return [_per_parameter(b) for b in self.buckets]
 
     def load_optimizer_states(self, states: list[dict[str, Any]]) -> None:
-        if len(states) != len(self.buckets):
+        """Load what :meth:`optimizer_states` returned, whatever the bucket layout it
+        was saved with: buckets hold consecutive parameters in the same order under any
+        ``bucket_mb``, and the optimizers are elementwise."""
+        per_param: list[dict[str, Any]] = []
+        for s in states:
+            for group in s["param_groups"]:
+                per_param += [s["state"].get(i, {}) for i in group["params"]]
+        ours = [p for b in self.buckets for p in b.params]
+        if len(per_param) != len(ours):
             raise ValueError(
-                f"the checkpoint has {len(states)} optimizer buckets, this run "
-                f"{len(self.buckets)}: resume with the same model and bucket_mb"
+                f"the checkpoint's optimizer state has {len(per_param)} parameters, this "
+                f"model {len(ours)}: resume with the same model"
             )
-        for b, s in zip(self.buckets, states):
-            b.optimizer.load_state_dict(s)
+        hyper = {k: v for k, v in states[0]["param_groups"][0].items() if k != "params"}
+        start = 0
+        for b in self.buckets:
+            mine = per_param[start : start + len(b.params)]
+            start += len(b.params)
+            b.optimizer.load_state_dict(
+                {"state": _flat_state(b, mine), "param_groups": [{**hyper, "params": [0]}]}
+            )
 
     def close(self) -> None:
         for h in self._hooks:
@@ -276,6 +393,48 @@ def _finite(flat: torch.Tensor) -> bool:
     a bool tensor as large as the bucket). NaN and infinities survive a sum; a finite
     sum that overflows means gradients near 1e38, which are no better."""
     return math.isfinite(float(flat.sum()))
+
+
+# optimizer state that is one value for all of a parameter's elements (Adam's step
+# count); every other tensor in the states of SGD, Adam and AdamW is elementwise
+_SCALAR_STATE = frozenset({"step"})
+
+
+def _per_parameter(b: Bucket) -> dict[str, Any]:
+    """The bucket optimizer's state_dict as if it optimized ``b.params`` one by one."""
+    sd = b.optimizer.state_dict()
+    flat = sd["state"].get(0)
+    state = {}
+    if flat:
+        for i, (p, off) in enumerate(zip(b.params, b.offsets)):
+            state[i] = {
+                k: v[off : off + p.numel()].view_as(p)
+                if isinstance(v, torch.Tensor) and k not in _SCALAR_STATE
+                else v
+                for k, v in flat.items()
+            }
+    groups = [{**g, "params": list(range(len(b.params)))} for g in sd["param_groups"]]
+    return {"state": state, "param_groups": groups}
+
+
+def _flat_state(b: Bucket, per_param: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """The flat optimizer's state from per-parameter ones (those of ``b.params``)."""
+    if not any(per_param):
+        return {}
+    state: dict[str, Any] = {}
+    for k, first in per_param[0].items():
+        values = [s.get(k) for s in per_param]
+        if isinstance(first, torch.Tensor) and k not in _SCALAR_STATE:
+            for v, p, name in zip(values, b.params, b.names):
+                if not isinstance(v, torch.Tensor) or v.shape != p.shape:
+                    raise ValueError(
+                        f"the checkpoint's optimizer state {k!r} of {name} does not have "
+                        f"the parameter's shape {tuple(p.shape)}: resume with the same model"
+                    )
+            state[k] = torch.cat([v.reshape(-1) for v in values])
+        else:
+            state[k] = first
+    return {0: state}
 
 
 def _noop() -> None:

@@ -48,7 +48,9 @@ def test_digits_trains_in_process_and_writes_a_step_trace(tmp_path):
     names = {e["name"] for e in events if e["ph"] == "X"}
     process = next(e for e in events if e["name"] == "process_name")
     assert (process["pid"], process["args"]["name"]) == (0, "rank 0")
-    assert {"forward-backward", "allreduce[0]", "update[0]", "load-next"} <= names
+    assert {"forward-backward", "load-next"} <= names
+    # several buckets: the overlapped step, or the plain one where the trial found it faster
+    assert {"allreduce[0]", "update[0]"} <= names or {"allreduce", "update"} <= names
 
 
 def test_config_errors_name_the_field():
