@@ -108,15 +108,13 @@ class DistributedTrainOperator(DagtrainOperator):
             tcfg.distributed.backend,
             tcfg.checkpoint_dir,
         )
-        from dagtrain.stages.files import write_json
-
-        # what the ranks receive, kept before they start: a run that fails still shows it
-        write_json(out / "config.json", tcfg.model_dump(mode="json"))
         try:
             summary = run_train(
                 tcfg, out, timeout=timeout, on_line=self.log.info, on_start=self._on_start
             )
         except RankFailure as e:  # kept for the training page: which rank, how, its lines
+            from dagtrain.stages.files import write_json
+
             try_number = getattr(context.get("ti"), "try_number", 1)
             write_json(
                 out / f"failure-try{try_number}.json",

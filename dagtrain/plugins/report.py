@@ -165,26 +165,41 @@ def _sync_figures(events: list[dict[str, Any]], result: dict | None) -> dict[str
     }
 
 
-def _traces(root: Path, train: Path) -> dict[int | None, dict[int, list[dict[str, Any]]]]:
-    """{step (None: the run's last): {rank: trace events}} of a training folder."""
+def _trace_files(train: Path) -> dict[int | None, dict[int, Path]]:
+    """{step (None: the run's last): {rank: file}} of a training folder, by name only."""
     d = train / "traces"
-    out: dict[int | None, dict[int, list[dict[str, Any]]]] = {}
-    if not d.is_dir():
-        return out
-    for f in sorted(d.iterdir()):
-        m = _TRACE.match(f.name)
-        doc = _json(root, f) if m else None
-        if isinstance(doc, dict):
-            step = int(m.group(1)) if m.group(1) else None
-            out.setdefault(step, {})[int(m.group(2))] = doc.get("traceEvents", [])
+    out: dict[int | None, dict[int, Path]] = {}
+    if d.is_dir():
+        for f in sorted(d.iterdir()):
+            m = _TRACE.match(f.name)
+            if m:
+                step = int(m.group(1)) if m.group(1) else None
+                out.setdefault(step, {})[int(m.group(2))] = f
     return out
 
 
-def _step_list(traces: dict, result: dict | None) -> list[dict[str, Any]]:
+def _step_traces(root: Path, files: dict[int, Path]) -> dict[int, list[dict[str, Any]]]:
+    """{rank: trace events} of one traced step's files."""
+    out = {}
+    for rank, f in files.items():
+        doc = _json(root, f)
+        if isinstance(doc, dict):
+            out[rank] = doc.get("traceEvents", [])
+    return out
+
+
+def _last_step(files: dict[int | None, dict[int, Path]]) -> int | None:
+    """The step a report shows: the run's last if traced, else the newest epoch's."""
+    if None in files or not files:
+        return None
+    return max(k for k in files if k is not None)
+
+
+def _step_list(files: dict, result: dict | None) -> list[dict[str, Any]]:
     """The traced steps, oldest first: ``{"step": S or None, "label": ...}``."""
     last = (result or {}).get("steps")
-    rows = [{"step": s, "label": f"step {s}"} for s in sorted(k for k in traces if k is not None)]
-    if None in traces:
+    rows = [{"step": s, "label": f"step {s}"} for s in sorted(k for k in files if k is not None)]
+    if None in files:
         rows.append({"step": None, "label": f"step {last} (last)" if last else "last step"})
     return rows
 
@@ -193,11 +208,11 @@ def merged_trace(root: Path, run_id: str, step: int | None = None) -> dict[str, 
     """Every rank's trace of one traced step (default: the run's last) as one
     Perfetto/Chrome trace: each rank a process, the ops on each rank's critical path
     marked ``args.critical``."""
-    traces = _traces(root, run_dir_of(root, run_id) / "train")
-    if step is not None and step not in traces:
-        raise LookupError(f"step {step} was not traced; traced: {sorted(k for k in traces if k)}")
+    files = _trace_files(run_dir_of(root, run_id) / "train")
+    if step is not None and step not in files:
+        raise LookupError(f"step {step} was not traced; traced: {sorted(k for k in files if k)}")
     events = []
-    for evs in traces.get(step, {}).values():
+    for evs in _step_traces(root, files.get(step, {})).values():
         crit = set(critical_path(evs))
         for e in evs:
             if e.get("ph") == "X" and e.get("args", {}).get("index") in crit:
@@ -253,8 +268,7 @@ def _ranks(
             {
                 "rank": r,
                 "status": status,
-                "host": (failure or {}).get("host") if failed else st.get("host"),
-                "host_seen": st.get("host"),
+                "host": ((failure or {}).get("host") if failed else None) or st.get("host"),
                 "step": st.get("step"),
                 "total_steps": st.get("total_steps"),
                 "samples_per_second": st.get("samples_per_second"),
@@ -267,9 +281,6 @@ def _ranks(
                 "last_step_ms": step,
             }
         )
-        if rows[-1]["host"] is None:
-            rows[-1]["host"] = st.get("host")
-        del rows[-1]["host_seen"]
     key = "median_step_ms" if all(r["median_step_ms"] for r in rows) else "last_step_ms"
     times = [row[key] for row in rows if row[key] is not None]
     if len(times) > 1 and max(times) > min(times):  # a tie has no slowest rank
@@ -349,8 +360,8 @@ def run_report(
         if isinstance(f, dict)
     ]
     failures.sort(key=lambda f: f["try"])
-    traces = _traces(root, train)
-    last = traces.get(None) or (traces[max(k for k in traces if k)] if traces else {})
+    files = _trace_files(train)
+    last = _step_traces(root, files.get(_last_step(files), {}))
     registry = registry_of(root)
     champ = next(
         (v for v in registry["versions"] if v["version"] == registry.get("champion")), None
@@ -391,6 +402,6 @@ def run_report(
         ],
         "ranks": _ranks(result, last, _statuses(root, train), failures, train_state),
         "failures": failures,
-        "trace_steps": _step_list(traces, result),
+        "trace_steps": _step_list(files, result),
         "rounds": _rounds(root, run, stages),
     }

@@ -88,6 +88,8 @@ def run_train(
     from dagtrain.training import run_training
 
     hosts = resolve_hosts(tcfg.distributed)
+    # what the ranks receive, kept before they start: a run that fails still shows it
+    write_json(out_dir / "config.json", tcfg.model_dump(mode="json"))
     jobs: list[Any] = []
 
     def started(job: Any) -> None:
@@ -115,6 +117,5 @@ def run_train(
         # the host each rank said it ran on (its hostname), by rank
         "placement": {str(r): h for r, h in sorted(jobs[-1].placement.items())} if jobs else {},
     }
-    write_json(out_dir / "config.json", res.config)
     write_json(out_dir / "result.json", summary)
     return summary
