@@ -234,15 +234,11 @@ def build_task(
                 deps.append(st.group)
             elif k is not None:
                 deps.extend(st.group)
-            r = st.readers
-            if r is None:
-                st.readers = [task]
-            else:
-                r.append(task)
+            st.append(task)  # one of the readers since
             continue
         if st.slot is not None:
             supersede(st)
-        r = st.readers
+        r = st  # the readers since the last writer or set
         if kind == OUT:
             if r:
                 deps.extend(r)
@@ -269,7 +265,7 @@ def build_task(
                 if st.mutex is None:
                     st.mutex = Mutex()
                 mutexes = (st.mutex,) if mutexes is None else (*mutexes, st.mutex)
-        st.readers = None
+        st.clear()  # no readers since this task
     if mutexes is not None:
         task.mutexes = mutexes
     if refs is not None:
@@ -342,7 +338,7 @@ def wait_targets(scope: dict, clauses: tuple) -> list[Task]:
         st = scope.get(item)
         if st is None:
             continue
-        k, r = st.kind, st.readers
+        k, r = st.kind, st  # (the item is the list of its readers since k)
         if kind == IN:  # the last writer or set; the readers since may still run
             if k == OUT:
                 found.append(st.group)
@@ -394,77 +390,3 @@ def find_cycle(tasks: list[Task], left: set[int]) -> list[str]:
     cycle.reverse()  # read in edge direction
     names = [c.name for c in cycle]
     return [*names, names[0]]
-
-
-def build_plain(
-    scope: dict,
-    index: int,
-    fn: Any,
-    args: tuple,
-    name: str,
-    priority: float,
-    cost: float | None,
-    in_: Any,
-    out: Any,
-    inout: Any,
-) -> tuple[Task, set[Task]] | None:
-    """``build_task`` for the common case of a graph being built: a top-level task with
-    only ``in_``/``out``/``inout`` clauses on hashable items, no ``Ref``, keyword
-    arguments, ``after`` or ``detach``. The same rules and the same edges, in one call
-    (most of a build's time is Python's per-call and per-record overhead). Returns None,
-    having changed nothing, when the case does not apply; ``build_task`` then does.
-    """
-    for a in args:
-        if a.__class__ is Ref:
-            return None
-    try:  # the items' kinds, as _kinds; an unhashable item raises before any change
-        if type(in_) is tuple and not in_:
-            kinds: dict = {}
-        else:
-            kinds = dict.fromkeys(in_ if type(in_) in _SEQ else items(in_), IN)
-        if type(out) is not tuple or out:
-            for item in out if type(out) in _SEQ else items(out):
-                kinds[item] = OUT
-        if type(inout) is not tuple or inout:
-            for item in inout if type(inout) in _SEQ else items(inout):
-                kinds[item] = OUT
-    except TypeError:
-        return None
-    task = Task(fn, args, None, name, priority, cost, index)
-    # a set: a task reached through two items is one predecessor (the order in which
-    # the predecessors learn of the task does not matter: each appends it once)
-    deps: set[Task] = set()
-    add = deps.add
-    get = scope.get
-    for item, kind in kinds.items():
-        st = get(item)
-        if st is None:  # a new item: nothing to wait for
-            scope[item] = Item(task, None) if kind == IN else Item(None, task)
-            continue
-        k = st.kind
-        if kind == IN:
-            if k == OUT:
-                add(st.group)
-            elif k is not None:
-                deps.update(st.group)
-            r = st.readers
-            if r is None:
-                st.readers = [task]
-            else:
-                r.append(task)
-            continue
-        if st.slot is not None:
-            supersede(st)
-        r = st.readers
-        if r:
-            deps.update(r)
-        elif k == OUT:
-            add(st.group)
-        elif k is not None:
-            deps.update(st.group)
-        st.kind = OUT
-        st.group = task
-        st.preds = None
-        st.readers = None
-    task.npred = len(deps)
-    return task, deps

@@ -21,11 +21,12 @@ import gc
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
-from .deps import build_plain, build_task, find_cycle, items, key_of
+from .deps import build_task, find_cycle, items, key_of, supersede
 from .errors import CycleError
-from .task import OUT, Event, Item, Slot, Task
+from .task import IN, OUT, PENDING, Event, Item, Ref, Slot, Task
 
 if TYPE_CHECKING:
     import os
@@ -37,6 +38,10 @@ if TYPE_CHECKING:
 __all__ = ["TaskGraph", "gc_paused", "upward_ranks_of"]
 
 _NONE = (tuple, list, set, frozenset)  # an empty one of these names no item
+_NO = ()  # a clause's default: the empty tuple is one object, so `is _NO` tests it
+_new = object.__new__  # a record made without calling __init__ (the build's hot path)
+_new_list = list.__new__  # (the same, for an Item: a list of its readers)
+_COST, _PRIORITY, _EXTRAS, _NAME = map(attrgetter, ("cost", "priority", "x", "name"))
 
 
 def upward_ranks_of(costs: Sequence[float], order: Sequence[Task]) -> list[float]:
@@ -113,12 +118,12 @@ class TaskGraph:
         /,
         *args: Any,
         name: str | None = None,
-        in_: Any = (),
-        out: Any = (),
-        inout: Any = (),
-        mutexinoutset: Any = (),
-        inoutset: Any = (),
-        after: Any = (),
+        in_: Any = _NO,
+        out: Any = _NO,
+        inout: Any = _NO,
+        mutexinoutset: Any = _NO,
+        inoutset: Any = _NO,
+        after: Any = _NO,
         priority: float = 0,
         cost: float | None = None,
         detach: Event | bool | None = None,
@@ -142,28 +147,115 @@ class TaskGraph:
             name = getattr(fn, "__name__", None) or type(fn).__name__
         if cost is not None and not cost >= 0:
             raise ValueError(f"task {name!r}: cost must be a number >= 0 (seconds), not {cost!r}")
-        run = self._run
         if (
-            run is None
-            and not kwargs
-            and type(after) is tuple
-            and not after
+            mutexinoutset is _NO
+            and inoutset is _NO
+            and after is _NO
             and detach is None
-            and type(mutexinoutset) is tuple
-            and not mutexinoutset
-            and type(inoutset) is tuple
-            and not inoutset
-        ):  # the common case of a build, in one call (same rules: see build_plain)
-            made = build_plain(
-                self.scope, len(self.tasks), fn, args, name, priority, cost, in_, out, inout
-            )
-            if made is not None:
-                task, deps = made
-                for p in deps:
-                    p.succs.append(task)
-                self.tasks.append(task)
-                self._prepared = False
-                return task
+            and not kwargs
+            and self._run is None
+        ):
+            # The common task of a build, wired here in one call (most of a build's
+            # time is Python's per-call and per-record overhead): top level, only
+            # in_/out/inout on hashable items, no Ref. The rules of deps.build_task,
+            # the same edges and item states (tests/unit/taskgraph/test_build_plain.py
+            # builds random programs both ways and compares them). A Ref or an
+            # unhashable item (TypeError in the kinds dict, before any change) goes
+            # to build_task.
+            for a in args:
+                if a.__class__ is Ref:
+                    break
+            else:
+                try:  # {item: kind}; an item both read and written is written
+                    if in_ is _NO:
+                        kinds: dict = {}
+                    else:
+                        t = type(in_)
+                        kinds = dict.fromkeys(in_ if t is list or t is tuple else items(in_), IN)
+                    if out is not _NO:
+                        t = type(out)
+                        for item in out if t is list or t is tuple else items(out):
+                            kinds[item] = OUT
+                    if inout is not _NO:
+                        t = type(inout)
+                        for item in inout if t is list or t is tuple else items(inout):
+                            kinds[item] = OUT
+                except TypeError:
+                    kinds = None  # type: ignore[assignment]
+                if kinds is not None:  # make and wire the task (no call: hot path)
+                    scope = self.scope
+                    get = scope.get
+                    tasks = self.tasks
+                    task = _new(Task)  # Task(fn, args, None, name, priority, cost, index), inlined
+                    task.fn = fn
+                    task.args = args
+                    task.kwargs = None
+                    task.name = name
+                    task.priority = priority
+                    task.cost = cost
+                    task.index = len(tasks)
+                    task.succs = []
+                    task.npred = 0
+                    task.x = None
+                    task.npred_left = 0
+                    task.run_state = PENDING
+                    task.key = 0
+                    task.t0 = task.t1 = 0.0
+                    task.worker = -1
+                    n = 0
+                    for item, kind in kinds.items():
+                        st = get(item)
+                        if st is None:  # a new item: nothing to wait for
+                            if kind == IN:
+                                scope[item] = Item(task, None)
+                            else:  # Item(None, task), inlined
+                                st = scope[item] = _new_list(Item)
+                                st.kind = OUT
+                                st.group = task
+                                st.preds = st.slot = st.mutex = None
+                            continue
+                        k = st.kind
+                        if kind == IN:  # the last writer or set
+                            if k == OUT:
+                                p = st.group.succs
+                                if not p or p[-1] is not task:
+                                    p.append(task)
+                                    n += 1
+                            elif k is not None:
+                                for q in st.group:
+                                    p = q.succs
+                                    if not p or p[-1] is not task:
+                                        p.append(task)
+                                        n += 1
+                            st.append(task)  # one of the readers since
+                            continue
+                        if st.slot is not None:
+                            supersede(st)
+                        if st:  # the readers since the last writer or set (the item)
+                            for q in st:
+                                p = q.succs
+                                if not p or p[-1] is not task:
+                                    p.append(task)
+                                    n += 1
+                        elif k == OUT:  # else that writer
+                            p = st.group.succs
+                            if not p or p[-1] is not task:
+                                p.append(task)
+                                n += 1
+                        elif k is not None:  # or that set
+                            for q in st.group:
+                                p = q.succs
+                                if not p or p[-1] is not task:
+                                    p.append(task)
+                                    n += 1
+                        st.kind = OUT
+                        st.group = task
+                        st.preds = None
+                        st.clear()
+                    task.npred = n
+                    tasks.append(task)
+                    self._prepared = False
+                    return task
         spec = (
             fn,
             args,
@@ -175,7 +267,10 @@ class TaskGraph:
             cost,
             detach,
         )
+        run = self._run
         if run is not None:
+            if run.probe is not None:
+                run.hand_over()
             task = run.add(self, spec)
             if task.parent is None:  # a top-level task: names, keys and plainness change
                 self._prepared = False
@@ -218,23 +313,26 @@ class TaskGraph:
         self.order = self._toposort() if self._forward else None
         self._prepared = True
         self._set_keys()
-        self._plain = all(t.x is None for t in self.tasks)
-        self.task_names = [t.name for t in self.tasks]  # shared by the reports of its replays
+        self._plain = not any(map(_EXTRAS, self.tasks))  # no task has extras
+        self.task_names = list(map(_NAME, self.tasks))  # shared by the reports of its replays
 
     def _set_keys(self) -> None:
         """Ready-queue keys: minus the upward rank when every task has a cost, else
-        minus ``priority``; a FIFO queue (cheaper) when all keys are equal."""
+        minus ``priority``; a FIFO queue (cheaper, and the keys unused) when all keys
+        are equal. (The passes over the tasks are map()s: C loops.)"""
         tasks = self.tasks
-        if tasks and all(t.cost is not None for t in tasks):
+        if tasks and None not in map(_COST, tasks):
             costs = [float(t.cost) for t in tasks]
             ranks = upward_ranks_of(costs, self.order if self.order is not None else tasks)
             for t, r in zip(tasks, ranks):
                 t.key = -r
-        else:
+            self.heap = len(set(ranks)) > 1
+        elif len(set(map(_PRIORITY, tasks))) > 1:
             for t in tasks:
                 t.key = -t.priority
-        k0 = tasks[0].key if tasks else 0
-        self.heap = any(t.key != k0 for t in tasks)
+            self.heap = True
+        else:
+            self.heap = False
 
     def _toposort(self) -> list[Task]:
         npred = [t.npred for t in self.tasks]
@@ -275,10 +373,15 @@ class TaskGraph:
         ``trace``: write a Chrome/Perfetto trace there (a path, or a :class:`TraceFile`
         that also names the process). ``timeout``: seconds, after which
         ``TaskTimeoutError`` names the unfinished tasks. ``keep``: items whose final
-        value ``RunReport.values`` returns. ``inline_below``: when the previous run's
-        tasks took less than this on average (seconds) and the graph has no values,
-        events or mutexes, the replay runs them in program order in the calling thread
-        (handing such a task to another thread costs more than running it); 0 never.
+        value ``RunReport.values`` returns.
+
+        ``inline_below`` (seconds; 0: never inline): a graph with no values, events,
+        mutexes or priorities whose tasks take less than this on average runs them in a topological
+        order in the calling thread, since handing such a task to another thread costs
+        more than running it. A replay knows the grain from the run before; a first run
+        starts inline and hands the tasks not started to the team as soon as they
+        prove bigger (within a millisecond, or at once when a task body adds tasks or
+        waits: see :mod:`.inline`). Not with ``timeout`` or ``keep``.
 
         Raises TaskError (the first failing task, its exception as ``__cause__``) after
         the tasks already running have finished and the others were cancelled.
@@ -286,15 +389,22 @@ class TaskGraph:
         self.prepare()
         if (
             self._plain
-            and self._grain is not None
-            and self._grain < inline_below
+            and not self.heap  # (priorities or costs order the ready tasks)
+            and inline_below > 0
             and timeout is None
             and not keep
             and self._run is None
+            and (self._grain is None or self._grain < inline_below)
         ):
-            from .inline import run_inline
+            _check_workers(workers)
+            if self._grain is None:
+                from .inline import run_probed
 
-            report = run_inline(self, workers, trace)
+                report = run_probed(self, workers, trace, inline_below)
+            else:
+                from .inline import run_inline
+
+                report = run_inline(self, workers, trace)
         else:
             self._start(workers, trace, keep, incremental=False)
             report = self.join(timeout=timeout)
@@ -324,8 +434,7 @@ class TaskGraph:
 
         if self._run is not None:
             raise RuntimeError(f"graph {self.name!r} is already running; join() it first")
-        if not isinstance(workers, int) or workers < 1:
-            raise ValueError(f"workers must be an int >= 1, not {workers!r}")
+        _check_workers(workers)
         self.prepare()
         for slot in self.slots:
             slot.keep = False
@@ -419,6 +528,8 @@ class TaskGraph:
                 f"{what}() needs a running graph: call start() first "
                 "(run() starts and joins in one call)"
             )
+        if run.probe is not None:
+            run.hand_over()
         return run
 
     def _keep(self, item: Hashable) -> None:
@@ -454,6 +565,11 @@ class TaskGraph:
         from .analysis import plan_graph
 
         return plan_graph(self, workers, **kwargs)
+
+
+def _check_workers(workers: Any) -> None:
+    if not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be an int >= 1, not {workers!r}")
 
 
 @contextmanager

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass
+from math import fsum
 from typing import TYPE_CHECKING, Any
 
 from .task import STATE_NAMES
@@ -135,6 +136,8 @@ class RunReport:
     @property
     def busy(self) -> float:
         """Seconds spent inside task functions, summed over tasks."""
+        if -1 not in self.workers_of:  # every task ran: two C-level (exact) sums
+            return fsum(self.ends) - fsum(self.starts)
         return sum(e - s for s, e, w in zip(self.starts, self.ends, self.workers_of) if w >= 0)
 
     @property

@@ -144,6 +144,17 @@ class Run:
         self.evtasks: list[Task] = []  # tasks with a detach event, to unbind at the end
         self.deadline: float | None = None  # join's timeout, for waits in task bodies too
         self.timed_out = False
+        self.probe: Any = None  # a first run still inline (see .inline): hand_over first
+
+    def hand_over(self) -> None:
+        """A task body adds or waits while the run is still inline (``.inline``): hand
+        the run to the team first."""
+        probe = self.probe
+        if probe is not None:
+            from .inline import take_over
+
+            with self.lock:
+                take_over(self, probe)
 
     # ------------------------------------------------------------ lifecycle
     def begin(self) -> None:

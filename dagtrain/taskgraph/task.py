@@ -228,26 +228,40 @@ class Mutex:
         self.waiters: list[Task] = []
 
 
-class Item:
+class Item(list):
     """Dependence state of one data item within one scope (the sibling tasks of a parent).
 
     ``group`` is the last writer (``kind == OUT``, a Task) or the last set of
     ``mutexinoutset``/``inoutset`` tasks (a list); ``preds`` is what a new member of
-    that set waits for; ``readers`` are the ``in`` tasks added since ``group``.
-    Waiting for ``group`` and ``readers`` is waiting for every earlier task on the item,
-    because each of them already waits for what came before it.
+    that set waits for. The record *is* the list of its readers: the ``in`` tasks
+    added since ``group`` (one container per item, not two: a big graph's build pays
+    Python's cyclic collector per container). Waiting for ``group`` and the readers is
+    waiting for every earlier task on the item, because each of them already waits for
+    what came before it. Compared and hashed by identity, as any record.
     """
 
-    __slots__ = ("group", "kind", "mutex", "preds", "readers", "slot")
+    __slots__ = ("group", "kind", "mutex", "preds", "slot")
+    __eq__ = object.__eq__
+    __ne__ = object.__ne__
+    __hash__ = object.__hash__  # type: ignore[assignment]
 
     def __init__(self, reader: Task | None = None, writer: Task | None = None) -> None:
         # (a new item's first task: its reader, or its writer with ``out``/``inout``)
+        if reader is not None:
+            self.append(reader)
         self.kind: int | None = None if writer is None else OUT
         self.group: Any = writer
         self.preds: list[Task] | None = None
-        self.readers: list[Task] | None = None if reader is None else [reader]
         self.slot: Slot | None = None
         self.mutex: Mutex | None = None
+
+    @property
+    def readers(self) -> list[Task] | None:
+        """The ``in`` tasks added since ``group`` (a copy), or None if there are none."""
+        return list(self) or None
+
+    def __repr__(self) -> str:
+        return f"<Item kind={self.kind} group={self.group!r} readers={list(self)!r}>"
 
 
 class Extras:

@@ -1,4 +1,4 @@
-"""The one-call build of plain tasks (deps.build_plain) against the general path.
+"""The in-line build of plain tasks (inside TaskGraph.add) against the general path.
 
 ``TaskGraph.add`` wires a top-level task with only in_/out/inout on hashable items, no
 Ref, keyword arguments, after or detach in one call; anything else goes through

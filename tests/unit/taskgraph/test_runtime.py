@@ -289,9 +289,10 @@ def test_values_without_readers_are_not_kept():
 
 
 def test_trace_has_a_lane_per_worker_and_arrows(tmp_path):
+    ev = threading.Event()  # "a" waits until "b" ran: they must be on two workers
     g = TaskGraph()
-    g.add(time.sleep, 0.002, name="a", out="x")
-    g.add(time.sleep, 0.002, name="b", out="y")
+    g.add(lambda: ev.wait(30) or pytest.fail("b never ran"), name="a", out="x")
+    g.add(ev.set, name="b", out="y")
     g.add(noop, name="c", in_=("x", "y"))
     path = tmp_path / "trace.json"
     g.run(workers=2, trace=str(path))
