@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from .deps import build_task, find_cycle, items, key_of, supersede
 from .errors import CycleError
+from .inline import GIL
 from .task import IN, OUT, PENDING, Event, Item, Ref, Slot, Task
 
 if TYPE_CHECKING:
@@ -376,12 +377,12 @@ class TaskGraph:
         value ``RunReport.values`` returns.
 
         ``inline_below`` (seconds; 0: never inline): a graph with no values, events,
-        mutexes or priorities whose tasks take less than this on average runs them in a topological
-        order in the calling thread, since handing such a task to another thread costs
-        more than running it. A replay knows the grain from the run before; a first run
-        starts inline and hands the tasks not started to the team as soon as they
-        prove bigger (within a millisecond, or at once when a task body adds tasks or
-        waits: see :mod:`.inline`). Not with ``timeout`` or ``keep``.
+        mutexes, priorities or costs whose tasks take less than this on average runs
+        them in a topological order in the calling thread, since handing such a task to
+        another thread costs more than running it. A replay knows the grain from the
+        run before; a first run starts inline and hands the tasks not started to the
+        team as soon as they prove bigger (within a millisecond, or at once when a task
+        body adds tasks or waits: see :mod:`.inline`). Not with ``timeout`` or ``keep``.
 
         Raises TaskError (the first failing task, its exception as ``__cause__``) after
         the tasks already running have finished and the others were cancelled.
@@ -394,17 +395,12 @@ class TaskGraph:
             and timeout is None
             and not keep
             and self._run is None
-            and (self._grain is None or self._grain < inline_below)
+            and (GIL if self._grain is None else self._grain < inline_below)
         ):
+            from .inline import run_inline
+
             _check_workers(workers)
-            if self._grain is None:
-                from .inline import run_probed
-
-                report = run_probed(self, workers, trace, inline_below)
-            else:
-                from .inline import run_inline
-
-                report = run_inline(self, workers, trace)
+            report = run_inline(self, workers, trace, inline_below, probe=self._grain is None)
         else:
             self._start(workers, trace, keep, incremental=False)
             report = self.join(timeout=timeout)

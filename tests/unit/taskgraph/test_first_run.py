@@ -1,5 +1,5 @@
 """The first run of a plain graph: inline while its tasks are tiny, handed to the team
-as soon as they are not (dagtrain/taskgraph/inline.py, ``run_probed``).
+as soon as they are not (dagtrain/taskgraph/inline.py, ``run_inline``).
 
 Hand-overs are forced with events, never ordered by sleeps: a task that waits for an
 event only a later, independent task sets can finish only if the run handed that task
@@ -217,3 +217,15 @@ def test_random_first_runs_keep_every_dependence(seed):
     for i, p in preds.items():
         for j in p:
             assert pos[j] < pos[i], (j, i)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_an_inline_replay_whose_body_waits_gets_a_running_graph(workers):
+    g = TaskGraph()
+    for i in range(20):
+        g.add(noop, name=f"t{i}")
+    g.add(lambda: g.taskwait(), name="waits")  # (nothing to wait for: a no-op wait)
+    g.run(workers=workers, inline_below=1e-3)
+    assert g._grain is not None  # no children: the next run is a replay, inline
+    r = g.run(workers=workers, inline_below=1e-3)
+    assert set(r.states) == {"done"}
