@@ -6,8 +6,9 @@ Same model, data (digits), global batch, steps, 2 ranks on CPU, one intra-op thr
 rank (2 ranks share 2 cores here):
 
   dagtrain overlap    our step graph with overlap on (the default: bucketed allreduce
-                      overlapping backward, kept where the first steps measure it faster
-                      than the plain step; a model with one bucket runs the plain step),
+                      overlapping backward, run while rank 0 measures it faster than the
+                      plain step: a trial in the first steps, then reviews with probes;
+                      a model with one bucket runs the plain step),
                       on gloo (torch.distributed: the same transport as DDP)
   dagtrain plain      overlap off: backward, then allreduce everything, then step
   dagtrain overlap mpi  overlap on, on mpi4py under mpirun

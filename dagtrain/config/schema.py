@@ -176,8 +176,8 @@ class DistributedConfig(_Section):
     )
     overlap: bool = Field(
         True,
-        description="true: allreduce overlaps backward where the first steps measure it "
-        "faster; false: backward, then sync all, then step",
+        description="true: allreduce overlaps backward while rank 0 measures it faster "
+        "(checked all along); false: backward, then sync all, then step",
     )
     collective_timeout: float = Field(
         60.0, gt=0, le=7 * 86400, description="seconds for any collective"

@@ -1,4 +1,4 @@
-"""Horovod: ``allreduce_async_`` (in place, averaged) on each bucket. Started under
+"""Horovod: ``allreduce_async_`` (in place, averaged or summed) on each bucket. Started under
 ``mpirun`` (MPI controller) or ``horovodrun --gloo``."""
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ class HorovodBackend(Backend):
         self.size = hvd.size()
         self._n = 0
 
-    def allreduce_async(self, flat: torch.Tensor, what: str) -> Handle:
+    def allreduce_async(self, flat: torch.Tensor, what: str, average: bool = True) -> Handle:
         hvd = self.hvd
-        handle = hvd.allreduce_async_(flat, name=what, op=hvd.Average)
+        handle = hvd.allreduce_async_(flat, name=what, op=hvd.Average if average else hvd.Sum)
         return Handle(what, block=lambda: hvd.synchronize(handle))
 
     def broadcast(self, tensors: Sequence[torch.Tensor], root: int = 0) -> None:

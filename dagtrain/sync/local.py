@@ -16,7 +16,7 @@ __all__ = ["LocalBackend"]
 class LocalBackend(Backend):
     name = "local"
 
-    def allreduce_async(self, flat: torch.Tensor, what: str) -> Handle:
+    def allreduce_async(self, flat: torch.Tensor, what: str, average: bool = True) -> Handle:
         return Handle(what)
 
     def broadcast(self, tensors: Sequence[torch.Tensor], root: int = 0) -> None:

@@ -28,19 +28,20 @@ class MPIBackend(Backend):
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
 
-    def allreduce_async(self, flat: torch.Tensor, what: str) -> Handle:
+    def allreduce_async(self, flat: torch.Tensor, what: str, average: bool = True) -> Handle:
         if not flat.is_contiguous():
             raise ValueError(f"{what}: MPI needs a contiguous tensor")
         # a GPU bucket goes through host memory: pip's Open MPI is not CUDA-aware
         host = flat if flat.device.type == "cpu" else flat.detach().to("cpu")
         view = host.numpy()  # shares memory with the tensor: no copy
         req = self.comm.Iallreduce(self._MPI.IN_PLACE, view, op=self._MPI.SUM)
-        size = self.size
+        size = self.size if average else 1
 
         def finish() -> None:
             if host is not flat:
                 flat.copy_(host)
-            flat.div_(size)
+            if size > 1:
+                flat.div_(size)
 
         # a blocking Wait lets MPI progress the collective at full speed (polling Test
         # with pauses starves it); the watchdog aborts the job if a peer never comes

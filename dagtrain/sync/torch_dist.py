@@ -46,15 +46,16 @@ class TorchBackend(Backend):
             return t.to(self.device)
         return t
 
-    def allreduce_async(self, flat: torch.Tensor, what: str) -> Handle:
+    def allreduce_async(self, flat: torch.Tensor, what: str, average: bool = True) -> Handle:
         buf = self._staged(flat)
         work = dist.all_reduce(buf, op=dist.ReduceOp.SUM, async_op=True)
-        size = self.size
+        size = self.size if average else 1
 
         def finish() -> None:
             if buf is not flat:
                 flat.copy_(buf)
-            flat.div_(size)
+            if size > 1:
+                flat.div_(size)
 
         # gloo progresses in its own thread; its wait takes the process group's timeout
         return Handle(what, block=work.wait, finish=finish)

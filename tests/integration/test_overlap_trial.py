@@ -1,15 +1,19 @@
 """The overlap trial on real ranks: overlapped and plain steps in turn, then rank 0's
-verdict, broadcast to every rank; the parameters are those of the plain step, bit for
-bit, on every backend."""
+verdict, broadcast to every rank, and its reviews (a probe of the other kind, a
+broadcast every REVIEW_EVERY steps); the parameters are those of the plain step, bit
+for bit, on every backend."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 
 from dagtrain.training import TrainConfig, run_training
-from dagtrain.training.step import TRIAL_SKIP, TRIAL_STEPS
+from dagtrain.training.overlap import PLAIN_RUN, REVIEW_EVERY, TRIAL_SKIP, TRIAL_STEPS
 
-STEPS = TRIAL_SKIP + 2 * TRIAL_STEPS + 3  # the trial, its verdict, and steps after it
+# the trial, its verdict, a block that ends with a probe, a review, another block
+STEPS = TRIAL_SKIP + (PLAIN_RUN + 1) * TRIAL_STEPS + 2 * REVIEW_EVERY + 1
 
 
 @pytest.mark.parametrize("backend", ["mpi", "torch", "horovod"])
@@ -28,7 +32,13 @@ def test_the_trial_and_its_verdict_give_the_plain_steps_parameters(backend):
     off = run_training(TrainConfig(overlap=False, **kw), 2, on_line=lambda line: None)
     assert on.steps == off.steps == STEPS and len(on.bucket_bytes) == 2
     assert on.params_sha256 == off.params_sha256
-    verdicts = {line.split("rank ", 2)[-1][:1]: line for line in lines if "overlap " in line}
-    assert set(verdicts) == {"0", "1"}  # every rank logged the verdict...
-    kept = {"overlap kept" in line for line in verdicts.values()}
-    assert len(kept) == 1  # ...and it is the same verdict
+    verdicts: dict[str, list[str]] = {}
+    for line in lines:
+        if "overlap " in line:
+            verdicts.setdefault(line.split("rank ", 2)[-1][:1], []).append(line)
+    assert set(verdicts) == {"0", "1"}  # every rank logged the verdicts...
+    kept = [
+        [("overlap kept" in v, re.search(r"step \d+", v)[0]) for v in vs]
+        for vs in verdicts.values()
+    ]
+    assert kept[0] == kept[1]  # ...the same ones, at the same steps
