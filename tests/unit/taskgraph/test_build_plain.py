@@ -127,3 +127,15 @@ def test_an_array_given_bare_to_a_clause_is_one_item_matched_by_identity():
     succs = {t.name: [s.name for s in t.succs] for t in g.tasks}
     assert succs == {"w": ["r"], "r": ["w2"], "m": ["s"], "s": [], "w2": []}
     g.run(workers=2)
+
+
+def test_a_plain_task_has_every_field_a_task_made_by_its_constructor_has():
+    # add() makes the plain task without Task.__init__ (the build's hot path): every
+    # field must be set, to the same value, as the constructor would
+    from dagtrain.taskgraph.task import Task
+
+    g = TaskGraph()
+    fast = g.add(noop, 1, name="t", out="x", priority=2, cost=0.5)
+    ref = Task(noop, (1,), None, "t", 2, 0.5, 0)
+    for field in Task.__slots__:
+        assert getattr(fast, field) == getattr(ref, field), field
