@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Backend", "CollectiveTimeout", "Handle", "wait_until"]
+__all__ = ["Backend", "CollectiveTimeout", "Handle", "copy_back_and_divide", "wait_until"]
 
 
 class CollectiveTimeout(TimeoutError):
@@ -128,6 +128,22 @@ class _Watchdog:
 _WATCHDOG = _Watchdog()
 if hasattr(os, "register_at_fork"):  # a forked child has no watchdog thread (nor lock)
     os.register_at_fork(after_in_child=_WATCHDOG._reset)
+
+
+def copy_back_and_divide(
+    flat: torch.Tensor, staged: torch.Tensor, divisor: int
+) -> Callable[[], None]:
+    """A Handle's ``finish`` for a backend that reduces ``staged`` (``flat`` itself, or a
+    copy of it in memory the library can use) by summing: the sum back into ``flat``,
+    divided by ``divisor`` (the world size for an average, 1 for a sum)."""
+
+    def finish() -> None:
+        if staged is not flat:
+            flat.copy_(staged)
+        if divisor > 1:
+            flat.div_(divisor)
+
+    return finish
 
 
 def _raise_in_log(err: CollectiveTimeout) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .base import Backend, Handle
+from .base import Backend, Handle, copy_back_and_divide
 
 __all__ = ["MPIBackend"]
 
@@ -35,14 +35,7 @@ class MPIBackend(Backend):
         host = flat if flat.device.type == "cpu" else flat.detach().to("cpu")
         view = host.numpy()  # shares memory with the tensor: no copy
         req = self.comm.Iallreduce(self._MPI.IN_PLACE, view, op=self._MPI.SUM)
-        size = self.size if average else 1
-
-        def finish() -> None:
-            if host is not flat:
-                flat.copy_(host)
-            if size > 1:
-                flat.div_(size)
-
+        finish = copy_back_and_divide(flat, host, self.size if average else 1)
         # a blocking Wait lets MPI progress the collective at full speed (polling Test
         # with pauses starves it); the watchdog aborts the job if a peer never comes
         return Handle(what, block=req.Wait, finish=finish, on_timeout=self._abort)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from .base import Backend, Handle
+from .base import Backend, Handle, copy_back_and_divide
 
 __all__ = ["TorchBackend"]
 
@@ -49,14 +49,7 @@ class TorchBackend(Backend):
     def allreduce_async(self, flat: torch.Tensor, what: str, average: bool = True) -> Handle:
         buf = self._staged(flat)
         work = dist.all_reduce(buf, op=dist.ReduceOp.SUM, async_op=True)
-        size = self.size if average else 1
-
-        def finish() -> None:
-            if buf is not flat:
-                flat.copy_(buf)
-            if size > 1:
-                flat.div_(size)
-
+        finish = copy_back_and_divide(flat, buf, self.size if average else 1)
         # gloo progresses in its own thread; its wait takes the process group's timeout
         return Handle(what, block=work.wait, finish=finish)
 

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import TaskError
 from .report import RunReport
-from .task import CANCELLED, DETACHED, DONE, FAILED, PARKED, PENDING, READY, RUNNING, Task
+from .task import CANCELLED, DONE, FAILED, LIVE, PENDING, RUNNING, Task
 
 if TYPE_CHECKING:
     from .graph import TaskGraph
@@ -54,8 +54,6 @@ PROBE_TICK = 1e-3
 
 # The hand-over relies on the GIL (see above); a free-threaded Python never probes.
 GIL = getattr(sys, "_is_gil_enabled", lambda: True)()
-
-_LIVE = (PENDING, READY, RUNNING, PARKED, DETACHED)
 
 
 class Probe:
@@ -186,7 +184,7 @@ def _abandon(run: Run, pr: Probe) -> None:
         th.join()
     if handed:
         for t in run.tasks:
-            if t.run_state in _LIVE:
+            if t.run_state in LIVE:
                 t.run_state = CANCELLED
     else:
         done = len(pr.ends)

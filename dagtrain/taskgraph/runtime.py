@@ -76,6 +76,7 @@ from .task import (
     DETACHED,
     DONE,
     FAILED,
+    LIVE,
     PARKED,
     PENDING,
     READY,
@@ -246,7 +247,7 @@ class Run:
         pending = []
         if timed_out or interrupted is not None or self.error is not None or self.outstanding:
             for t in self.tasks:
-                if t.run_state in (PENDING, READY, PARKED, DETACHED, RUNNING):
+                if t.run_state in LIVE:
                     pending.append(t.name)
                     t.run_state = CANCELLED
             report = RunReport.from_tasks(self.tasks, self.t0, end, self.workers, self._values())

@@ -26,6 +26,7 @@ CLAUSES = {"in_": IN, "out": OUT, "inout": OUT, "mutexinoutset": MUTEX, "inoutse
 # Task states within one run.
 PENDING, READY, RUNNING, DETACHED, DONE, FAILED, CANCELLED, PARKED = range(8)
 STATE_NAMES = ("pending", "ready", "running", "detached", "done", "failed", "cancelled", "parked")
+LIVE = (PENDING, READY, RUNNING, PARKED, DETACHED)  # not over: cancelled if a run stops
 
 
 class Ref:
