@@ -37,7 +37,16 @@ from typing import Any
 
 from .task import IN, INOUTSET, MUTEX, OUT, Bound, Event, Item, Mutex, Ref, Slot, Task
 
-__all__ = ["IdKey", "build_task", "find_cycle", "items", "key_of", "pin_current", "wait_targets"]
+__all__ = [
+    "IdKey",
+    "build_task",
+    "find_cycle",
+    "items",
+    "key_of",
+    "pin_current",
+    "unwire_plain",
+    "wait_targets",
+]
 
 _SEQ = (tuple, list)
 _SETS = (set, frozenset)
@@ -355,6 +364,38 @@ def wait_targets(scope: dict, clauses: tuple) -> list[Task]:
     return found
 
 
+def unwire_plain(scope: dict, task: Task, clauses: tuple) -> None:
+    """Take back what ``TaskGraph.add``'s plain path did for ``task`` before it met an
+    unhashable item (TypeError), so that ``build_task`` starts from the graph as it was.
+
+    That path changes nothing but this: new items in ``scope`` (written ones empty, read
+    ones holding ``task`` alone), ``task`` appended to the readers of items it reads and
+    to the successors of its predecessors (each of them linked once, so ``task`` is last
+    wherever it was put); the written items' states change only once every item was
+    looked up. So every list that ends with ``task`` gives it back, and every item left
+    with no writer, no set and no reader was made by it. ``clauses``: (in_, out, inout).
+    """
+    for clause in clauses:
+        for item in items(clause):
+            try:
+                st = scope.get(item)
+            except TypeError:
+                continue
+            if st is None:
+                continue
+            if st and st[-1] is task:
+                st.pop()
+            if st.kind == OUT:
+                preds = [st.group]
+            else:
+                preds = list(st.group or ())
+            for p in (*st, *preds):
+                if len(p) and p[-1] is task:
+                    p.pop()
+            if st.kind is None and not st:
+                del scope[item]
+
+
 def supersede(st: Item) -> None:
     """A new writer: the current version's value may go once its readers finished."""
     slot = st.slot
@@ -376,7 +417,7 @@ def find_cycle(tasks: list[Task], left: set[int]) -> list[str]:
     preds: dict[int, Task] = {}
     for t in tasks:
         if t.index in left:
-            for s in t.succs:
+            for s in t:  # (its successors)
                 if s.index in left and s.index not in preds:
                     preds[s.index] = t
     seen: dict[int, int] = {}

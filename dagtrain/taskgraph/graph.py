@@ -24,10 +24,10 @@ from contextlib import contextmanager
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
-from .deps import build_task, find_cycle, items, key_of, supersede
+from .deps import build_task, find_cycle, items, key_of, supersede, unwire_plain
 from .errors import CycleError
 from .inline import GIL
-from .task import IN, OUT, PENDING, Event, Item, Ref, Slot, Task
+from .task import OUT, PENDING, Event, Item, Ref, Slot, Task
 
 if TYPE_CHECKING:
     import os
@@ -40,8 +40,7 @@ __all__ = ["TaskGraph", "gc_paused", "upward_ranks_of"]
 
 _NONE = (tuple, list, set, frozenset)  # an empty one of these names no item
 _NO = ()  # a clause's default: the empty tuple is one object, so `is _NO` tests it
-_new = object.__new__  # a record made without calling __init__ (the build's hot path)
-_new_list = list.__new__  # (the same, for an Item: a list of its readers)
+_new_list = list.__new__  # a record made without calling __init__ (the build's hot path)
 _COST, _PRIORITY, _EXTRAS, _NAME = map(attrgetter, ("cost", "priority", "x", "name"))
 
 
@@ -53,7 +52,7 @@ def upward_ranks_of(costs: Sequence[float], order: Sequence[Task]) -> list[float
     """
     rank = [0.0] * len(costs)
     for t in reversed(order):
-        rank[t.index] = costs[t.index] + max((rank[s.index] for s in t.succs), default=0.0)
+        rank[t.index] = costs[t.index] + max((rank[s.index] for s in t), default=0.0)
     return rank
 
 
@@ -156,103 +155,123 @@ class TaskGraph:
             and not kwargs
             and self._run is None
         ):
-            # The common task of a build, wired here in one call (most of a build's
-            # time is Python's per-call and per-record overhead): top level, only
+            # The common task of a build, made and wired here (most of a build's time
+            # is Python's per-call and per-record overhead): top level, only
             # in_/out/inout on hashable items, no Ref. The rules of deps.build_task,
             # the same edges and item states (tests/unit/taskgraph/test_build_plain.py
-            # builds random programs both ways and compares them). A Ref or an
-            # unhashable item (TypeError in the kinds dict, before any change) goes
-            # to build_task.
+            # builds random programs both ways and compares them). Written items first:
+            # their edges now, their new state once every item was looked up, so that
+            # a read of an item this task also writes is seen (and dropped: out wins).
+            # A Ref goes to build_task, and so does an unhashable item, after
+            # deps.unwire_plain took back what this task had linked.
             for a in args:
                 if a.__class__ is Ref:
                     break
             else:
-                try:  # {item: kind}; an item both read and written is written
-                    if in_ is _NO:
-                        kinds: dict = {}
-                    else:
-                        t = type(in_)
-                        kinds = dict.fromkeys(in_ if t is list or t is tuple else items(in_), IN)
-                    if out is not _NO:
-                        t = type(out)
-                        for item in out if t is list or t is tuple else items(out):
-                            kinds[item] = OUT
-                    if inout is not _NO:
-                        t = type(inout)
-                        for item in inout if t is list or t is tuple else items(inout):
-                            kinds[item] = OUT
-                except TypeError:
-                    kinds = None  # type: ignore[assignment]
-                if kinds is not None:  # make and wire the task (no call: hot path)
-                    scope = self.scope
-                    get = scope.get
-                    tasks = self.tasks
-                    task = _new(Task)  # Task(fn, args, None, name, priority, cost, index), inlined
-                    task.fn = fn
-                    task.args = args
-                    task.kwargs = None
-                    task.name = name
-                    task.priority = priority
-                    task.cost = cost
-                    task.index = len(tasks)
-                    task.succs = []
-                    task.npred = 0
-                    task.x = None
-                    task.npred_left = 0
-                    task.run_state = PENDING
-                    task.key = 0
-                    task.t0 = task.t1 = 0.0
-                    task.worker = -1
-                    n = 0
-                    for item, kind in kinds.items():
-                        st = get(item)
-                        if st is None:  # a new item: nothing to wait for
-                            if kind == IN:
-                                scope[item] = Item(task, None)
-                            else:  # Item(None, task), inlined
-                                st = scope[item] = _new_list(Item)
-                                st.kind = OUT
-                                st.group = task
-                                st.preds = st.slot = st.mutex = None
+                scope = self.scope
+                get = scope.get
+                tasks = self.tasks
+                task = _new_list(Task)  # Task(fn, args, None, name, priority, cost, index)
+                task.fn = fn
+                task.args = args
+                task.kwargs = None
+                task.name = name
+                task.priority = priority
+                task.cost = cost
+                task.index = len(tasks)
+                task.npred = 0
+                task.x = task.last = None
+                task.npred_left = 0
+                task.run_state = PENDING
+                task.key = 0
+                task.t0 = task.t1 = 0.0
+                task.worker = -1
+                n = 0  # its predecessors, each linked once (p.last is task once linked)
+                first = more = None  # the items it writes (their state changes last)
+                try:
+                    for clause in (out, inout):
+                        if clause is _NO:
                             continue
-                        k = st.kind
-                        if kind == IN:  # the last writer or set
-                            if k == OUT:
-                                p = st.group.succs
-                                if not p or p[-1] is not task:
-                                    p.append(task)
-                                    n += 1
-                            elif k is not None:
-                                for q in st.group:
-                                    p = q.succs
-                                    if not p or p[-1] is not task:
+                        t = type(clause)
+                        for item in clause if t is list or t is tuple else items(clause):
+                            st = get(item)
+                            if st is None:  # a new item: nothing to wait for
+                                st = scope[item] = _new_list(Item)  # Item(), inlined
+                                st.kind = st.group = st.preds = st.slot = st.mutex = None
+                            else:
+                                k = st.kind
+                                if st:  # the readers since the last writer or set
+                                    for p in st:
+                                        if p.last is not task:
+                                            p.last = task
+                                            p.append(task)
+                                            n += 1
+                                elif k == OUT:  # else that writer
+                                    p = st.group
+                                    if p.last is not task:
+                                        p.last = task
                                         p.append(task)
                                         n += 1
-                            st.append(task)  # one of the readers since
-                            continue
-                        if st.slot is not None:
-                            supersede(st)
-                        if st:  # the readers since the last writer or set (the item)
-                            for q in st:
-                                p = q.succs
-                                if not p or p[-1] is not task:
+                                elif k is not None:  # or that set
+                                    for p in st.group:
+                                        if p.last is not task:
+                                            p.last = task
+                                            p.append(task)
+                                            n += 1
+                            if first is None:
+                                first = st
+                            elif st is not first:
+                                if more is None:
+                                    more = [st]
+                                else:
+                                    more.append(st)
+                    if in_ is not _NO:
+                        t = type(in_)
+                        for item in in_ if t is list or t is tuple else items(in_):
+                            st = get(item)
+                            if st is None:  # a new item: its first reader
+                                st = scope[item] = _new_list(Item)
+                                st.append(task)
+                                st.kind = st.group = st.preds = st.slot = st.mutex = None
+                                continue
+                            if st is first or (more is not None and st in more):
+                                continue  # it writes the item too
+                            k = st.kind
+                            if k == OUT:  # the last writer
+                                p = st.group
+                                if p.last is not task:
+                                    p.last = task
                                     p.append(task)
                                     n += 1
-                        elif k == OUT:  # else that writer
-                            p = st.group.succs
-                            if not p or p[-1] is not task:
-                                p.append(task)
-                                n += 1
-                        elif k is not None:  # or that set
-                            for q in st.group:
-                                p = q.succs
-                                if not p or p[-1] is not task:
-                                    p.append(task)
-                                    n += 1
-                        st.kind = OUT
-                        st.group = task
-                        st.preds = None
-                        st.clear()
+                                    st.append(task)  # one of the readers since
+                                    continue
+                            elif k is not None:  # or set
+                                for p in st.group:
+                                    if p.last is not task:
+                                        p.last = task
+                                        p.append(task)
+                                        n += 1
+                            if not st or st[-1] is not task:  # (named twice)
+                                st.append(task)
+                except TypeError:  # an unhashable item: matched by identity
+                    unwire_plain(scope, task, (in_, out, inout))
+                else:
+                    if first is not None:  # it is now the last writer of what it writes
+                        if first.slot is not None:
+                            supersede(first)
+                        first.kind = OUT
+                        first.group = task
+                        first.preds = None
+                        if first:
+                            first.clear()
+                        if more is not None:
+                            for st in more:
+                                if st.slot is not None:
+                                    supersede(st)
+                                st.kind = OUT
+                                st.group = task
+                                st.preds = None
+                                st.clear()
                     task.npred = n
                     tasks.append(task)
                     self._prepared = False
@@ -278,7 +297,7 @@ class TaskGraph:
             return task
         task, deps, later = build_task(self.slots, None, self.scope, len(self.tasks), spec, None)
         for p in deps:
-            p.succs.append(task)
+            p.append(task)
         if later:
             self._after_names.extend((task, n) for n in later)
             self._forward = True
@@ -306,9 +325,9 @@ class TaskGraph:
                         f"task {task.name!r}: after={target!r} names no task of this graph"
                     )
                 for p in found:
-                    if task in p.succs:
+                    if task in p:  # (its successors)
                         continue
-                    p.succs.append(task)
+                    p.append(task)
                     task.npred += 1
             self._after_names.clear()
         self.order = self._toposort() if self._forward else None
@@ -342,7 +361,7 @@ class TaskGraph:
         while queue:
             t = queue.popleft()
             order.append(t)
-            for s in t.succs:
+            for s in t:  # (its successors)
                 npred[s.index] -= 1
                 if not npred[s.index]:
                     queue.append(s)
@@ -572,7 +591,7 @@ def _check_workers(workers: Any) -> None:
 def gc_paused() -> Iterator[None]:
     """Pause Python's automatic cyclic garbage collector while building a big graph.
 
-    Every task, item and successor list is a container the collector tracks; as a graph
+    Every task and item is a container the collector tracks; as a graph
     grows, each full collection walks all of it again, which doubles the cost of
     ``add`` at a million tasks (see benchmarks/README.md). Nothing a graph builds is
     garbage, so pausing loses nothing; the collector resumes, as it was, on exit.

@@ -298,7 +298,7 @@ def take_over(run: Run, probe: Probe) -> None:
         t.t0, t.t1, t.worker = start, ends[k], 0
         start = ends[k]
         t.run_state = DONE
-        for s in t.succs:
+        for s in t:  # (its successors)
             s.npred_left -= 1
     for k in range(done, claimed):
         order[k].run_state = RUNNING  # in the caller's hand

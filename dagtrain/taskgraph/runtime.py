@@ -364,7 +364,7 @@ class Run:
                     continue
                 if x is None:  # the common case, inlined: ready the successors
                     task.run_state = DONE
-                    for s in task.succs:
+                    for s in task:  # (its successors)
                         n = s.npred_left - 1
                         s.npred_left = n
                         if not n:
@@ -504,7 +504,7 @@ class Run:
     def _complete(self, task: Task) -> None:
         """Complete a task (lock held): ready its successors, release its mutexes."""
         task.run_state = DONE
-        for s in task.succs:
+        for s in task:  # (its successors)
             n = s.npred_left - 1
             s.npred_left = n
             if not n:
@@ -609,7 +609,7 @@ class Run:
             task, deps, _ = build_task(graph.slots, parent, scope, index, spec, siblings)
             npred = 0
             for p in deps:
-                p.succs.append(task)
+                p.append(task)  # (a successor of p)
                 if p.run_state != DONE:
                     npred += 1
             task.npred_left = npred

@@ -302,15 +302,21 @@ def _extra(name: str) -> property:
     return property(get, put, doc=f"{name} (see Extras)")
 
 
-class Task:
+class Task(list):
     """One node of a graph: a callable, its arguments, and its place among the others.
 
     Returned by :meth:`TaskGraph.add`; pass it to ``after=`` of a later task.
 
+    A task *is* the list of its successors (the tasks that wait for it, in the order
+    they were added; ``succs`` gives a copy): one object per task, not two, because a
+    big graph's build pays an allocation and Python's cyclic collector per object. Read
+    that list, never change it. Tasks compare and hash by identity and do not order;
+    ``len(task)`` is its number of successors.
+
     Fields set by ``add`` (the graph's structure): ``fn``, ``args``, ``kwargs``,
     ``name``, ``priority``, ``cost``, ``index`` (its position in ``TaskGraph.tasks``),
-    ``succs`` (the tasks that wait for it), ``npred`` (how many tasks it waits for) and
-    ``x`` (its rarely used fields, an ``Extras`` record, or None).
+    ``npred`` (how many tasks it waits for) and ``x`` (its rarely used fields, an
+    ``Extras`` record, or None).
 
     Fields shared between the graph and the runtime, written by :mod:`.graph`,
     :mod:`.runtime` and :mod:`.inline` directly (they are the per-task hot path), not
@@ -325,6 +331,8 @@ class Task:
     ``t0``, ``t1``  ``perf_counter()`` when its function was called and returned
     ``worker``      the worker that ran it (0: the calling thread), -1 if it did not
                     run in this run
+    ``last``        the task last linked after it by ``add``'s plain path, which so
+                    links a task once when it is reached through several items
     ==============  ==============================================================
     """
 
@@ -335,17 +343,22 @@ class Task:
         "index",
         "key",
         "kwargs",
+        "last",
         "name",
         "npred",
         "npred_left",
         "priority",
         "run_state",
-        "succs",
         "t0",
         "t1",
         "worker",
         "x",
     )
+    # a record, not a value: identity, as object's; no order
+    __eq__ = object.__eq__
+    __ne__ = object.__ne__
+    __hash__ = object.__hash__  # type: ignore[assignment]
+    __lt__ = __le__ = __gt__ = __ge__ = object.__lt__  # type: ignore[assignment]
 
     def __init__(
         self,
@@ -364,14 +377,22 @@ class Task:
         self.priority = priority
         self.cost = cost
         self.index = index
-        self.succs: list[Task] = []
         self.npred = 0
         self.x: Extras | None = None
+        self.last: Task | None = None
         self.npred_left = 0
         self.run_state = PENDING
         self.key: Any = 0
         self.t0 = self.t1 = 0.0
         self.worker = -1
+
+    def __bool__(self) -> bool:
+        return True  # a task is a task, whether or not anything waits for it
+
+    @property
+    def succs(self) -> list[Task]:
+        """The tasks that wait for this one, in the order they were added (a copy)."""
+        return list(self)
 
     event = _extra("event")
     reads = _extra("reads")

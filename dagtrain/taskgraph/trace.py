@@ -60,7 +60,7 @@ def trace_events(
     if tasks is not None:  # each slice names the slices it depended on (critical paths)
         where = {id(t): i for i, t in enumerate(tasks)}
         for i, t in enumerate(tasks):
-            for s in t.succs:
+            for s in t:  # (its successors)
                 j = where.get(id(s))
                 if j is not None:
                     preds[j].append(i)
@@ -90,7 +90,7 @@ def trace_events(
         for i, t in enumerate(tasks):
             if report.workers_of[i] < 0:
                 continue
-            for s in t.succs:
+            for s in t:  # (its successors)
                 j = pos.get(id(s))
                 if j is None or report.workers_of[j] < 0:
                     continue

@@ -78,8 +78,8 @@ def critical_path(graph: TaskGraph) -> tuple[list[Task], float]:
     rank = upward_ranks(graph)
     t = max(graph.tasks, key=lambda x: (rank[x.index], -x.index))
     path = [t]
-    while t.succs:
-        t = max(t.succs, key=lambda x: (rank[x.index], -x.index))
+    while len(t):  # (a task is the list of its successors)
+        t = max(t, key=lambda x: (rank[x.index], -x.index))
         path.append(t)
     return path, rank[path[0].index]
 
@@ -114,6 +114,6 @@ def plan_graph(
     edges = [
         (t.index, s.index, data(t, s) if callable(data) else float(data))
         for t in graph.tasks
-        for s in t.succs
+        for s in t  # (its successors)
     ]
     return plan(Problem(costs, edges, speeds, bandwidth), method=method)

@@ -54,6 +54,12 @@ def _program(seed: int, n: int = 300) -> list[dict]:
             kw["in_"] = rng.choice(shared)
         elif r < 0.2:
             kw["inout"] = [rng.choice(shared), rng.choice(names)]
+        elif r < 0.25:  # found after the plain path linked the hashable ones: taken back
+            kw["in_"] = [*rng.sample(names, k=2), rng.choice(shared)]
+        elif r < 0.3:
+            kw["out"] = [rng.choice(names), rng.choice(shared)]
+        elif r < 0.35:
+            kw["inout"] = [rng.choice(names), rng.choice(shared)]
         kw["name"] = f"t{i}"
         prog.append(kw)
     return prog
@@ -73,7 +79,7 @@ def _shape(g: TaskGraph) -> tuple:
     def idx(v):
         if v is None:
             return None
-        if isinstance(v, list):
+        if type(v) is list:  # (a task is a list too: of its successors)
             return [t.index for t in v]
         return v.index
 

@@ -18,6 +18,7 @@ import time
 import pytest
 
 from dagtrain.taskgraph import TaskError, TaskGraph, inline
+from dagtrain.taskgraph.task import Task
 
 WAIT = 30.0  # seconds: a deadline for every wait, far above what any run here takes
 LIVE = ("pending", "ready", "running", "parked", "detached")  # never left after a run
@@ -72,23 +73,24 @@ def look_now(g: TaskGraph) -> None:
 # --------------------------------------------------------------------- bugs
 
 
-class _StallInTakeOver(list):
-    """``task.succs`` of a task the caller finished inline: the helper's take_over
-    iterates it (counting the task done) after ``run.probe = None`` and before it sets
-    ``run.current[0]`` / ``run.wid_of[caller]``. The first time, it stalls there until
-    the task body in the caller is done with its add/taskwait, or is blocked on the
-    run's lock (a fixed take_over, which holds it throughout)."""
+class _StallInTakeOver(Task):
+    """A task the caller finished inline, whose successors (the task itself is their
+    list) the helper's take_over iterates (counting it done) before it sets
+    ``run.current[0]`` / ``run.wid_of[caller]`` and clears ``run.probe``. The first time,
+    it stalls there until the task body in the caller is done with its add/taskwait, or
+    is blocked on the run's lock (a fixed take_over, which holds it throughout). Set as
+    the task's class: the same record, another ``__iter__``."""
 
-    def __init__(self, items, caller, inside, resume):
-        super().__init__(items)
-        self.caller, self.inside, self.resume = caller, inside, resume
+    __slots__ = ()
+    caller = inside = resume = None
 
     def __iter__(self):
-        if threading.get_ident() != self.caller and not self.inside.is_set():
-            self.inside.set()
+        cls = type(self)
+        if threading.get_ident() != cls.caller and not cls.inside.is_set():
+            cls.inside.set()
             deadline = time.monotonic() + WAIT
-            while not self.resume.wait(1e-3) and time.monotonic() < deadline:
-                frame = sys._current_frames().get(self.caller)
+            while not cls.resume.wait(1e-3) and time.monotonic() < deadline:
+                frame = sys._current_frames().get(cls.caller)
                 if frame is not None and frame.f_code.co_name == "hand_over":
                     break  # the body waits for the lock this take_over holds
         return super().__iter__()
@@ -125,7 +127,9 @@ def test_a_body_that_adds_while_the_helper_takes_over_gets_the_running_graph(cal
     g.add(parent, name="parent")
     g.add(noop, name="after_first", in_="a")
     g.prepare()
-    first.succs = _StallInTakeOver(first.succs, caller, inside, resume)
+    stall = type("Stall", (_StallInTakeOver,), {"__slots__": ()})
+    stall.caller, stall.inside, stall.resume = caller, inside, resume
+    first.__class__ = stall
     r = g.run(workers=2, inline_below=1e-9)
     assert out == [1]
     assert not [s for s in r.states if s in LIVE]
