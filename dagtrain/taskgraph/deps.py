@@ -366,7 +366,8 @@ def wait_targets(scope: dict, clauses: tuple) -> list[Task]:
 
 def unwire_plain(scope: dict, task: Task, clauses: tuple) -> None:
     """Take back what ``TaskGraph.add``'s plain path did for ``task`` before it met an
-    unhashable item (TypeError), so that ``build_task`` starts from the graph as it was.
+    unhashable item (TypeError: ``build_task`` then starts from the graph as it was), or
+    an item whose ``__hash__``/``__eq__`` raised (the exception propagates).
 
     That path changes nothing but this: new items in ``scope`` (written ones empty, read
     ones holding ``task`` alone), ``task`` appended to the readers of items it reads and
@@ -379,7 +380,7 @@ def unwire_plain(scope: dict, task: Task, clauses: tuple) -> None:
         for item in items(clause):
             try:
                 st = scope.get(item)
-            except TypeError:
+            except Exception:  # (unhashable, or its __hash__/__eq__ raised)
                 continue
             if st is None:
                 continue

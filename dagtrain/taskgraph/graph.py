@@ -222,9 +222,9 @@ class TaskGraph:
                                 first = st
                             elif st is not first:
                                 if more is None:
-                                    more = [st]
+                                    more = {st}  # (items hash by identity)
                                 else:
-                                    more.append(st)
+                                    more.add(st)
                     if in_ is not _NO:
                         t = type(in_)
                         for item in in_ if t is list or t is tuple else items(in_):
@@ -255,6 +255,9 @@ class TaskGraph:
                                 st.append(task)
                 except TypeError:  # an unhashable item: matched by identity
                     unwire_plain(scope, task, (in_, out, inout))
+                except BaseException:  # an item's __hash__/__eq__ raised: as it was
+                    unwire_plain(scope, task, (in_, out, inout))
+                    raise
                 else:
                     if first is not None:  # it is now the last writer of what it writes
                         if first.slot is not None:

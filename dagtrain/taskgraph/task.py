@@ -354,11 +354,21 @@ class Task(list):
         "worker",
         "x",
     )
-    # a record, not a value: identity, as object's; no order
-    __eq__ = object.__eq__
-    __ne__ = object.__ne__
+
+    # A record, not a value: identity, even against a plain list (object's __eq__
+    # would defer to list's reflected one); no order.
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __ne__(self, other: object) -> bool:
+        return self is not other
+
     __hash__ = object.__hash__  # type: ignore[assignment]
-    __lt__ = __le__ = __gt__ = __ge__ = object.__lt__  # type: ignore[assignment]
+
+    def __lt__(self, other: object) -> bool:
+        raise TypeError(f"tasks do not order ({self!r} against {other!r})")
+
+    __le__ = __gt__ = __ge__ = __lt__
 
     def __init__(
         self,
