@@ -198,26 +198,14 @@ class TaskGraph:
                             if st is None:  # a new item: nothing to wait for
                                 st = scope[item] = _new_list(Item)  # Item(), inlined
                                 st.kind = st.group = st.preds = st.slot = st.mutex = None
-                            else:
-                                k = st.kind
-                                if st:  # the readers since the last writer or set
-                                    for p in st:
-                                        if p.last is not task:
-                                            p.last = task
-                                            p.append(task)
-                                            n += 1
-                                elif k == OUT:  # else that writer
-                                    p = st.group
+                            else:  # the readers since the last writer or set, else
+                                # that writer, or that set (a list; None: nothing)
+                                g = st.group
+                                for p in st if st else (g,) if st.kind == OUT else g or ():
                                     if p.last is not task:
                                         p.last = task
                                         p.append(task)
                                         n += 1
-                                elif k is not None:  # or that set
-                                    for p in st.group:
-                                        if p.last is not task:
-                                            p.last = task
-                                            p.append(task)
-                                            n += 1
                             if first is None:
                                 first = st
                             elif st is not first:
@@ -260,20 +248,13 @@ class TaskGraph:
                     raise
                 else:
                     if first is not None:  # it is now the last writer of what it writes
-                        if first.slot is not None:
-                            supersede(first)
-                        first.kind = OUT
-                        first.group = task
-                        first.preds = None
-                        if first:
-                            first.clear()
-                        if more is not None:
-                            for st in more:
-                                if st.slot is not None:
-                                    supersede(st)
-                                st.kind = OUT
-                                st.group = task
-                                st.preds = None
+                        for st in (first,) if more is None else (first, *more):
+                            if st.slot is not None:
+                                supersede(st)
+                            st.kind = OUT
+                            st.group = task
+                            st.preds = None
+                            if st:
                                 st.clear()
                     task.npred = n
                     tasks.append(task)

@@ -15,6 +15,8 @@ import pytest
 
 from dagtrain.taskgraph import TaskError, TaskGraph, inline
 
+from .ordering import assert_ran_in_order
+
 WAIT = 30.0  # seconds: a deadline for every wait, far above what any run here takes
 
 
@@ -211,12 +213,7 @@ def test_random_first_runs_keep_every_dependence(seed):
             g.add(do, name=f"t{i}", in_=ins, out=outs)
     for k in range(len(waiters)):  # independent setters, after everything else
         g.add(events[k].set, name=f"set{k}")
-    r = g.run(workers=workers)
-    assert sorted(log) == list(range(n)) and set(r.states) == {"done"}
-    pos = {t: k for k, t in enumerate(log)}
-    for i, p in preds.items():
-        for j in p:
-            assert pos[j] < pos[i], (j, i)
+    assert_ran_in_order(log, preds, n, g.run(workers=workers))
 
 
 @pytest.mark.parametrize("workers", [1, 2])
