@@ -43,6 +43,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -580,6 +581,7 @@ def launch(
             job.readers.append(t)
 
     previous = {}
+    session: dict[str, str] | None = None
     try:
         # a launcher killed by SIGTERM must take its ranks along
         for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -610,6 +612,11 @@ def launch(
                 spawn(argv, _TORCHRUN_ENV, None, node=k, remote=remote)
         else:
             extra = _TORCHRUN_ENV if launcher == "torchrun" else {}
+            if launcher == "mpirun":
+                # its session directory (named by its pid) inside one of this job's own:
+                # one that a SIGKILLed mpirun left in /tmp stops the next mpirun given
+                # that pid ("The PMIx server's listener thread failed to start")
+                session = extra = {"TMPDIR": tempfile.mkdtemp(prefix="dagtrain-mpirun-")}
             spawn(build_argv(launcher, nprocs, module_args, spec, env), extra, None)
         if on_start is not None:
             on_start(job)
@@ -650,3 +657,5 @@ def launch(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if session is not None:  # (its ranks are gone: the job ended or was killed)
+            shutil.rmtree(session["TMPDIR"], ignore_errors=True)
