@@ -27,6 +27,7 @@ from .params import config_schema, dag_params
 from .schema import (
     DEFAULT_LAUNCHER,
     FILE_ONLY,
+    HOME_VARIABLE,
     RUN_SECTIONS,
     ArtifactsConfig,
     Backend,
@@ -48,6 +49,7 @@ from .schema import (
 __all__ = [
     "DEFAULT_LAUNCHER",
     "FILE_ONLY",
+    "HOME_VARIABLE",
     "RUN_SECTIONS",
     "ArtifactsConfig",
     "Backend",

@@ -10,9 +10,36 @@ from pydantic import ValidationError
 
 from .schema import _BUILTINS, FILE_ONLY, NOT_APPLICABLE, ConfigError, PipelineConfig
 
-__all__ = ["apply_sets", "deep_merge", "load_config", "merge_conf", "parse_sets", "validate"]
+__all__ = [
+    "apply_sets",
+    "deep_merge",
+    "load_config",
+    "merge_conf",
+    "parse_sets",
+    "unknown_key",
+    "validate",
+]
 
 # -- errors ------------------------------------------------------------------------------
+
+
+def unknown_key(loc: tuple[Any, ...]) -> str:
+    """What to say of a key the schema does not know, at ``loc`` (a section, or a field
+    of one): its name, and the closest known name if one is close."""
+    import difflib
+
+    model: Any = PipelineConfig
+    for part in loc[:-1]:
+        field = getattr(model, "model_fields", {}).get(part)
+        model = getattr(field, "annotation", None)
+    known = sorted(getattr(model, "model_fields", {}))
+    name = str(loc[-1])
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    hint = f" — did you mean {close[0]!r}?" if close else f" (known: {', '.join(known)})"
+    if len(loc) == 1:
+        return f"unknown section {name!r}{hint}"
+    section = ".".join(str(p) for p in loc[:-1])
+    return f"{section}.{name}: unknown field {name!r} of {section}{hint}"
 
 
 def _explain(e: ValidationError, where: str) -> ConfigError:
@@ -21,8 +48,8 @@ def _explain(e: ValidationError, where: str) -> ConfigError:
         loc = ".".join(str(x) for x in err["loc"])
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            msg = "unknown field (check its spelling and its section)"
-        if not loc or isinstance(err.get("input"), dict):  # a check across fields:
+            lines.append(f"  {unknown_key(tuple(err['loc']))}")
+        elif not loc or isinstance(err.get("input"), dict):  # a check across fields:
             lines.append(f"  {msg}")  # its message names them
         else:
             lines.append(f"  {loc}: {msg} (got {err.get('input')!r})")
@@ -118,12 +145,9 @@ def merge_conf(cfg: PipelineConfig, conf: dict[str, Any] | None) -> PipelineConf
     conf = dict(conf or {})
     if not conf:
         return cfg
-    known = set(PipelineConfig.model_fields)
     for k in conf:
-        if k not in known:
-            raise ConfigError(
-                f"conf: unknown section {k!r}; sections are {', '.join(sorted(known))}"
-            )
+        if k not in PipelineConfig.model_fields:
+            raise ConfigError(f"conf: {unknown_key((k,))}")
     for field, value in _author_only(cfg).items():
         got = _get(conf, field)
         if got is not _MISSING and got != value:

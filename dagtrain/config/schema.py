@@ -8,6 +8,7 @@ airflow.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -364,13 +365,22 @@ class RoundsConfig(_Section):
     outer_momentum: float = Field(0.9, ge=0, lt=1, description="Nesterov momentum")
 
 
+# where a pipeline's artifacts go when artifacts.root is not set: the dagtrain home's
+# folder under the `dagtrain` commands (they set the variable for every process they
+# start), else this, relative to the config file
+HOME_VARIABLE = "DAGTRAIN_HOME"
+DEFAULT_ARTIFACTS = "../.dagtrain/artifacts"
+
+
 class ArtifactsConfig(_Section):
     """Where the pipeline's data, checkpoints, traces and registry go (file only)."""
 
-    root: str = Field(
-        "../.dagtrain/artifacts",
-        description="where data, checkpoints, traces and the model registry go; relative "
-        "to the config file (config files only)",
+    root: str | None = Field(
+        None,
+        description="where data, checkpoints, traces and the model registry go, relative "
+        "to the config file (config files only). Not set: the dagtrain home's artifacts "
+        "folder under `dagtrain run`/`up` (<home>/artifacts, so --home holds them), else "
+        f"{DEFAULT_ARTIFACTS} relative to the config file",
     )
 
 
@@ -407,8 +417,15 @@ class PipelineConfig(_RunSections):
             q = Path(self.base_dir) / q
         return q.resolve()
 
-    def artifact_root(self) -> Path:
-        return self.path(self.artifacts.root) / self.name
+    def artifact_root(self, home: str | Path | None = None) -> Path:
+        """``<artifacts.root>/<name>``; without ``artifacts.root``, the dagtrain home's
+        ``artifacts/`` (``home``, else ``$DAGTRAIN_HOME``), else
+        ``../.dagtrain/artifacts`` beside the config file."""
+        root = self.artifacts.root
+        home = home or os.environ.get(HOME_VARIABLE)
+        if root is None and home:
+            return Path(home).resolve() / "artifacts" / self.name
+        return self.path(root or DEFAULT_ARTIFACTS) / self.name
 
     def data_source(self) -> str:
         s = self.data.source

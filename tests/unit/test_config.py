@@ -173,3 +173,42 @@ def test_a_section_the_pipeline_does_not_use_is_neither_offered_nor_accepted(tmp
     rounds = load_config(write(tmp_path, "pipeline: rounds\n"))
     assert "rounds" not in fixed_sections(rounds)
     assert merge_conf(rounds, {"rounds": {"local_steps": 3}}).rounds.local_steps == 3
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("trainig:\n  epochs: 3\n", "unknown section 'trainig' — did you mean 'training'?"),
+        ("modle: {name: mlp}\n", "unknown section 'modle' — did you mean 'model'?"),
+        (
+            "training: {batchsize: 32}\n",
+            "training.batchsize: unknown field 'batchsize' of training — did you mean "
+            "'batch_size'?",
+        ),
+    ],
+)
+def test_a_misspelt_section_or_field_is_named_with_the_name_meant(tmp_path, text, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, text))
+    assert message in str(info.value), str(info.value)
+
+
+def test_a_runs_conf_names_a_misspelt_section_as_a_file_does(tmp_path):
+    cfg = load_config(write(tmp_path, "model: {name: mlp}\n"))
+    with pytest.raises(ConfigError) as info:
+        merge_conf(cfg, {"trainig": {"epochs": 3}})
+    assert str(info.value) == "conf: unknown section 'trainig' — did you mean 'training'?"
+    with pytest.raises(ConfigError) as info:
+        merge_conf(cfg, {"zzz": {}})
+    assert "unknown section 'zzz' (known: artifacts, data, " in str(info.value)
+
+
+def test_without_artifacts_root_a_dagtrain_home_holds_the_artifacts(tmp_path, monkeypatch):
+    cfg = load_config(write(tmp_path, "name: x\n"))
+    monkeypatch.delenv("DAGTRAIN_HOME", raising=False)
+    assert cfg.artifact_root() == (tmp_path / "../.dagtrain/artifacts/x").resolve()
+    monkeypatch.setenv("DAGTRAIN_HOME", str(tmp_path / "home"))
+    assert cfg.artifact_root() == tmp_path / "home" / "artifacts" / "x"
+    assert cfg.artifact_root(tmp_path / "h2") == tmp_path / "h2" / "artifacts" / "x"
+    pinned = load_config(write(tmp_path, "name: x\nartifacts: {root: art}\n"))
+    assert pinned.artifact_root() == tmp_path / "art" / "x"  # the file's own: beside it
