@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from dagtrain.stages.verdict import exact, shown
+
 __all__ = ["outcome_lines"]
 
 
@@ -29,12 +31,17 @@ def outcome_lines(
     )
     champ, champ_metrics = evaluation.get("champion"), evaluation.get("champion_metrics")
     if promoted:
-        was = (
-            f", was v{champ} ({champ_metrics['test_accuracy']:.4f})"
-            if champ is not None and champ_metrics
-            else ", the first champion"
-        )
-        lines.append(f"promoted v{promoted['version']} ({m['test_accuracy']:.4f}){was}")
+        if champ is not None and champ_metrics:
+            # as many digits as it takes to show the two apart (a promotion is a change)
+            new, old = shown(
+                [exact(m, "test_accuracy"), exact(champ_metrics, "test_accuracy")],
+                lambda v: v[0] != v[1],
+            )
+            lines.append(f"promoted v{promoted['version']} ({new}), was v{champ} ({old})")
+        else:
+            lines.append(
+                f"promoted v{promoted['version']} ({m['test_accuracy']:.4f}), the first champion"
+            )
     elif evaluation.get("better"):
         lines.append("not promoted: the promote stage did not succeed")
     else:

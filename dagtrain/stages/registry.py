@@ -21,6 +21,7 @@ from typing import Any
 from dagtrain.config import PipelineConfig
 
 from .files import atomic_write, read_json, write_json
+from .verdict import better
 
 __all__ = ["better", "champion", "evaluate_checkpoint", "promote", "promoted_in"]
 
@@ -29,7 +30,8 @@ def evaluate_checkpoint(
     cfg: PipelineConfig, manifest: dict[str, Any], ckpt: str, split: str = "test"
 ) -> dict[str, float]:
     """Metrics of the model in checkpoint ``ckpt`` on a prepared split (``test`` or
-    ``val``), named after it: ``test_accuracy``, ``test_loss``, ``test_samples``."""
+    ``val``), named after it: ``test_accuracy``, ``test_loss``, ``test_correct``,
+    ``test_samples``."""
     from dagtrain.training import checkpoint
     from dagtrain.training.data import load_dataset
     from dagtrain.training.models import build_model, evaluate
@@ -41,8 +43,7 @@ def evaluate_checkpoint(
         cfg.model.name, tuple(manifest["in_shape"]), manifest["classes"], **cfg.model.args
     )
     model.load_state_dict(checkpoint.load(ckpt)["model"])
-    metrics = evaluate(model, test.x_train, test.y_train, split)
-    return {**metrics, f"{split}_samples": len(test.y_train)}
+    return evaluate(model, test.x_train, test.y_train, split)
 
 
 def _dir(cfg: PipelineConfig) -> Path:
@@ -77,25 +78,6 @@ def promoted_in(cfg: PipelineConfig, run_id: str) -> dict[str, Any] | None:
     versions = read_json(path)["versions"]
     return next(
         (v for v in versions if v["promoted"] and v["lineage"].get("run_id") == run_id), None
-    )
-
-
-def better(cfg: PipelineConfig, challenger: dict[str, float], champ: dict | None) -> tuple:
-    """(promote?, why) for a challenger's metrics against the champion's."""
-    ev = cfg.evaluation
-    acc = challenger.get("test_accuracy", 0.0)
-    if acc < ev.min_accuracy:
-        return False, f"test accuracy {acc:.4f} is below evaluation.min_accuracy {ev.min_accuracy}"
-    if champ is None:
-        return True, "the first model: no champion yet"
-    mine, theirs = challenger[ev.metric], champ["metrics"][ev.metric]
-    gain = mine - theirs if ev.metric == "test_accuracy" else theirs - mine
-    name = ev.metric.replace("_", " ")
-    if gain > ev.min_improvement:
-        return True, f"{name} {mine:.4f} beats v{champ['version']}'s {theirs:.4f}"
-    return False, (
-        f"{name} {mine:.4f} does not beat v{champ['version']}'s {theirs:.4f} "
-        f"by more than {ev.min_improvement}"
     )
 
 

@@ -154,7 +154,8 @@ def test_asset_scheduled_retraining_runs_and_a_worse_model_is_not_promoted(tmp_p
         assert x.stdout.count("train epoch ") == 2 and x.stdout.count("train started") == 1
     assert re.search(r"^promoted v1 \(", first.stdout, re.M), first.stdout
     assert re.search(
-        r"^not promoted: test accuracy [\d.]+ does not beat v1's [\d.]+ by more than 0\.5$",
+        r"^not promoted: test accuracy [\d.]+ does not beat the champion v1's [\d.]+ "
+        r"by more than 0\.5$",
         second.stdout,
         re.M,
     ), second.stdout

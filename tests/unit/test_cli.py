@@ -74,7 +74,9 @@ def test_closing_lines_when_not_better_than_the_champion(tmp_path):
     ok, why = better(load_config(cfg), {"test_accuracy": 0.9612}, champ)
     ev = {"metrics": {**METRICS, "test_accuracy": 0.9612}, "champion": 1, "better": ok}
     last = outcome_lines(None, {**ev, "reason": why}, None)[-1]
-    assert last == "not promoted: test accuracy 0.9612 does not beat v1's 0.9694 by more than 0.0"
+    assert last == (
+        "not promoted: test accuracy 0.9612 does not beat the champion v1's 0.9694 by more than 0.0"
+    )
 
 
 def test_closing_lines_when_below_the_floor(tmp_path):
@@ -88,3 +90,99 @@ def test_closing_lines_when_below_the_floor(tmp_path):
     last = outcome_lines(None, {**ev, "reason": why}, None)[-1]
     assert last == "not promoted: test accuracy 0.7354 is below evaluation.min_accuracy 0.9"
     assert not re.search("champion", last)
+
+
+MODELS = """
+import math
+from torch import nn
+
+
+def small_mlp(in_shape, classes, width=64):
+    return nn.Sequential(
+        nn.Flatten(), nn.Linear(math.prod(in_shape), width), nn.ReLU(), nn.Linear(width, classes)
+    )
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("model: {name: mlp, args: {hiddn: [8]}}\n", "model.args {'hiddn': [8]}: bad model_args"),
+        (
+            "model: {name: 'my_models:small_mlp', args: {widht: 8}}\n",
+            "unexpected keyword argument 'widht'",
+        ),
+        ("model: {name: 'my_models:big_mlp'}\n", "module 'my_models' has no 'big_mlp'"),
+        ("model: {name: 'not_beside:small_mlp'}\n", "no module 'not_beside' can be imported"),
+        ("data: {source: labels.csv}\n", "labels must be the classes 0..C-1, each present"),
+        ("trainig: {epochs: 3}\n", "unknown section 'trainig' — did you mean 'training'?"),
+    ],
+)
+def test_validate_refuses_what_the_ranks_would_refuse_naming_the_field(tmp_path, text, needle):
+    (tmp_path / "my_models.py").write_text(MODELS)  # beside the config: the ranks see it
+    (tmp_path / "labels.csv").write_text("".join(f"{i},{i + 1},{1 + i % 3}\n" for i in range(12)))
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text(text)
+    r = runner.invoke(app, ["validate", str(cfg), "--home", str(tmp_path / "home")])
+    assert r.exit_code == 2 and needle in r.output, r.output
+
+
+def test_validate_accepts_a_model_module_beside_the_config_without_pythonpath(
+    tmp_path, monkeypatch
+):
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    (tmp_path / "my_models.py").write_text(MODELS)
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text("model: {name: 'my_models:small_mlp', args: {width: 8}}\n")
+    r = runner.invoke(app, ["validate", str(cfg), "--home", str(tmp_path / "home")])
+    assert r.exit_code == 0, r.output
+    # no artifacts.root: the home holds them, as `dagtrain run --home` would put them
+    assert f"artifacts in {tmp_path / 'home' / 'artifacts' / 'digits'}" in r.output.replace(
+        "\n", ""
+    )
+
+
+def test_validate_refuses_cuda_on_a_machine_without_it(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text("distributed: {device: cuda}\n")
+    r = runner.invoke(app, ["validate", str(cfg)])
+    assert r.exit_code == 2
+    assert "distributed.device is cuda but this machine has no CUDA device" in r.output
+
+
+def test_validate_refuses_parquet_without_its_reader_and_prints_text_as_written(
+    tmp_path, monkeypatch
+):
+    import importlib.util
+
+    (tmp_path / "d.parquet").write_bytes(b"PAR1")
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text("data: {source: d.parquet}\n")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: None if n == "pyarrow" else real(n, *a)
+    )
+    r = runner.invoke(app, ["validate", str(cfg)])
+    assert r.exit_code == 2
+    assert "data.source 'd.parquet': reading parquet needs pandas and pyarrow" in r.output
+    # a message's brackets are text, not console markup: the install command stays whole
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: None if n == "mpi4py" else real(n, *a)
+    )
+    cfg.write_text("data: {source: digits}\n")
+    r = runner.invoke(app, ["validate", str(cfg)])
+    assert r.exit_code == 2 and "pip install 'airflow-provider-dagtrain[train]'" in r.output
+
+
+def test_run_set_names_a_misspelt_section_before_anything_starts(tmp_path):
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text("name: p\n")
+    home = tmp_path / "home"
+    r = runner.invoke(app, ["run", str(cfg), "--set", "trainig.epochs=3", "--home", str(home)])
+    assert r.exit_code == 2
+    assert "conf: unknown section 'trainig' — did you mean 'training'?" in r.output, r.output
+    assert not (home / "airflow").exists()  # nothing started
