@@ -1,24 +1,41 @@
-"""Which rank this process is, as its launcher said in the environment.
+"""Which rank this process is, as its launcher said in the environment, and why it
+failed, as data for the launcher.
 
-The one module both ``dagtrain.launch`` (which sets these variables) and the ranks
-(which read them before any backend is initialised) import. Standard library only.
+The one module both ``dagtrain.launch`` (which sets these variables and reads the
+failures) and the ranks (which read them before any backend is initialised) import.
+Standard library only, and the project's base modules.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
+import time
+import traceback
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from dagtrain.errors import FAIL_FAST
 
 __all__ = [
+    "ERROR_DIR",
     "FIRST_COLLECTIVE",
     "ON_HOST",
     "RANK_VARIABLES",
     "die_with_parent",
     "env_rank",
     "parent_death_signal",
+    "read_failures",
+    "report_failure",
 ]
+
+# the folder where a rank that fails writes why, as data (``rank<N>.json``: its error's
+# type and message, when, and whether another try would fail the same way), for the
+# launcher to read: torchrun's error files, in dagtrain's own words
+ERROR_DIR = "DAGTRAIN_ERROR_DIR"
 
 # what a rank prints (stderr) as it reaches its first collective: the launcher names a
 # rank that never printed it as the one the others waited for
@@ -39,6 +56,47 @@ def env_rank() -> str | None:
         if var in os.environ:
             return os.environ[var]
     return None
+
+
+def report_failure(rank: str, error: BaseException) -> None:
+    """Write why this rank failed into the launcher's ``ERROR_DIR`` (atomically; nothing
+    without one). ``fail_fast``: the error, or one it was raised from (a task of the
+    step graph wraps what its body raised), is bad input or a missing dependency
+    (``dagtrain.errors.FAIL_FAST``), which another try would meet again; that one is
+    then the error reported."""
+    folder = os.environ.get(ERROR_DIR)
+    if not folder:
+        return
+    from dagtrain.taskgraph.atomic import atomic_write
+
+    cause: BaseException | None = error
+    while cause is not None and not isinstance(cause, FAIL_FAST):
+        cause = cause.__cause__
+    shown = cause or error
+    record = {
+        "rank": int(rank) if rank.isdigit() else None,
+        "type": type(shown).__name__,
+        "message": str(shown),
+        "time": time.time(),
+        "fail_fast": cause is not None,
+        "traceback": "".join(traceback.format_exception(error))[-6000:],
+    }
+    atomic_write(Path(folder) / f"rank{rank}.json", json.dumps(record).encode())
+
+
+def read_failures(folder: str | Path | None) -> list[dict[str, Any]]:
+    """The failures ranks reported in ``folder``, the earliest first."""
+    if folder is None:
+        return []
+    found = []
+    for path in Path(folder).glob("rank*.json"):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and isinstance(record.get("rank"), int):
+            found.append(record)
+    return sorted(found, key=lambda r: float(r.get("time") or 0))
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:

@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.text import Text
 
-from .common import ConfigArg, Sets, load, out, preflight
+from .common import ConfigArg, HomeOpt, Sets, load, out, preflight
+from .logs import logs
 from .run import run
 from .server import trigger, up
 
@@ -49,18 +52,23 @@ def _main(
 
 
 @app.command()
-def validate(config: ConfigArg, sets: Sets = None) -> None:
+def validate(config: ConfigArg, sets: Sets = None, home: HomeOpt = Path(".dagtrain")) -> None:
     """Check a config and what a run would fail on at once, running nothing.
 
-    The fields (and --set overrides), the data file, the backend's library and a model
-    factory's module."""
+    The fields (and --set overrides), the data (its file, reader and labels), the
+    backend's library, the model (its factory imported as the ranks would, built with
+    model.args on PyTorch's meta device) and distributed.device."""
     _, _, eff = load(config, sets)
-    preflight(eff)
+    preflight(eff, home)
     out.print(
-        f"[green]ok[/] {config}: pipeline [bold]{eff.name}[/] ({eff.pipeline}), model "
-        f"{eff.model.name}, {eff.distributed.ranks} {eff.distributed.backend} rank(s), "
-        f"{eff.training.epochs} epoch(s); artifacts in {eff.artifact_root()}",
-        highlight=False,
+        Text.assemble(
+            ("ok", "green"),
+            f" {config}: pipeline ",
+            (eff.name, "bold"),
+            f" ({eff.pipeline}), model {eff.model.name}, {eff.distributed.ranks} "
+            f"{eff.distributed.backend} rank(s), {eff.training.epochs} epoch(s); artifacts in "
+            f"{eff.artifact_root(home)}",  # as `dagtrain run --home` would
+        )
     )
 
 
@@ -80,10 +88,15 @@ def schema(markdown: Annotated[bool, typer.Option(help="the config reference")] 
 app.command()(run)
 app.command()(trigger)
 app.command()(up)
+app.command()(logs)
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except KeyboardInterrupt:  # Ctrl-C: the shell's exit code, and no traceback
+        sys.stderr.write("\n")
+        raise SystemExit(130) from None
 
 
 if __name__ == "__main__":

@@ -8,13 +8,24 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
-from dagtrain.config import ConfigError, PipelineConfig, load_config, merge_conf, parse_sets
+from dagtrain.config import (
+    HOME_VARIABLE,
+    ConfigError,
+    PipelineConfig,
+    load_config,
+    merge_conf,
+    parse_sets,
+)
 
 __all__ = ["ConfigArg", "HomeOpt", "Sets", "err", "fail", "home_of", "load", "out", "preflight"]
 
-out = Console(soft_wrap=True)  # soft: a long path stays one line, whole when copied
-err = Console(stderr=True, soft_wrap=True)
+# soft: a long path stays one line, whole when copied. No markup: what is printed is
+# often text the CLI did not write (a path, an error, "pip install 'x[train]'"); style
+# is given as such (style=, Text)
+out = Console(soft_wrap=True, markup=False, highlight=False)
+err = Console(stderr=True, soft_wrap=True, markup=False, highlight=False)
 
 Sets = Annotated[
     list[str] | None,
@@ -27,14 +38,14 @@ HomeOpt = Annotated[
     Path,
     typer.Option(
         "--home",
-        envvar="DAGTRAIN_HOME",
+        envvar=HOME_VARIABLE,
         help="project-local directory for Airflow's SQLite DB, logs and generated DAGs",
     ),
 ]
 
 
 def fail(msg: str, code: int = 1) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {msg}", highlight=False)
+    err.print(Text.assemble(("error:", "bold red"), f" {msg}"))
     return typer.Exit(code)
 
 
@@ -50,11 +61,12 @@ def load(
         raise fail(str(e), 2) from None
 
 
-def preflight(cfg: PipelineConfig) -> None:
+def preflight(cfg: PipelineConfig, home: Path | None = None) -> None:
     """What a run of ``cfg`` would fail on at once, checked here and now: the data file,
-    the backend's library, the model factory's module. Exits 2 naming the field."""
-    import importlib.util
-
+    the backend's library, and, in a process with the PYTHONPATH the ranks will get
+    (``dagtrain.training.preflight``), the data's labels, the model factory, the model
+    built with ``model.args`` on the meta device, ``distributed.device``. Exits 2
+    naming the field."""
     from dagtrain.errors import InputError, MissingDependency
     from dagtrain.stages.files import check_source
     from dagtrain.sync import require
@@ -62,20 +74,69 @@ def preflight(cfg: PipelineConfig) -> None:
     try:
         check_source(cfg)
         require(cfg.distributed.backend)
+        _check_model(cfg, home)
     except (InputError, MissingDependency) as e:
         raise fail(str(e), 2) from None
-    if ":" in cfg.model.name:
-        module = cfg.model.name.partition(":")[0]
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
-            raise fail(
-                f"model.name {cfg.model.name!r}: no module {module!r} can be imported here "
-                "(is it on PYTHONPATH, next to the DAG files?)",
-                2,
-            )
+
+
+def _check_model(cfg: PipelineConfig, home: Path | None) -> None:
+    import importlib.util
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from dagtrain.errors import InputError, MissingDependency
+    from dagtrain.rank_env import parent_death_signal
+    from dagtrain.stages.train import rank_pythonpath
+
+    if importlib.util.find_spec("torch") is None:
+        raise MissingDependency(
+            "training needs torch, which is not installed in this environment "
+            f"({sys.prefix}): pip install 'airflow-provider-dagtrain[train]'"
+        )
+    plugins = (home or Path(".dagtrain")).resolve() / "airflow" / "plugins"
+    spec = {
+        "model": cfg.model.model_dump(mode="json"),
+        "data": cfg.data_source(),
+        # the ranks of a host list run elsewhere: their devices are theirs to check
+        "device": "cpu"
+        if cfg.distributed.hosts or cfg.distributed.hosts_connection
+        else cfg.distributed.device,
+    }
+    env = {**os.environ, "PYTHONPATH": rank_pythonpath(cfg.base_dir, plugins)}
+    try:
+        r = subprocess.run(
+            [sys.executable, "-m", "dagtrain.training.preflight", json.dumps(spec)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+            # the terminal's Ctrl-C is the command's to handle, not the check's: it ends
+            # in seconds, and dies with the command (SIGKILL on a second Ctrl-C)
+            start_new_session=True,
+            preexec_fn=parent_death_signal(signal.SIGKILL),
+        )
+    except subprocess.TimeoutExpired:
+        raise InputError(
+            f"checking model.name {cfg.model.name!r} and data.source took over 300 s "
+            "(importing the factory, or reading the data): look at what they do at import"
+        ) from None
+    lines = r.stdout.strip().splitlines()
+    try:
+        result = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        result = None
+    if not isinstance(result, dict):
+        tail = "\n".join((r.stderr or r.stdout).strip().splitlines()[-8:])
+        raise InputError(
+            f"the check of model.name {cfg.model.name!r} and data.source did not finish "
+            f"(exit code {r.returncode}); its last lines:\n{tail}"
+        )
+    if not result.get("ok"):
+        raise InputError(str(result.get("error")))
 
 
 def home_of(home: Path, dags: Path | None = None, port: int = 8080, host: str = "127.0.0.1"):

@@ -194,7 +194,7 @@ def up(
         while not stop["now"]:
             dead = [n for n, p in procs.items() if p.poll() is not None]
             if dead:
-                err.print(f"[red]{', '.join(dead)} exited; see {h.logs}[/]")
+                err.print(f"{', '.join(dead)} exited; see {h.logs}", style="red")
                 break
             time.sleep(0.5)
     finally:

@@ -10,13 +10,22 @@ package imports neither torch nor MPI.
 from __future__ import annotations
 
 from .hosts import Hosts, from_extra
-from .launcher import LAUNCHERS, Job, RankFailure, build_argv, launch, node_argvs
+from .launcher import (
+    LAUNCHERS,
+    Job,
+    RankFailure,
+    RankInputError,
+    build_argv,
+    launch,
+    node_argvs,
+)
 
 __all__ = [
     "LAUNCHERS",
     "Hosts",
     "Job",
     "RankFailure",
+    "RankInputError",
     "build_argv",
     "from_extra",
     "launch",

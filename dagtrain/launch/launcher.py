@@ -50,15 +50,29 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import get_args
+from typing import Any, get_args
 
 from dagtrain.config import Launcher
 from dagtrain.errors import InputError
-from dagtrain.rank_env import FIRST_COLLECTIVE, ON_HOST, parent_death_signal
+from dagtrain.rank_env import (
+    ERROR_DIR,
+    FIRST_COLLECTIVE,
+    ON_HOST,
+    parent_death_signal,
+    read_failures,
+)
 
 from .hosts import Hosts, is_local
 
-__all__ = ["LAUNCHERS", "Job", "RankFailure", "build_argv", "launch", "node_argvs"]
+__all__ = [
+    "LAUNCHERS",
+    "Job",
+    "RankFailure",
+    "RankInputError",
+    "build_argv",
+    "launch",
+    "node_argvs",
+]
 
 LAUNCHERS: tuple[str, ...] = get_args(Launcher)
 _TAIL = 30
@@ -71,7 +85,12 @@ _LOST = 255
 
 
 class RankFailure(RuntimeError):
-    """A rank exited non-zero or was killed; the job was stopped."""
+    """A rank exited non-zero or was killed; the job was stopped.
+
+    ``how`` says how it ended (``exited with code 1``, ``was killed by SIGKILL``, ``was
+    lost with its host: ...``); ``error`` is what the rank itself reported (its error's
+    type and message), if it reported one; ``summary`` is the message's first sentence
+    (``rank 1 on host b exited with code 1 (ValueError: ...)``)."""
 
     def __init__(
         self,
@@ -82,6 +101,7 @@ class RankFailure(RuntimeError):
         detail: str = "",
         how: str | None = None,
         host: str | None = None,
+        error: str | None = None,
     ) -> None:
         if how is None:
             how = f"was killed by {signal_name}" if signal_name else f"exited with code {exit_code}"
@@ -89,14 +109,41 @@ class RankFailure(RuntimeError):
         if host:
             who += f" on host {host}"
         tail = "\n".join(f"    {line}" for line in log_tail[-12:]) or "    (no output)"
-        super().__init__(
-            f"{who} {how}{detail}; the other ranks were stopped. Last lines of its log:\n{tail}"
-        )
+        self.summary = self._summary(who, how, detail, error)  # the first sentence
+        super().__init__(self._message(self.summary, tail))
         self.rank = rank
         self.exit_code = exit_code
         self.signal = signal_name
         self.log_tail = list(log_tail)
         self.host = host
+        self.how = how
+        self.error = error
+
+    @staticmethod
+    def _summary(who: str, how: str, detail: str, error: str | None) -> str:
+        return f"{who} {how}{detail}"
+
+    @staticmethod
+    def _message(summary: str, tail: str) -> str:
+        return f"{summary}; the other ranks were stopped. Last lines of its log:\n{tail}"
+
+
+class RankInputError(RankFailure, InputError):
+    """A rank refused its input (``dagtrain.errors.InputError`` or ``MissingDependency``
+    raised in the rank: a model's arguments, a factory it cannot import, a device it
+    lacks, data it cannot read). Another try would meet the same input, so it is an
+    InputError too: an Airflow task fails at once, without retries."""
+
+    @staticmethod
+    def _summary(who: str, how: str, detail: str, error: str | None) -> str:
+        return f"{who} refused its input: {error}"
+
+    @staticmethod
+    def _message(summary: str, tail: str) -> str:
+        return (
+            f"{summary}; the other ranks were stopped (bad input: another try would fail "
+            "the same way, so it is not retried)"
+        )
 
 
 def _free_port() -> int:
@@ -317,6 +364,7 @@ class Job:
     node_of_rank: dict[int, int] = field(default_factory=dict)  # torchrun: rank -> procs[k]
     lost: list[str] = field(default_factory=list)  # hosts the launcher said it lost
     nprocs: int = 0
+    error_dir: Path | None = None  # where the ranks write why they failed (rank_env)
 
     def host_of(self, rank: int | None) -> str | None:
         """The host ``rank`` ran on: the name it reported, and the host list's entry
@@ -450,9 +498,16 @@ def _diagnose(
             how=f"was lost with its host: {why}",
             host=job.host_of(rank) or host,
         )
+    # what the ranks reported themselves: their files, and (a rank whose file this host
+    # cannot see) their last words on stderr; the earliest failure is the cause
+    records = {r["rank"]: r for r in read_failures(job.error_dir)}
     with job.lock:
         text = "\n".join([*job.lines, *(line for t in job.tails.values() for line in t)])
-        ours = sorted(job.failed, key=lambda f: f[0])  # the earliest failure is the cause
+        ours = sorted(
+            [f for f in job.failed if f[1] not in records]
+            + [(float(r["time"]), k, f"{r['type']}: {r['message']}") for k, r in records.items()],
+            key=lambda f: f[0],
+        )
     rank: int | None = None
     code: int | None = None
     sig: str | None = None
@@ -502,7 +557,10 @@ def _diagnose(
     with job.lock:
         # the rank's own last lines; the launcher's only when the rank printed none
         tail = list(job.tails.get(rank) or job.lines[-_TAIL:])
-    return RankFailure(rank, code, sig, tail, detail, how, host=job.host_of(rank))
+    record = records.get(rank) if rank is not None else None
+    kind = RankInputError if record is not None and record.get("fail_fast") else RankFailure
+    error = f"{record['type']}: {record['message']}" if record is not None else None
+    return kind(rank, code, sig, tail, detail, how, host=job.host_of(rank), error=error)
 
 
 def launch(
@@ -515,15 +573,20 @@ def launch(
     timeout: float | None = None,
     grace: float = 5.0,
     on_start: Callable[[Job], None] | None = None,
+    error_dir: str | Path | None = None,
 ) -> Job:
     """Run ``python -m <module_args>`` on ``nprocs`` ranks; return the Job when all
     exit 0 (``job.placement``: the host each rank reported).
 
+    ``error_dir``: where a failing rank writes why (``dagtrain.rank_env``); ranks on
+    other hosts need it on storage they share (default: a temporary folder here,
+    removed when the job ends).
+
     ``hosts``: a host list (``host:slots`` entries, or a Hosts with its rsh agent and
     environment) for ranks on several machines. Raises RankFailure when a rank fails
-    or a host is lost (the others are stopped within ``grace`` + 5 s), TimeoutError
-    after ``timeout`` seconds (every rank killed), InputError for a host list the
-    launcher cannot use.
+    (RankInputError, an InputError too, when it refused its input) or a host is lost
+    (the others are stopped within ``grace`` + 5 s), TimeoutError after ``timeout``
+    seconds (every rank killed), InputError for a host list the launcher cannot use.
     """
     if nprocs < 1:
         raise ValueError(f"nprocs must be >= 1, not {nprocs}")
@@ -539,6 +602,10 @@ def launch(
                 "mpirun or torchrun to run ranks on other hosts"
             )
         spec = None
+    own_errors = error_dir is None
+    error_dir = Path(tempfile.mkdtemp(prefix="dagtrain-errors-") if own_errors else error_dir)
+    error_dir.mkdir(parents=True, exist_ok=True)
+    env = {**(env or {}), ERROR_DIR: str(error_dir)}  # every rank, on every host
     nodes = (
         node_argvs(nprocs, module_args, spec, env)
         if launcher == "torchrun" and _nodes_apart(spec)
@@ -548,7 +615,7 @@ def launch(
     base = {**os.environ, **_spec_env(spec), **(env or {}), "PYTHONUNBUFFERED": "1"}
     orphan_guard = parent_death_signal(signal.SIGTERM)
     procs: list[subprocess.Popen] = []
-    job = Job(procs, direct=launcher == "direct", hosts=spec, nprocs=nprocs)
+    job = Job(procs, direct=launcher == "direct", hosts=spec, nprocs=nprocs, error_dir=error_dir)
 
     def spawn(
         argv: list[str],
@@ -580,18 +647,22 @@ def launch(
             t.start()
             job.readers.append(t)
 
-    previous = {}
+    previous: dict[int, Any] = {}
+
+    def stopped(signum: int, frame: Any) -> None:
+        # whoever handled the signal before runs first: inside an Airflow task that is
+        # the task runner's, which calls the operator's on_kill (it kills this job)
+        before = previous.get(signum)
+        if callable(before):
+            before(signum, frame)
+        raise KeyboardInterrupt(f"launcher got {signal.Signals(signum).name}")
+
     session: dict[str, str] | None = None
     try:
         # a launcher killed by SIGTERM must take its ranks along
         for sig in (signal.SIGTERM, signal.SIGHUP):
             if threading.current_thread() is threading.main_thread():
-                previous[sig] = signal.signal(
-                    sig,
-                    lambda s, f: (_ for _ in ()).throw(
-                        KeyboardInterrupt(f"launcher got {signal.Signals(s).name}")
-                    ),
-                )
+                previous[sig] = signal.signal(sig, stopped)
         if launcher == "direct":
             port = str(_free_port())
             for r in range(nprocs):
@@ -659,3 +730,5 @@ def launch(
             signal.signal(sig, handler)
         if session is not None:  # (its ranks are gone: the job ended or was killed)
             shutil.rmtree(session["TMPDIR"], ignore_errors=True)
+        if own_errors:
+            shutil.rmtree(error_dir, ignore_errors=True)

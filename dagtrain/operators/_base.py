@@ -9,6 +9,7 @@ trigger form, the REST API and ``dagtrain run --set`` all mean the same thing.
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -69,7 +70,28 @@ class DagtrainOperator(BaseOperator):
         """The file's config with this run's conf merged in."""
         dag_run = context.get("dag_run")
         conf = getattr(dag_run, "conf", None) or {}
-        return merge_conf(self.file_config(), conf)
+        cfg = merge_conf(self.file_config(), conf)
+        # a model module beside the config file is importable here as on the ranks
+        # (Airflow puts the DAGs folder on sys.path; a generated DAG file lives apart)
+        if cfg.base_dir and cfg.base_dir not in sys.path:
+            sys.path.append(cfg.base_dir)
+        return cfg
+
+    @staticmethod
+    def code_dirs(cfg: PipelineConfig, context: Any) -> tuple[str | None, ...]:
+        """Where a DAG author's own modules (a model factory) live, for the processes a
+        task starts (the ranks): the DAG file's folder and Airflow's plugins folder (both
+        on this task's ``sys.path``, which child processes do not inherit) and the
+        config file's folder."""
+        dag = context.get("dag")
+        fileloc = getattr(dag, "fileloc", None)
+        try:
+            from airflow.configuration import conf
+
+            plugins = conf.get("core", "plugins_folder", fallback=None)
+        except ImportError:  # a worker with the Task SDK alone
+            plugins = None
+        return (str(Path(fileloc).parent) if fileloc else None, cfg.base_dir, plugins)
 
     @staticmethod
     def run_dir(cfg: PipelineConfig, context: Any) -> Path:

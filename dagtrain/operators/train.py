@@ -58,9 +58,10 @@ class DistributedTrainOperator(DagtrainOperator):
     @fails_fast_on_bad_input
     def execute(self, context: Any) -> dict[str, Any]:
         from dagtrain.config import DistributedConfig
+        from dagtrain.errors import InputError
         from dagtrain.launch import RankFailure
         from dagtrain.stages.prep import data_file
-        from dagtrain.stages.train import run_train
+        from dagtrain.stages.train import record_try, run_train
 
         cfg = self.run_config(context)
         run = self.run_dir(cfg, context)
@@ -108,9 +109,15 @@ class DistributedTrainOperator(DagtrainOperator):
             tcfg.distributed.backend,
             tcfg.checkpoint_dir,
         )
+        record_try(tcfg.metrics_file, getattr(context.get("ti"), "try_number", 1))
         try:
             summary = run_train(
-                tcfg, out, timeout=timeout, on_line=self.log.info, on_start=self._on_start
+                tcfg,
+                out,
+                timeout=timeout,
+                on_line=self.log.info,
+                on_start=self._on_start,
+                code_dirs=self.code_dirs(cfg, context),
             )
         except RankFailure as e:  # kept for the training page: which rank, how, its lines
             from dagtrain.stages.files import write_json
@@ -120,7 +127,9 @@ class DistributedTrainOperator(DagtrainOperator):
                 out / f"failure-try{try_number}.json",
                 {
                     "rank": e.rank,
-                    "how": str(e).split(";")[0],
+                    "how": e.summary,
+                    "error": e.error,
+                    "bad_input": isinstance(e, InputError),
                     "exit_code": e.exit_code,
                     "signal": e.signal,
                     "host": getattr(e, "host", None),

@@ -19,14 +19,16 @@ import hashlib
 import json
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
 from dagtrain.config import PipelineConfig
-from dagtrain.errors import InputError
+from dagtrain.errors import InputError, MissingDependency
 from dagtrain.taskgraph.atomic import atomic_write
 
 __all__ = [
+    "append_json_line",
     "atomic_write",
     "check_source",
     "read_json",
@@ -39,6 +41,17 @@ __all__ = [
 
 def write_json(path: Path, obj: Any) -> None:
     atomic_write(path, (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode())
+
+
+def append_json_line(path: str | Path, obj: Any) -> None:
+    """Append ``obj`` as one JSON line, with a single ``write`` on an ``O_APPEND``
+    descriptor: concurrent writers never interleave, a reader never sees half a line."""
+    line = (json.dumps(obj, default=str) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
 
 
 def read_json(path: Path) -> Any:
@@ -83,4 +96,14 @@ def check_source(cfg: PipelineConfig) -> str:
         raise InputError(f"data.source {cfg.data.source!r}: {src} is not readable by this user")
     if Path(src).suffix.lower() not in SUFFIXES:
         raise InputError(f"data.source {cfg.data.source!r}: unknown kind of file; {how}")
+    if Path(src).suffix.lower() == ".parquet":
+        import importlib.util
+
+        lacking = [m for m in ("pandas", "pyarrow") if importlib.util.find_spec(m) is None]
+        if lacking:
+            raise MissingDependency(
+                f"data.source {cfg.data.source!r}: reading parquet needs pandas and pyarrow, "
+                f"and {' and '.join(lacking)} is not installed in this environment "
+                f"({sys.prefix}): pip install pandas pyarrow, or convert the file to .npz/.csv"
+            )
     return src

@@ -26,6 +26,8 @@ ranks received), ``config.json`` (that config alone: the run's effective config)
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -34,9 +36,9 @@ from typing import Any
 from dagtrain.config import DistributedConfig, TrainConfig
 from dagtrain.errors import InputError
 
-from .files import write_json
+from .files import append_json_line, write_json
 
-__all__ = ["connection_hosts", "resolve_hosts", "run_train"]
+__all__ = ["connection_hosts", "rank_pythonpath", "record_try", "resolve_hosts", "run_train"]
 
 
 def connection_hosts(conn_id: str) -> Any:
@@ -74,17 +76,39 @@ def resolve_hosts(dist: DistributedConfig) -> Any:
     return list(dist.hosts) or None
 
 
+def record_try(metrics_file: str | Path, try_number: int) -> None:
+    """Mark in a training task's metrics file that try ``try_number`` begins (before its
+    ranks start): the ``start`` line rank 0 appends next belongs to it, and a try that
+    failed before training started is still a try (the training page lists them)."""
+    Path(metrics_file).parent.mkdir(parents=True, exist_ok=True)
+    append_json_line(metrics_file, {"kind": "try", "try": int(try_number), "time": time.time()})
+
+
+def rank_pythonpath(*folders: str | Path | None) -> str:
+    """The PYTHONPATH the ranks get: ``folders`` (the config file's, the DAG file's,
+    Airflow's plugins folder: where a DAG author puts a model module), then this
+    process's own PYTHONPATH; each folder once, in that order."""
+    seen: list[str] = []
+    for entry in [*folders, *os.environ.get("PYTHONPATH", "").split(os.pathsep)]:
+        if entry and str(entry) not in seen:
+            seen.append(str(entry))
+    return os.pathsep.join(seen)
+
+
 def run_train(
     tcfg: TrainConfig,
     out_dir: Path,
     timeout: float | None = None,
     on_line: Callable[[str], None] | None = None,
     on_start: Callable[[Any], None] | None = None,
+    code_dirs: tuple[str | Path | None, ...] = (),
 ) -> dict[str, Any]:
     """Launch the ranks; write and return a summary of rank 0's TrainResult.
 
-    Raises InputError before any rank starts when ``distributed.hosts_connection``
-    names no connection, or one whose extra is not a host list."""
+    ``code_dirs``: folders the ranks import from, ahead of PYTHONPATH (the DAG file's,
+    the config's, Airflow's plugins folder). Raises InputError before any rank starts
+    when ``distributed.hosts_connection`` names no connection, or one whose extra is
+    not a host list; RankInputError (an InputError) when a rank refused its input."""
     from dagtrain.training import run_training
 
     hosts = resolve_hosts(tcfg.distributed)
@@ -105,6 +129,7 @@ def run_train(
         on_start=started,
         # ranks on other hosts read their config and write the result where all see it
         work_dir=out_dir if hosts else None,
+        env={"PYTHONPATH": rank_pythonpath(*code_dirs)},
     )
     times = sorted(res.step_seconds)
     summary = {k: v for k, v in asdict(res).items() if k != "step_seconds"} | {

@@ -78,10 +78,27 @@ def read_arrays(spec: str) -> tuple[np.ndarray, np.ndarray, tuple[int, ...], int
     yi = y.astype(np.int64)
     if not np.array_equal(yi, y) or yi.min() < 0:
         raise InputError(f"data {spec!r}: labels must be integers 0..C-1")
+    if not classes:  # a source (not a prepared split, which may lack a class): 0..C-1
+        _check_classes(spec, yi)
     if shape is not None and math.prod(shape) != math.prod(x.shape[1:]):
         raise InputError(f"data {spec!r}: in_shape {shape} does not fit samples of {x.shape[1:]}")
     classes = max(classes, int(yi.max()) + 1)
     return x.astype(np.float32), yi, shape or tuple(x.shape[1:]), classes
+
+
+def _check_classes(spec: str, y: np.ndarray) -> None:
+    """Labels are the classes 0..C-1, each of them present: labels 1..3 would otherwise
+    train a model of 4 classes, one of which never appears."""
+    present = np.unique(y)
+    if len(present) == int(present[-1]) + 1:
+        return
+    missing = sorted(set(range(int(present[-1]) + 1)) - {int(v) for v in present})
+    shown = ", ".join(map(str, missing[:8])) + (", ..." if len(missing) > 8 else "")
+    labels = ", ".join(map(str, present[:8].tolist())) + (", ..." if len(present) > 8 else "")
+    raise InputError(
+        f"data {spec!r}: labels must be the classes 0..C-1, each present; the labels are "
+        f"{labels} (missing: {shown}); relabel them 0..{len(present) - 1}"
+    )
 
 
 def standardization(x_train: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

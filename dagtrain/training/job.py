@@ -34,6 +34,7 @@ def run_training(
     on_line: Callable[[str], None] | None = None,
     on_start: Callable[[Job], None] | None = None,
     work_dir: str | Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> TrainResult:
     """Train on the ranks of ``cfg.distributed``; return rank 0's TrainResult.
 
@@ -41,7 +42,8 @@ def run_training(
     ``distributed.launcher`` and ``distributed.hosts`` (``hosts`` may also be a Hosts,
     with its rsh agent). ``work_dir``: where the ranks' config and rank 0's result are
     exchanged (a temporary folder in it); ranks on other hosts need it on storage they
-    share (default: the system's temporary folder). An ``nprocs`` that differs is
+    share (default: the system's temporary folder). ``env``: variables every rank gets
+    (``PYTHONPATH``: where the ranks import a model factory from). An ``nprocs`` that differs is
     set as ``distributed.ranks`` (and validated) so that every rank receives it. Raises
     MissingDependency before anything starts if the backend is not installed,
     RankFailure if a rank fails, TimeoutError after ``timeout`` seconds.
@@ -63,9 +65,12 @@ def run_training(
             d.ranks,
             launcher or d.resolved_launcher,
             hosts or d.hosts or None,
+            env=env,
             timeout=timeout,
             on_line=on_line,
             on_start=on_start,
+            # beside the exchanged files: on storage every host shares when work_dir is
+            error_dir=Path(tmp) / "errors",
         )
         if not out.exists():
             raise RankFailure(0, 0, None, [], " without writing its result")

@@ -20,7 +20,7 @@ import traceback
 from pathlib import Path
 
 from dagtrain.config import TrainConfig
-from dagtrain.rank_env import ON_HOST, die_with_parent, env_rank
+from dagtrain.rank_env import ON_HOST, die_with_parent, env_rank, report_failure
 from dagtrain.taskgraph.atomic import atomic_write
 
 from .trainer import train
@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         result = train(cfg)
         rank = str(result.rank)
     except BaseException as e:
+        report_failure(rank, e)  # for the launcher: why, as data
         traceback.print_exc()
         # the time tells the launcher which rank failed first: the others often fail
         # after it, because of it ("connection closed by peer"), and the launchers'

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dagtrain.launch import RankFailure
+from dagtrain.errors import InputError
+from dagtrain.launch import RankFailure, RankInputError
 from dagtrain.training import TrainConfig, run_training
 from dagtrain.training import checkpoint as ckpt
 
@@ -150,6 +151,34 @@ def test_a_rank_that_raises_is_named_with_its_log(backend, launcher):
     err = info.value
     assert err.rank == 1, str(err)
     assert any("rank 1 cannot build its model" in line for line in err.log_tail), err.log_tail
+
+
+@pytest.mark.parametrize(
+    ("backend", "launcher"), [("mpi", "mpirun"), ("torch", "direct"), ("torch", "torchrun")]
+)
+def test_a_rank_that_refuses_its_input_says_so_as_data_and_is_an_input_error(backend, launcher):
+    bad = small(backend=backend, model_args={"hiddn": [8]})
+    with pytest.raises(RankInputError) as info:
+        run_training(bad, 2, launcher=launcher, timeout=60, **QUIET)
+    err = info.value
+    assert isinstance(err, InputError) and isinstance(err, RankFailure)
+    assert err.rank in (0, 1) and err.error.startswith("InputError: model.args {'hiddn': [8]}")
+    assert str(err).startswith(f"rank {err.rank} refused its input: InputError: model.args")
+    assert "not retried" in str(err)
+
+
+def test_a_rank_that_fails_otherwise_is_not_an_input_error(tmp_path):
+    bad = small(
+        backend="mpi",
+        model="tests.unit.training.factory:fail_once",
+        model_args={"marker": str(tmp_path / "m"), "at_call": 2},
+    )
+    with pytest.raises(RankFailure) as info:
+        run_training(bad, 2, timeout=60, **QUIET)
+    err = info.value
+    assert not isinstance(err, InputError), err
+    assert err.rank == 1 and err.error.endswith("RuntimeError: injected fault: rank 1 fails once")
+    assert err.summary == str(err).split(";")[0], err.summary
 
 
 @pytest.mark.parametrize("backend", ["mpi", "torch"])

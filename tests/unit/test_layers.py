@@ -28,7 +28,9 @@ BASE = {"dagtrain.config", "dagtrain.errors", "dagtrain.rank_env"}
 ALLOWED = {
     "dagtrain.taskgraph": set(),
     "dagtrain.errors": set(),
-    "dagtrain.rank_env": set(),
+    # the failure a rank reports is fail-fast or not (errors), written atomically by the
+    # project's one writer (still in taskgraph: it moves to the base modules later)
+    "dagtrain.rank_env": {"dagtrain.errors", "dagtrain.taskgraph"},
     "dagtrain.config": {"dagtrain.errors"},
     "dagtrain.sync": BASE | {"dagtrain.taskgraph"},
     "dagtrain.launch": BASE,

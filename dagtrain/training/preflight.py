@@ -1,0 +1,79 @@
+"""What a training run would refuse at once, checked without training:
+
+    python -m dagtrain.training.preflight '{"model": {...}, "data": "...", "device": "cpu"}'
+
+run with the PYTHONPATH the ranks will get (``dagtrain validate`` and ``dagtrain run``
+start it so, before Airflow starts), it reads the data (shape, classes, labels), imports
+the model's factory, builds the model on PyTorch's ``meta`` device (no memory, no
+weights) with ``model.args``, passes a batch of that shape through it, and checks
+``distributed.device`` against this machine. It prints one JSON line: ``{"ok": true,
+"in_shape": [...], "classes": C, "parameters": N}``, or ``{"ok": false, "error": "..."}``
+whose message names the field; its exit code is 0 either way (1: it could not run).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+__all__ = ["check", "main"]
+
+
+def check(spec: dict[str, Any]) -> dict[str, Any]:
+    """The checks; raises InputError or MissingDependency naming the field."""
+    import torch
+
+    from dagtrain.errors import InputError
+
+    from .data import read_arrays
+    from .models import build_model
+
+    device = spec.get("device", "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise InputError(
+            "distributed.device is cuda but this machine has no CUDA device that torch can "
+            f"use (torch {torch.__version__}, CUDA build: {torch.version.cuda or 'none'}): "
+            "set distributed.device to cpu, or auto (CUDA where a host has it)"
+        )
+    _, _, in_shape, classes = read_arrays(spec["data"])
+    model_spec = spec["model"]
+    with torch.device("meta"):
+        model = build_model(model_spec["name"], in_shape, classes, **model_spec.get("args", {}))
+        try:
+            out = model(torch.empty(2, *in_shape))
+        except NotImplementedError:  # an operator the meta device lacks: not checked
+            out = None
+        except Exception as e:
+            raise InputError(
+                f"model.name {model_spec['name']!r} with model.args {model_spec.get('args', {})}: "
+                f"a batch of samples of shape {tuple(in_shape)} does not pass through the "
+                f"model: {type(e).__name__}: {e}"
+            ) from None
+    if out is not None and tuple(out.shape) != (2, classes):
+        raise InputError(
+            f"model.name {model_spec['name']!r}: the model gives {tuple(out.shape[1:])} per "
+            f"sample, not one logit per class ({classes} classes in data)"
+        )
+    return {
+        "ok": True,
+        "in_shape": list(in_shape),
+        "classes": classes,
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    from dagtrain.errors import FAIL_FAST
+
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        result = check(json.loads(args[0]))
+    except FAIL_FAST as e:
+        result = {"ok": False, "error": str(e)}
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
