@@ -23,13 +23,13 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from dagtrain.config import PipelineConfig
+from dagtrain.config import HOME_VARIABLE, PipelineConfig
 
 __all__ = [
     "AIRFLOW",
@@ -117,6 +117,9 @@ class Home:
         self.password()  # the file must exist before the api-server reads it
         url = self.url
         return {
+            # every process of the home knows it: a pipeline without artifacts.root keeps
+            # its artifacts in <home>/artifacts (dagtrain.config.ArtifactsConfig)
+            HOME_VARIABLE: str(self.root),
             "AIRFLOW_HOME": str(self.airflow),
             "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
@@ -131,6 +134,9 @@ class Home:
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.local_url}/execution/",
             # the LocalExecutor starts this many worker processes: one per core, not 32
             "AIRFLOW__CORE__PARALLELISM": str(max(2, os.cpu_count() or 2)),
+            # a task's supervisor heartbeats this often (default 5 s): a run marked failed
+            # (Ctrl-C on `dagtrain run`, the UI's "Mark as failed") stops its tasks sooner
+            "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": "2",
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "30",
             "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "10",
             "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(self.logs / "airflow"),
@@ -228,20 +234,31 @@ def stop_all(procs: list[subprocess.Popen], grace: float = 15.0) -> None:
 
 
 @contextlib.contextmanager
-def execution_api(home: Home, log: Path, timeout: float = 120.0) -> Iterator[str]:
+def execution_api(
+    home: Home, log: Path, timeout: float = 120.0, cancelled: Callable[[], bool] = lambda: False
+) -> Iterator[str]:
     """Airflow's execution API (what a task's supervisor talks to) on ``home.port`` of
     127.0.0.1, for the duration; yields its URL. Fails with RuntimeError naming the log
-    if it does not answer its health check within ``timeout`` seconds."""
+    if it does not answer its health check within ``timeout`` seconds; stops waiting
+    for it when ``cancelled()``. It gets SIGTERM if this process dies."""
     import httpx
+
+    from dagtrain.rank_env import parent_death_signal
 
     url = f"http://127.0.0.1:{home.port}/execution"
     argv = [*AIRFLOW, "api-server", "--apps", "execution", "--workers", "1"]
     argv += ["--host", "127.0.0.1", "--port", str(home.port)]
     with open(log, "ab") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=parent_death_signal(signal.SIGTERM),  # noqa: PLW1509 (a bare prctl)
+        )
     try:
         deadline = time.monotonic() + timeout
-        while True:
+        while not cancelled():
             if proc.poll() is not None:
                 raise RuntimeError(f"Airflow's execution API exited at start; see {log}")
             with contextlib.suppress(httpx.HTTPError):

@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.table import Table
+from rich.text import Text
 
 __all__ = ["Progress", "Stage"]
 
@@ -97,7 +98,6 @@ class Progress:
         self.run_dir = run_dir
         self.metrics: dict[Path, _Tail] = {}
         self.stages: dict[str, Stage] = {t: Stage(t) for t in task_ids}
-        self.latest = ""  # the newest epoch line, shown under the table
         # poll() runs in a thread of its own, table() in the live display's: the lock
         # guards the stages; lines are printed after it is released (printing takes the
         # console's lock, under which the live display calls table())
@@ -114,8 +114,11 @@ class Progress:
                 for m in tail.lines():
                     self._metric(self._label_of(path), tail.info, m)
             lines, self.pending = self.pending, []
+        # in a terminal a long line wraps between words (the terminal would cut a word);
+        # piped, a line stays whole
+        wrap = not self.console.is_terminal
         for line, style in lines:
-            self.console.print(line, style=style, highlight=False, markup=False, soft_wrap=True)
+            self.console.print(line, style=style, highlight=False, markup=False, soft_wrap=wrap)
 
     def _metric_files(self) -> list[Path]:
         files = [self.run_dir / "train" / "metrics.jsonl"]
@@ -139,13 +142,15 @@ class Progress:
             st.state, st.try_number, st.started, st.seconds = "running", n, now, None
             self.say(f"{label} started" + (f" (try {n})" if n > 1 else ""))
         elif kind in ("success", "skipped"):
-            if self.latest.startswith(f"{label} "):  # its epochs are over: the lines keep them
-                self.latest = ""
             st.state = kind
             st.seconds = now - st.started if st.started else None
             took = f" in {_duration(st.seconds)}" if st.seconds is not None else ""
             self.say(f"{label} {'succeeded' if kind == 'success' else 'skipped'}{took}")
         elif kind == "failed":
+            if st.state == "failed" and st.try_number == n:
+                # this try was already failed by Airflow (the run was stopped): what its
+                # task runner reports after being terminated does not change that
+                return
             retry = e.get("state") == "up_for_retry"
             st.state = "retrying" if retry else "failed"
             st.seconds = now - st.started if st.started else None
@@ -166,33 +171,60 @@ class Progress:
                     f"({resumed // per} epoch(s) already trained)"
                 )
         elif kind == "epoch":
-            self.latest = self._epoch_line(label, info, m)
-            self.say(self.latest)
+            width = self.console.width if self.console.is_terminal else None
+            self.say(self._epoch_line(label, info, m, width))
 
     @staticmethod
-    def _epoch_line(label: str, info: dict[str, Any], m: dict[str, Any]) -> str:
+    def _epoch_line(
+        label: str, info: dict[str, Any], m: dict[str, Any], width: int | None = None
+    ) -> str:
+        """``train epoch 3/8: loss 0.1, val accuracy 0.9, 6322 samples/s, ETA 1.4 s``;
+        in a terminal of ``width`` columns, shortened to fit where it must (``val acc``,
+        then without samples/s), so that the terminal never cuts it mid-word."""
         per = max(int(info.get("steps_per_epoch") or m.get("steps_per_epoch") or 1), 1)
         total = int(m.get("total_steps") or 0)
         epochs = math.ceil(total / per) if total else "?"
-        parts = [f"loss {m['train_loss']:.4f}"] if "train_loss" in m else []
-        for split, name in (("val", "val accuracy"), ("test", "test accuracy")):
-            if f"{split}_accuracy" in m:
-                parts.append(f"{name} {m[f'{split}_accuracy']:.4f}")
+        head = f"{label} epoch {int(m.get('epoch', 0)) + 1}/{epochs}: "
+        loss = [f"loss {m['train_loss']:.4f}"] if "train_loss" in m else []
+        accuracy = [
+            (f"{split} accuracy", f"{split} acc", f"{m[f'{split}_accuracy']:.4f}")
+            for split in ("val", "test")
+            if f"{split}_accuracy" in m
+        ]
+        rate = []
         if m.get("samples_per_second"):
-            parts.append(f"{m['samples_per_second']:.0f} samples/s")
+            r = float(m["samples_per_second"])
+            rate = [f"{r / 1000:.1f}k samples/s" if r >= 10_000 else f"{r:.0f} samples/s"]
+        eta = []
         step, first = int(m.get("step") or 0), int(info.get("step") or 0)
         elapsed = float(m.get("elapsed") or 0)
         if total and step > first and elapsed > 0:
-            parts.append(f"ETA {_duration(elapsed / (step - first) * (total - step))}")
-        return f"{label} epoch {int(m.get('epoch', 0)) + 1}/{epochs}: " + ", ".join(parts)
+            eta = [f"ETA {_duration(elapsed / (step - first) * (total - step))}"]
+        line = ""
+        for short, keep_rate in ((False, True), (True, True), (True, False)):
+            acc = [f"{s if short else name} {v}" for name, s, v in accuracy]
+            line = head + ", ".join([*loss, *acc, *(rate if keep_rate else []), *eta])
+            if width is None or len(line) < width:
+                break
+        return line
+
+    def settle(self, states: dict[str, tuple[str, int]]) -> None:
+        """Stages still waiting or running take the state Airflow ended them in
+        (``states``: label -> (state, try number)), e.g. skipped when a run was stopped."""
+        with self.lock:
+            for label, (state, try_number) in states.items():
+                st = self._stage(label)
+                if st.state in ("waiting", "running") and state not in ("none", "None", ""):
+                    st.state, st.try_number = state, try_number or st.try_number
 
     # ------------------------------------------------------------------ showing
     def say(self, line: str, style: str | None = None) -> None:
         self.pending.append((line, style))
 
-    def table(self) -> Table:
-        t = Table(title=self.title, title_justify="left", caption=self.latest or None)
-        t.caption_justify = "left"
+    def table(self) -> Group:
+        """The title (one line, never wrapped: the live display's height stays what it
+        measured) above a table of the stages; the newest epoch line is right above."""
+        t = Table()
         t.add_column("stage", no_wrap=True)
         t.add_column("state", no_wrap=True)
         t.add_column("try", justify="right")
@@ -205,9 +237,11 @@ class Progress:
             if secs is None and st.state == "running" and st.started:
                 secs = now - st.started
             t.add_row(
-                st.label,
-                f"[{COLOUR.get(st.state, 'white')}]{st.state}[/]",
+                Text(st.label),
+                # a Text, not markup: the live display renders the table with the options of
+                # whatever is being printed above it (markup off for the progress lines)
+                Text(st.state, style=COLOUR.get(st.state, "white")),
                 str(st.try_number or ""),
                 "" if secs is None else _duration(secs),
             )
-        return t
+        return Group(Text(self.title, no_wrap=True, overflow="ellipsis"), t)

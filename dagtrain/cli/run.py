@@ -2,72 +2,63 @@
 
 The run is Airflow's own: ``dag.test(use_executor=True)`` on the embedded SQLite
 database, each task sent to the LocalExecutor, whose supervisor runs it and writes its
-log where the web UI reads it (``embedded``). While it runs, this process shows what
-the plugin's listener and the ranks report (``progress``); Airflow's own output goes to
-a log file, never into the display or the task logs. Then a summary
-(``summary.outcome_lines``), read from what the stages returned.
+log where the web UI reads it (``embedded``). It runs in a process of its own, in a
+session of its own (``dagrun``), so that the terminal's Ctrl-C reaches this process
+alone; this one shows what the plugin's listener and the ranks report (``progress``) —
+Airflow's own output goes to a log file, never into the display or the task logs —
+then a summary (``summary.outcome_lines``), read from what the stages returned.
+
+Ctrl-C (or SIGTERM) stops the run the way Airflow stops one (``stop``): the run is
+marked failed, each running task's supervisor terminates its task (the operator's
+``on_kill``: the ranks and their launcher end), and the command exits 130 once every
+process it started has ended — within ``STOP_GRACE`` seconds, after which, or at a
+second Ctrl-C, they are killed at once.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
+import signal
+import subprocess
 import sys
-import threading
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import typer
 from rich.console import Console
 from rich.live import Live
 
 from dagtrain.config import PipelineConfig
 
 from .common import ConfigArg, HomeOpt, Sets, fail, home_of, load, out, preflight
+from .stop import Interrupts, fail_run, kill_family
 
 __all__ = ["run"]
 
 
 # after the DAG run has ended, how long dag.test() may take to shut its LocalExecutor down
-# before this process stops the executor's idle workers itself: Airflow 3.3's
-# LocalExecutor.end() joins its workers without a deadline, and one that missed its
-# shutdown message (seen under load) would keep the run from ever returning
+# before this process stops it itself: Airflow 3.3's LocalExecutor.end() joins its
+# workers without a deadline, and one that missed its shutdown message (seen under
+# load) would keep the run from ever returning
 EXECUTOR_GRACE = 20.0
-
-
-def _finished(dag_id: str, run_id: str) -> bool:
-    """Whether the DAG run has ended, read through Airflow's ORM."""
-    from airflow.models.dagrun import DagRun
-    from airflow.utils.session import create_session
-    from sqlalchemy import select
-
-    with create_session() as session:
-        state = session.scalar(
-            select(DagRun.state).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id)
-        )
-    return str(getattr(state, "value", state)) in ("success", "failed")
-
-
-def _stop_idle_workers() -> None:
-    """Terminate this process's LocalExecutor worker processes (their title says so)."""
-    import psutil
-
-    workers = []
-    for child in psutil.Process().children():
-        try:
-            if "LocalExecutor" in " ".join(child.cmdline()):
-                workers.append(child)
-                child.terminate()
-        except psutil.Error:
-            continue
-    _, alive = psutil.wait_procs(workers, timeout=5)
-    for child in alive:
-        child.kill()
+# after the first Ctrl-C, how long Airflow may take to stop the run's tasks (a
+# supervisor's heartbeat, then SIGTERM and on_kill, then SIGKILL five seconds later)
+STOP_GRACE = 13.0
+INTERRUPTED = 130  # the shell's code for a command ended by Ctrl-C
+_STOPPING = "stopping the run … (press Ctrl-C again to stop at once)"
 
 
 class _Stop(Exception):
     """Something to tell the user once the terminal is theirs again."""
+
+
+class _Interrupted(Exception):
+    """Ctrl-C (or SIGTERM) before the DAG run started."""
 
 
 def _terminal() -> Console:
@@ -76,15 +67,63 @@ def _terminal() -> Console:
     fd = os.dup(sys.stdout.fileno())
     f = os.fdopen(fd, "w", buffering=1, encoding="utf-8", errors="replace")
     width = shutil.get_terminal_size().columns if f.isatty() else None
-    return Console(file=f, width=width, soft_wrap=True, highlight=False)
+    return Console(file=f, width=width, soft_wrap=True, highlight=False, markup=False)
+
+
+class _Session:
+    """What the signal handler needs of a run in progress."""
+
+    def __init__(self, term: Console) -> None:
+        self.term = term
+        self.polling = False  # the main loop reacts to signals itself
+        self.announced = False
+        self.back: subprocess.Popen | None = None
+        self.run: tuple[str, str] | None = None  # (dag_id, run_id) once known
+
+    def on_signal(self, count: int) -> None:
+        if self.polling:
+            return
+        if count == 1:  # a blocking step (Airflow starting, the DAG parsed): say it now
+            self.announce()
+        else:
+            self.hard_stop()
+            self.term.file.flush()
+            os._exit(INTERRUPTED)
+
+    def announce(self) -> None:
+        if not self.announced:
+            self.announced = True
+            self.term.print(_STOPPING, style="yellow")
+
+    def hard_stop(self) -> None:
+        """Every process this command started, killed; the run marked failed."""
+        kill_family(os.getpid())
+        if self.run is not None:
+            with contextlib.suppress(Exception):
+                fail_run(*self.run)
+        self.term.print("stopped at once: every process of the run was killed", style="yellow")
 
 
 def run(config: ConfigArg, sets: Sets = None, home: HomeOpt = Path(".dagtrain")) -> None:
     """Run a pipeline through Airflow (embedded, SQLite), showing its progress.
 
-    Ends with a summary; the task logs are Airflow's own (the web UI of `dagtrain up`)."""
-    cfg, conf, eff = load(config, sets)
-    preflight(eff)
+    Ends with a summary and the task logs' paths (`dagtrain logs` prints them). Ctrl-C
+    stops the run (its tasks, their ranks) and exits 130; a second Ctrl-C at once."""
+    loaded = load(config, sets)  # a bad config or --set: refused before anything starts
+    term = _terminal()
+    session = _Session(term)
+    interrupts = Interrupts(session.on_signal).install()
+    try:
+        _main(config, loaded, home, term, session, interrupts)
+    finally:
+        interrupts.restore()
+
+
+def _main(config, loaded, home: Path, term: Console, session: _Session, interrupts) -> None:
+    cfg, conf, eff = loaded
+    preflight(eff, home)
+    if interrupts.count:
+        raise _exit_interrupted(term, "before the run started")
     from .embedded import dag_file_for, free_port, output_to
 
     dag_file = dag_file_for(config.resolve(), cfg, home.resolve())
@@ -96,37 +135,51 @@ def run(config: ConfigArg, sets: Sets = None, home: HomeOpt = Path(".dagtrain"))
     log = h.logs / f"run-{cfg.name}-{stamp}.log"
     events = h.logs / f"run-{cfg.name}-{stamp}.events.jsonl"
     os.environ[PROGRESS_VARIABLE] = str(events)  # the tasks' listener appends there
-    term = _terminal()
     term.print(f"starting Airflow (metadata: {h.db}; its output: {log})")
+    term.print(f"artifacts: {eff.artifact_root()}")
     t0 = time.monotonic()
     stop: _Stop | None = None
     result: tuple[Any, Any] | None = None
     with output_to(log):
         try:
-            result = _run(h, dag_file, conf, eff, term, log, events)
+            result = _run(h, dag_file, conf, eff, term, log, events, session, interrupts)
         except _Stop as e:
             stop = e
+        except _Interrupted:
+            pass
+    if result is None and interrupts.count:
+        raise _exit_interrupted(term, "before the run started")
     if stop is not None:
         raise fail(str(stop))
     assert result is not None
-    dr, progress = result
-    _summary(eff, dr, progress, time.monotonic() - t0, log)
+    state, run_id, progress = result
+    _summary(eff, state, run_id, progress, time.monotonic() - t0, log, interrupts)
 
 
-def _run(h, dag_file: Path, conf: dict, eff: PipelineConfig, term: Console, log: Path, events):
-    from airflow.models.dagrun import DagRun
+def _exit_interrupted(term: Console, when: str) -> typer.Exit:
+    term.print(f"stopped {when}; nothing it started is left running", style="yellow")
+    return typer.Exit(INTERRUPTED)
+
+
+def _run(
+    h, dag_file: Path, conf: dict, eff: PipelineConfig, term, log: Path, events, session, interrupts
+):
+    from airflow.dag_processing.dagbag import DagBag
     from airflow.sdk import timezone
     from airflow.sdk.definitions.mappedoperator import MappedOperator
-    from airflow.utils.types import DagRunType
 
     from dagtrain.stages.files import run_dir
 
-    from .embedded import execution_api, run_pipeline
+    from .embedded import execution_api
     from .progress import Progress
+    from .stop import run_id_for
+
+    def check() -> None:
+        if interrupts.count:
+            raise _Interrupted
 
     h.migrate()
-    from airflow.dag_processing.dagbag import DagBag
-
+    check()
     bag = DagBag(str(dag_file))
     if bag.import_errors:
         raise _Stop(f"{dag_file} does not import:\n" + "\n".join(bag.import_errors.values()))
@@ -134,26 +187,18 @@ def _run(h, dag_file: Path, conf: dict, eff: PipelineConfig, term: Console, log:
         raise _Stop(f"{dag_file} defines no DAG")
     dag = next(iter(bag.dags.values()))
     when = timezone.utcnow()
-    run_id = DagRun.generate_run_id(run_type=DagRunType.MANUAL, logical_date=when, run_after=when)
+    run_id = run_id_for(when)
     stages = [t.task_id for t in dag.topological_sort() if not isinstance(t, MappedOperator)]
     progress = Progress(
         term, f"{dag.dag_id}  {run_id}", events, run_dir(eff.artifact_root(), run_id), stages
     )
+    check()
     try:
-        with execution_api(h, log):
+        with execution_api(h, log, cancelled=lambda: interrupts.count > 0):
+            check()
             term.print(f"running {dag.dag_id} ({dag_file.name}), run {run_id}")
-            done = threading.Event()
-
-            def follow() -> None:
-                ended: float | None = None
-                while not done.wait(0.5):
-                    progress.poll()
-                    if ended is None and _finished(dag.dag_id, run_id):
-                        ended = time.monotonic()
-                    elif ended is not None and time.monotonic() - ended > EXECUTOR_GRACE:
-                        _stop_idle_workers()  # dag.test's executor.end() waits for them
-                        ended = float("inf")
-
+            session.run = (dag.dag_id, run_id)
+            session.back = _start(h, dag_file, dag.dag_id, when, conf, log)
             live = (  # sys.stdout/err stay Airflow's (the log): no redirect into the display
                 Live(
                     get_renderable=progress.table,
@@ -165,53 +210,155 @@ def _run(h, dag_file: Path, conf: dict, eff: PipelineConfig, term: Console, log:
                 if term.is_terminal
                 else contextlib.nullcontext()
             )
-            watcher = threading.Thread(target=follow, name="progress", daemon=True)
             with live:
-                watcher.start()
-                try:
-                    dr = run_pipeline(dag, conf, when)
-                finally:
-                    done.set()
-                    watcher.join(timeout=5)
-                    progress.poll()  # the last events, written before the tasks ended
+                _follow(session, interrupts, progress)
+                progress.poll()  # the last events, written before the tasks ended
+                progress.settle(_task_states(dag.dag_id, run_id))  # the table's last look
     except RuntimeError as e:
         raise _Stop(str(e)) from None
-    return dr, progress
+    return _state(dag.dag_id, run_id), run_id, progress
 
 
-def _summary(cfg: PipelineConfig, dr, progress, seconds: float, log: Path) -> None:
+def _start(h, dag_file: Path, dag_id: str, when: datetime, conf: dict, log: Path):
+    """The DAG run's own process (``dagrun``): a session of its own (the terminal's
+    signals are this process's), SIGTERM when this process dies."""
+    from dagtrain.rank_env import parent_death_signal
+
+    conf_file = log.with_suffix(".conf.json")
+    conf_file.write_text(json.dumps(conf or {}))
+    argv = [sys.executable, "-P", "-m", "dagtrain.cli.dagrun"]
+    argv += [str(dag_file), dag_id, when.isoformat(), str(conf_file)]
+    with open(log, "ab") as f:
+        return subprocess.Popen(
+            argv,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=parent_death_signal(signal.SIGTERM),  # noqa: PLW1509 (a bare prctl)
+        )
+
+
+def _follow(session: _Session, interrupts: Interrupts, progress) -> None:
+    """Show the run until its process ends; stop it on Ctrl-C."""
+    back = session.back
+    dag_id, run_id = session.run
+    session.polling = True
+    ended: float | None = None
+    stopping: float | None = None
+    marked = False
+    try:
+        while back.poll() is None:
+            progress.poll()
+            now = time.monotonic()
+            if interrupts.count >= 2 or (stopping is not None and now - stopping > STOP_GRACE):
+                session.hard_stop()
+                break
+            if interrupts.count == 1 and stopping is None:
+                stopping = now
+                if not session.announced:
+                    session.announced = True
+                    progress.say(_STOPPING, "yellow")
+                    progress.poll()
+            if stopping is not None and not marked:
+                marked = _fail(dag_id, run_id)
+            if stopping is None and ended is None and _state(dag_id, run_id) in _ENDED:
+                ended = now
+            elif stopping is None and ended is not None and now - ended > EXECUTOR_GRACE:
+                kill_family(back.pid, include_self=True)  # dag.test's executor.end() hangs
+                break
+            time.sleep(0.5)
+        if stopping is not None and not marked:
+            _fail(dag_id, run_id)  # its process ended before the run was created
+    finally:
+        session.polling = False
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            back.wait(timeout=5)
+
+
+_ENDED = ("success", "failed")
+
+
+def _task_states(dag_id: str, run_id: str) -> dict[str, tuple[str, int]]:
+    """Each task instance of the run: label -> (state, try number), through the ORM."""
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        tis = session.scalars(
+            select(TaskInstance).where(TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id)
+        ).all()
+        return {
+            (ti.task_id if ti.map_index < 0 else f"{ti.task_id}[{ti.map_index}]"): (
+                str(getattr(ti.state, "value", ti.state)),
+                int(ti.try_number or 0),
+            )
+            for ti in tis
+        }
+
+
+def _fail(dag_id: str, run_id: str) -> bool:
+    """Whether the run is now marked failed (or had ended); False: not created yet, or
+    the database was busy (try again)."""
+    try:
+        return fail_run(dag_id, run_id) is not None
+    except Exception:
+        return False
+
+
+def _state(dag_id: str, run_id: str) -> str | None:
+    """The DAG run's state, read through Airflow's ORM (None: no such run)."""
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        state = session.scalar(
+            select(DagRun.state).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id)
+        )
+    return None if state is None else str(getattr(state, "value", state))
+
+
+def _summary(
+    cfg: PipelineConfig, state, run_id: str, progress, seconds: float, log: Path, interrupts
+) -> None:
     from dagtrain.stages.files import read_json, run_dir
     from dagtrain.stages.registry import champion, promoted_in
 
     from .summary import outcome_lines
 
-    state = str(getattr(dr.state, "value", dr.state))
-    run = run_dir(cfg.artifact_root(), dr.run_id)
+    run = run_dir(cfg.artifact_root(), run_id)
+    stopped = f" (stopped by {interrupts.name})" if interrupts.count else ""
     out.print()
-    out.print(f"run {dr.run_id}: {state} in {seconds:.1f} s", highlight=False)
+    if state is None:
+        out.print(f"run {run_id}: never started{stopped}")
+    else:
+        out.print(f"run {run_id}: {state} in {seconds:.1f} s{stopped}")
 
     def maybe(path: Path) -> dict | None:
         return read_json(path) if path.exists() else None
 
     for line in outcome_lines(
-        maybe(run / "train" / "result.json"),
-        maybe(run / "eval.json"),
-        promoted_in(cfg, dr.run_id),
+        maybe(run / "train" / "result.json"), maybe(run / "eval.json"), promoted_in(cfg, run_id)
     ):
-        out.print(line, highlight=False)
+        out.print(line)
     champ = champion(cfg)
     if champ:
-        out.print(f"champion model: v{champ['version']} {champ['path']}", highlight=False)
+        out.print(f"champion model: v{champ['version']} {champ['path']}")
     traces = sorted(run.rglob("traces/*.json"))
     if traces:
+        out.print(f"step traces (open in https://ui.perfetto.dev): {traces[0].parent}")
+    out.print(f"artifacts: {run}")
+    out.print(f"Airflow's output: {log}")
+    if interrupts.count:
+        ran = [s.label for s in progress.stages.values() if s.started is not None]
+        never = [s.label for s in progress.stages.values() if s.started is None]
         out.print(
-            f"step traces (open in https://ui.perfetto.dev): {traces[0].parent}", highlight=False
+            f"stopped: the run is marked {state or 'failed'}; "
+            + (f"{', '.join(ran)} ran" if ran else "no task ran")
+            + (f", {', '.join(never)} did not run" if never else "")
         )
-    out.print(f"artifacts: {run}", highlight=False)
-    out.print(
-        f"Airflow's output: {log}; the task logs: `dagtrain up`, then the run in the web UI",
-        highlight=False,
-    )
+        raise typer.Exit(INTERRUPTED)
     if state != "success":
         failed = [s for s in progress.stages.values() if s.state == "failed"]
         why = "".join(f"\n  {s.label}: {s.error or 'failed'}" for s in failed)

@@ -123,3 +123,106 @@ def post_run(airflow, conf: dict) -> httpx.Response:
 
 def tiny_run_id(airflow) -> str:
     return re.search(r"run (manual__\S+): success", ANSI.sub("", airflow["screen"])).group(1)
+
+
+class Terminal:
+    """A command in a pseudo-terminal of ``columns`` x 24 that is its controlling
+    terminal, the command the terminal's foreground process group: ``interrupt()``
+    types Ctrl-C, which the terminal turns into SIGINT for that group, as in a shell."""
+
+    def __init__(self, argv: list[str], columns: int = 80, env: dict | None = None) -> None:
+        import threading
+
+        master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+        env = {**os.environ, **(env or {}), "COLUMNS": str(columns), "LINES": "24"}
+        env["TERM"] = "xterm-256color"
+
+        def controlling_terminal() -> None:  # the child is a new session's leader
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+        self.proc = subprocess.Popen(
+            argv,
+            cwd=REPO,
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            env=env,
+            start_new_session=True,
+            preexec_fn=controlling_terminal,  # noqa: PLW1509 (one ioctl, before threads)
+        )
+        os.close(slave)
+        self.master = master
+        self.chunks: list[bytes] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = os.read(self.master, 65536)
+            except OSError:
+                return
+            if not data:
+                return
+            self.chunks.append(data)
+
+    @property
+    def text(self) -> str:
+        return ANSI.sub("", b"".join(self.chunks).decode("utf-8", errors="replace"))
+
+    def wait_for(self, needle: str, timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while needle not in self.text:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"never saw {needle!r}:\n{self.text[-3000:]}")
+            time.sleep(0.1)
+
+    def interrupt(self) -> None:
+        os.write(self.master, b"\x03")
+
+    def wait(self, timeout: float = 120) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"did not end in {timeout} s:\n{self.text[-3000:]}") from None
+        finally:
+            self.reader.join(timeout=5)
+            os.close(self.master)
+
+
+def processes_of_home(home: Path) -> list[psutil.Process]:
+    """Every live process started for a dagtrain home: they all have it in their
+    environment (DAGTRAIN_HOME), ranks and mpirun included, whatever their session."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            mine = p.pid != os.getpid() and p.environ().get("DAGTRAIN_HOME") == str(home)
+            if mine and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def run_states(home: Path, dag_id: str) -> list[str]:
+    """The states of the DAG's runs, as `airflow dags list-runs` prints them (none: the
+    DAG is not in the database)."""
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(home / "airflow"),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow' / 'airflow.db'}",
+    }
+    r = subprocess.run(
+        [sys.executable, "-P", "-m", "airflow", "dags", "list-runs", dag_id, "-o", "json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if r.returncode != 0 and "does not exist" in r.stdout + r.stderr:
+        return []  # the DAG never reached the database: no run of it either
+    assert r.returncode == 0, r.stdout + r.stderr
+    table = next(line for line in r.stdout.splitlines() if line.startswith("["))  # not a warning
+    return [row["state"] for row in json.loads(table)]

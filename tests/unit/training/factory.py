@@ -114,3 +114,14 @@ def hang_before_first_collective(in_shape, classes):
     if env_rank() == "1":
         time.sleep(3600)
     return tiny(in_shape, classes)
+
+
+def slow_to_evaluate(in_shape, classes, seconds=60.0):
+    """``tiny``, but building it takes ``seconds`` in the evaluate task's process (Airflow
+    names the task running in AIRFLOW_CTX_TASK_ID): a test can interrupt evaluation."""
+    import os
+    import time
+
+    if os.environ.get("AIRFLOW_CTX_TASK_ID") == "evaluate":
+        time.sleep(seconds)
+    return tiny(in_shape, classes)

@@ -1,0 +1,118 @@
+"""Stopping a run that ``dagtrain run`` started: Ctrl-C (SIGINT) or SIGTERM.
+
+The first signal asks Airflow to stop the run: ``fail_run`` marks the DAG run failed
+through the service behind Airflow's REST API (``PATCH .../dagRuns/{id}`` with state
+``failed``: the running task instances become failed, those not yet started skipped,
+and the listeners are told), as the web UI's "Mark as failed" does. Each running task's
+supervisor then learns from its next heartbeat that its task should not run any more
+and terminates it (SIGTERM: the task runner calls the operator's ``on_kill``, which for
+training kills the ranks and their launcher). The second signal stops at once:
+``kill_family`` SIGKILLs every process the command started, and the run is marked
+failed if it is not already.
+
+Signals are counted, never raised (``Interrupts``), so no ``KeyboardInterrupt``
+traceback reaches the terminal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+__all__ = ["Interrupts", "fail_run", "kill_family", "run_id_for"]
+
+
+class Interrupts:
+    """SIGINT and SIGTERM counted: ``count``, the time of the first (``first``), and a
+    callback run in the signal handler (``on_signal(count)``) for what must happen at
+    once. ``install()`` replaces the handlers, ``restore()`` puts the old ones back."""
+
+    def __init__(self, on_signal: Callable[[int], None] | None = None) -> None:
+        self.count = 0
+        self.first: float | None = None
+        self.name = ""
+        self.on_signal = on_signal
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> Interrupts:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.count += 1
+        if self.first is None:
+            self.first = time.monotonic()
+            self.name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        if self.on_signal is not None:
+            self.on_signal(self.count)
+
+
+def run_id_for(when: datetime) -> str:
+    """The run id ``dag.test()`` gives a manual run of logical date and run_after
+    ``when`` (``dagtrain run`` passes both)."""
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.types import DagRunType
+
+    return DagRun.generate_run_id(run_type=DagRunType.MANUAL, logical_date=when, run_after=when)
+
+
+def fail_run(dag_id: str, run_id: str) -> str | None:
+    """Mark the DAG run failed if it has not ended, as Airflow's REST API does for
+    ``PATCH`` with state ``failed``; return its state after (None: no such run yet)."""
+    from airflow.api_fastapi.core_api.datamodels.dag_run import DagRunMutableStates
+    from airflow.api_fastapi.core_api.services.public.dag_run import patch_dag_run_state
+    from airflow.models.dagbag import DBDagBag
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+    from airflow.utils.state import DagRunState
+    from sqlalchemy import select
+
+    with create_session() as session:
+        dr = session.scalar(select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
+        if dr is None:
+            return None
+        if dr.state in (DagRunState.RUNNING, DagRunState.QUEUED):
+            dag = DBDagBag().get_dag_for_run(dr, session=session)
+            patch_dag_run_state(
+                dag=dag, dag_run=dr, state=DagRunMutableStates.FAILED, session=session
+            )
+        return str(getattr(dr.state, "value", dr.state))
+
+
+def kill_family(pid: int, include_self: bool = False) -> None:
+    """SIGKILL every descendant of process ``pid`` (and it, with ``include_self``),
+    found before any is killed (an orphan is adopted by init and no longer found), in
+    whatever session or process group it runs (mpirun, the ranks, an api-server)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        family = root.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return
+    if include_self:
+        family.append(root)
+    for _ in range(3):  # what was being started while we looked
+        for proc in family:
+            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+                proc.kill()
+        psutil.wait_procs(family, timeout=3)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            late = root.children(recursive=True)
+            if not late:
+                break
+            family = late
+    with contextlib.suppress(ProcessLookupError, ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:  # reap this process's own children
+            pass

@@ -1,0 +1,110 @@
+"""Ctrl-C on ``dagtrain run`` in a real 80-column terminal: before training, during it
+and during evaluation. The first Ctrl-C says so in one line, stops the run the way
+Airflow stops one (the run marked failed, the running task terminated: its on_kill
+ends the ranks and their launcher), prints the summary and exits 130; a second one
+stops at once. Either way nothing the command started is left running and the run is
+not left ``running``."""
+
+from __future__ import annotations
+
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from .live import DAGTRAIN, REPO, Terminal, processes_of_home, run_states
+
+pytestmark = pytest.mark.slow
+
+STOPPING = "stopping the run … (press Ctrl-C again to stop at once)"
+
+
+def pipeline(tmp_path: Path, model: str) -> Path:
+    cfg = tmp_path / "dags" / "stop.yaml"
+    cfg.parent.mkdir(exist_ok=True)
+    cfg.write_text(
+        f"name: stop\nmodel: {model}\n"
+        "training: {epochs: 200, batch_size: 64, retries: 2, retry_delay_seconds: 0}\n"
+        "distributed: {backend: mpi, ranks: 2}\n"
+    )
+    return cfg
+
+
+SLOW_TRAIN = "{name: 'tests.unit.training.factory:slow', args: {seconds: 0.05}}"
+SLOW_EVAL = "{name: 'tests.unit.training.factory:slow_to_evaluate', args: {seconds: 120}}"
+
+
+def run_and_interrupt(tmp_path, model: str, when: str, ctrl_c: int = 1, sigterm=False):
+    home = tmp_path / "home"
+    term = Terminal(
+        [*DAGTRAIN, "run", str(pipeline(tmp_path, model))], env={"DAGTRAIN_HOME": str(home)}
+    )
+    term.wait_for(when)
+    if sigterm:
+        term.proc.send_signal(signal.SIGTERM)
+    else:
+        term.interrupt()
+    if ctrl_c == 2:
+        term.wait_for(STOPPING, timeout=30)
+        term.interrupt()
+    code = term.wait(timeout=90)
+    return code, term.text, home
+
+
+def assert_stopped_cleanly(code: int, text: str, home: Path) -> None:
+    assert code == 130, text[-3000:]
+    assert text.count(STOPPING) == 1, text[-3000:]
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-3000:]
+    deadline = time.monotonic() + 15  # everything the command started ends with it
+    while processes_of_home(home) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    left = [" ".join(p.cmdline()) for p in processes_of_home(home)]
+    assert not left, left
+    if (home / "airflow" / "airflow.db").exists():
+        states = run_states(home, "dagtrain_stop")
+        assert "running" not in states and "queued" not in states, states
+
+
+@pytest.mark.parametrize("attempt", [1, 2, 3])
+def test_ctrl_c_while_training_stops_the_run_and_its_ranks(tmp_path, attempt):
+    code, text, home = run_and_interrupt(tmp_path, SLOW_TRAIN, "train epoch 2/200")
+    assert_stopped_cleanly(code, text, home)
+    assert re.search(r"run manual__\S+: failed in [\d.]+ s \(stopped by Ctrl-C\)", text), text
+    assert "stopped: the run is marked failed; prepare_data, train ran, evaluate, promote" in (
+        text.replace("\n", "")
+    )
+    assert run_states(home, "dagtrain_stop") == ["failed"]
+    # the task was terminated through Airflow: its on_kill ended the ranks, no retry
+    log = next((home / "logs" / "airflow").rglob("task_id=train/attempt=1.log")).read_text()
+    assert "killing every rank of the training job" in log
+    assert not list((home / "logs" / "airflow").rglob("task_id=train/attempt=2.log"))
+
+
+@pytest.mark.parametrize("attempt", [1, 2])
+def test_ctrl_c_before_training_stops_before_any_rank_starts(tmp_path, attempt):
+    when = "starting Airflow" if attempt == 1 else "prepare_data started"
+    code, text, home = run_and_interrupt(tmp_path, SLOW_TRAIN, when)
+    assert_stopped_cleanly(code, text, home)
+    assert "train epoch" not in text
+
+
+def test_ctrl_c_during_evaluation_stops_it(tmp_path):
+    code, text, home = run_and_interrupt(tmp_path, SLOW_EVAL, "evaluate started")
+    assert_stopped_cleanly(code, text, home)
+    assert "train succeeded" in text and "promote" in text
+    assert run_states(home, "dagtrain_stop") == ["failed"]
+
+
+def test_a_second_ctrl_c_stops_at_once(tmp_path):
+    code, text, home = run_and_interrupt(tmp_path, SLOW_TRAIN, "train epoch 2/200", ctrl_c=2)
+    assert_stopped_cleanly(code, text, home)
+    assert "stopped at once: every process of the run was killed" in text
+
+
+def test_sigterm_to_the_command_stops_the_run_as_ctrl_c_does(tmp_path):
+    code, text, home = run_and_interrupt(tmp_path, SLOW_TRAIN, "train epoch 2/200", sigterm=True)
+    assert_stopped_cleanly(code, text, home)
+    assert "(stopped by SIGTERM)" in text
+    assert REPO.exists()
