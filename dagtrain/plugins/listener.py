@@ -15,12 +15,13 @@ hooks do nothing. Importing this module imports neither torch nor MPI.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from typing import Any
 
 from airflow.listeners import hookimpl
+
+from dagtrain.stages.files import append_json_line
 
 __all__ = ["PROGRESS_VARIABLE"]
 
@@ -44,12 +45,7 @@ def _emit(event: str, ti: Any, **extra: Any) -> None:
         "time": time.time(),
         **extra,
     }
-    line = (json.dumps(record, default=str) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line)
-    finally:
-        os.close(fd)
+    append_json_line(path, record)
 
 
 @hookimpl

@@ -27,6 +27,7 @@ __all__ = [
     "registry_of",
     "run_dir_of",
     "run_report",
+    "tries_of",
 ]
 
 # a traced step: the run's last (step-rank<N>.json) or an epoch's last (step<S>-rank<N>)
@@ -288,6 +289,56 @@ def _ranks(
     return rows
 
 
+def _try_row(n: int) -> dict[str, Any]:
+    return {
+        "try": n,
+        "started": False,  # whether training started (rank 0 wrote its start line)
+        "resumed_from_step": None,
+        "epochs_done_before": None,
+        "time": None,
+        "failure": None,
+    }
+
+
+def tries_of(
+    metrics: list[dict[str, Any]], failures: list[dict[str, Any]], try_number: int | None = None
+) -> list[dict[str, Any]]:
+    """Every try the training task had, oldest first: from its ``try`` lines (each
+    ``start`` line belongs to the newest ``try`` line before it; a file without any
+    numbers its starts 1, 2, ...), its failure files, and Airflow's ``try_number``
+    (tries 1..N). Each: ``try``, ``started``, ``resumed_from_step``,
+    ``epochs_done_before``, ``time`` (training's start, else the try's), ``failure``
+    (its ``failure-try<N>.json`` record, or None)."""
+    rows: dict[int, dict[str, Any]] = {}
+    current: int | None = None
+    for m in metrics:
+        kind = m.get("kind")
+        if kind == "try" and isinstance(m.get("try"), int):
+            current = m["try"]
+            row = rows.setdefault(current, _try_row(current))
+            if not row["started"]:
+                row["time"] = m.get("time")
+        elif kind == "start":
+            # a file written before try lines existed: one start a try
+            n = max(rows, default=0) + 1 if current is None else current
+            row = rows.setdefault(n, _try_row(n))
+            resumed = m.get("resumed_from_step")
+            per = m.get("steps_per_epoch")
+            row.update(
+                started=True,
+                resumed_from_step=resumed,
+                epochs_done_before=(resumed or 0) // per if per else None,
+                time=m.get("time"),
+            )
+    for f in failures:
+        n = f.get("try")
+        if isinstance(n, int) and n > 0:
+            rows.setdefault(n, _try_row(n))["failure"] = f
+    for n in range(1, int(try_number or 0) + 1):
+        rows.setdefault(n, _try_row(n))
+    return [rows[n] for n in sorted(rows)]
+
+
 def registry_of(root: Path) -> dict[str, Any]:
     reg = _json(root, root / "registry" / "registry.json")
     return reg if isinstance(reg, dict) else {"champion": None, "versions": []}
@@ -368,18 +419,8 @@ def run_report(
     )
     champ_config = (champ or {}).get("lineage", {}).get("config_values")
     train_state = next((s["state"] for s in stages if s["task_id"] == "train"), None)
-    starts = [m for m in metrics if m.get("kind") == "start"]
-    tries = [
-        {
-            "try": i + 1,
-            "resumed_from_step": m.get("resumed_from_step"),
-            "epochs_done_before": (m.get("resumed_from_step") or 0) // m["steps_per_epoch"]
-            if m.get("steps_per_epoch")
-            else None,
-            "time": m.get("time"),
-        }
-        for i, m in enumerate(starts)
-    ]
+    train_try = next((s.get("try_number") for s in stages if s["task_id"] == "train"), None)
+    tries = tries_of(metrics, failures, train_try)
     hidden = {r: _hidden_share(evs) for r, evs in last.items()}
     return {
         "run_id": run_id,

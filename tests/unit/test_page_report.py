@@ -7,6 +7,7 @@ import json
 import pytest
 
 from dagtrain.plugins import report
+from dagtrain.stages.train import record_try
 
 
 def make_run(tmp_path, run_id="manual__1"):
@@ -125,3 +126,88 @@ def test_rank_status_writes_percentiles_of_its_own_steps(tmp_path):
     assert doc["status"] == "done" and doc["step"] == 10 and doc["total_steps"] == 10
     assert doc["median_step_ms"] == pytest.approx(10.0) and doc["p95_step_ms"] == pytest.approx(100)
     assert doc["samples_per_second"] == pytest.approx(320 / 0.19)
+
+
+def _train_dir(tmp_path, run_id="manual__1"):
+    root = tmp_path / "art" / "p"
+    (root / "data" / "v1").mkdir(parents=True)
+    train = report.run_dir_of(root, run_id) / "train"
+    train.mkdir(parents=True)
+    return root, train
+
+
+def _failure(train, n: int, **rec) -> None:
+    (train / f"failure-try{n}.json").write_text(json.dumps(rec))
+
+
+def test_a_train_task_that_failed_three_times_before_training_lists_three_tries(tmp_path):
+    root, train = _train_dir(tmp_path)
+    for n in (1, 2, 3):  # bad input, refused by rank 0 before any start line: no retry helps
+        record_try(train / "metrics.jsonl", n)
+        _failure(
+            train,
+            n,
+            rank=0,
+            how=f"rank 0 refused its input (try {n})",
+            exit_code=2,
+            signal=None,
+            host="h0",
+            log_tail=["InputError: bad"],
+            error="InputError: bad",
+            bad_input=True,
+        )
+    stages = [{"task_id": "train", "map_index": -1, "state": "failed", "try_number": 3}]
+    r = report.run_report(root, "manual__1", stages, None, None)
+    assert [t["try"] for t in r["tries"]] == [1, 2, 3]
+    for n, t in enumerate(r["tries"], 1):
+        assert t["started"] is False and t["resumed_from_step"] is None
+        assert t["failure"]["how"] == f"rank 0 refused its input (try {n})"
+        assert t["failure"]["bad_input"] is True and t["failure"]["try"] == n
+        assert isinstance(t["time"], float)  # when the try began
+    assert [f["try"] for f in r["failures"]] == [1, 2, 3]  # the existing key, unchanged
+    assert r["ranks"][0]["status"] == "failed"
+
+
+def test_tries_known_only_from_failure_files_or_airflow_are_listed(tmp_path):
+    # a run from before the try lines: only its failure files and Airflow's try_number
+    root, train = _train_dir(tmp_path)
+    _failure(train, 1, rank=1, how="rank 1 was killed by SIGKILL")
+    stages = [{"task_id": "train", "map_index": -1, "state": "running", "try_number": 2}]
+    tries = report.run_report(root, "manual__1", stages, None, None)["tries"]
+    assert [(t["try"], t["failure"] is not None, t["started"]) for t in tries] == [
+        (1, True, False),
+        (2, False, False),
+    ]
+    assert report.run_report(root, "manual__1", [], None, None)["tries"][0]["try"] == 1
+
+
+def test_a_resume_is_listed_under_its_own_try_when_an_earlier_try_never_started(tmp_path):
+    root, train = _train_dir(tmp_path)
+    m = train / "metrics.jsonl"
+    record_try(m, 1)  # try 1 failed before rank 0 wrote its start line
+    _failure(train, 1, rank=1, how="rank 1 exited with code 1")
+    record_try(m, 2)
+    lines = [
+        {"kind": "start", "step": 20, "resumed_from_step": 20, "steps_per_epoch": 20, "time": 5.0},
+        {"kind": "epoch", "epoch": 1, "train_loss": 0.5},
+    ]
+    with m.open("a") as f:
+        f.writelines(json.dumps(x) + "\n" for x in lines)
+    stages = [{"task_id": "train", "map_index": -1, "state": "success", "try_number": 2}]
+    tries = report.run_report(root, "manual__1", stages, None, None)["tries"]
+    assert [t["try"] for t in tries] == [1, 2]
+    one, two = tries
+    assert not one["started"] and one["failure"]["how"] == "rank 1 exited with code 1"
+    assert two["started"] and two["resumed_from_step"] == 20 and two["epochs_done_before"] == 1
+    assert two["time"] == 5.0 and two["failure"] is None
+    # the progress display of `dagtrain run` reads the same file: a try line is no epoch
+    assert [e["epoch"] for e in report.epochs_of(report._lines(root, m))] == [1]
+
+
+def test_a_try_line_is_one_whole_line_appended_after_what_is_there(tmp_path):
+    m = tmp_path / "round-01" / "shard-00" / "metrics.jsonl"  # its folder is made
+    record_try(str(m), 3)
+    record_try(m, 4)
+    recs = [json.loads(line) for line in m.read_text().splitlines()]
+    assert [(r["kind"], r["try"]) for r in recs] == [("try", 3), ("try", 4)]
+    assert m.read_text().endswith("\n") and all(isinstance(r["time"], float) for r in recs)

@@ -111,6 +111,14 @@ function ranksTable(ranks) {
   ]), "ranks");
 }
 
+// One try's failure (failure-try<N>.json): the rank and how it ended, or, before any
+// rank failed, the error; bad input is not retried.
+function failureOf(f) {
+  const what = f.rank != null ? `rank ${esc(f.rank)} ${esc(howOf(f.how))}` : esc(f.how ?? f.error ?? "failed");
+  const why = f.error && f.rank != null && !String(f.how ?? "").includes(f.error) ? `<br><span class="muted">${esc(f.error)}</span>` : "";
+  return `<span class="bad">${what}</span>${f.bad_input ? " (bad input: not retried)" : ""}${why}`;
+}
+
 function roundsView(rounds) {
   return rounds.map((r) => `<h3>Round ${r.round} <span class="muted">sync: ${esc(r.sync_state ?? "not yet")}</span></h3>` +
     table(["shard", "task", "contribution", "steps", "samples/s", "validation accuracy"], r.shards.map((s) => [
@@ -137,9 +145,9 @@ async function run(dagId, runId) {
     <h2>Result</h2>${res ? table(["validation accuracy", "test accuracy", "samples/s", "median step (s)", "skipped steps"], [[num(res.val_accuracy), num(ev?.metrics?.test_accuracy), num(res.samples_per_second, 0), num(res.median_step_seconds, 4), esc(res.skipped_steps)]]) : '<p class="muted">No result yet.</p>'}
     ${ev ? `<p class="verdict">${ev.better ? "promoted" : "not promoted"}: ${esc(ev.reason)}</p>` : ""}
     <h2 id="ranks">Ranks</h2>${ranksTable(r.ranks)}
-    <h2>Tries and resumes</h2>${r.tries.length ? table(["try", "resumed from step", "epochs already done", "failed rank"], r.tries.map((t) => {
-      const f = r.failures.find((x) => x.try === t.try);
-      return [esc(t.try), esc(t.resumed_from_step ?? "start"), esc(t.epochs_done_before ?? ""), f ? `<span class="bad">rank ${esc(f.rank)} ${esc(howOf(f.how))}</span>` : ""];
+    <h2>Tries and resumes</h2>${r.tries.length ? table(["try", "resumed from step", "epochs already done", "failure"], r.tries.map((t) => {
+      const f = t.failure;
+      return [esc(t.try), t.started ? esc(t.resumed_from_step ?? "start") : '<span class="muted">did not train</span>', esc(t.epochs_done_before ?? ""), f ? failureOf(f) : ""];
     })) : '<p class="muted">Training has not started.</p>'}
     <h2>Gradient sync</h2>${r.sync ? table(["buckets", "sizes", "allreduce (ms)", "hidden under backward", "skipped non-finite steps"], [[esc(r.sync.buckets), esc(r.sync.bucket_bytes.map(bytes).join(", ")), num(r.sync.allreduce_ms, 2), pct(r.sync.hidden_share), esc(r.sync.skipped_steps)]]) +
       (r.sync_by_rank.length > 1 ? `<p class="muted">per rank, last step: ${r.sync_by_rank.map((s) => `rank ${s.rank} ${num(s.allreduce_ms, 2)} ms allreduce, ${pct(s.hidden_share)} hidden`).join("; ")}</p>` : "") : '<p class="muted">No trace.</p>'}
