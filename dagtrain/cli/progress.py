@@ -22,7 +22,7 @@ import math
 import re
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-__all__ = ["Progress", "Stage"]
+__all__ = ["Progress", "Stage", "label_of"]
 
 COLOUR = {
     "success": "green",
@@ -52,13 +52,19 @@ class Stage:
     error: str | None = None
 
 
+def label_of(path: str | Path) -> str:
+    """The training task a metrics file belongs to: ``train``, or a round's shard
+    (``rounds/round-01/shard-00/metrics.jsonl``: ``round_1_train[0]``)."""
+    m = _SHARD.search(Path(path).as_posix())
+    return f"round_{int(m.group(1))}_train[{int(m.group(2))}]" if m else "train"
+
+
 @dataclass
 class _Tail:
     """New complete lines of a growing file, from where the last read stopped."""
 
     path: Path
     offset: int = 0
-    info: dict[str, Any] = field(default_factory=dict)
 
     def lines(self) -> list[dict[str, Any]]:
         try:
@@ -90,13 +96,19 @@ class Progress:
     training tasks' metrics files under the run's artifact folder."""
 
     def __init__(
-        self, console: Console, title: str, events: Path, run_dir: Path, task_ids: list[str]
+        self,
+        console: Console,
+        title: str,
+        events: Path | None,
+        run_dir: Path | None,
+        task_ids: list[str],
     ) -> None:
         self.console = console
         self.title = title
-        self.events = _Tail(events)
+        self.events = _Tail(events) if events is not None else None
         self.run_dir = run_dir
         self.metrics: dict[Path, _Tail] = {}
+        self.info: dict[str, dict[str, Any]] = {}  # per training task: its start line
         self.stages: dict[str, Stage] = {t: Stage(t) for t in task_ids}
         # poll() runs in a thread of its own, table() in the live display's: the lock
         # guards the stages; lines are printed after it is released (printing takes the
@@ -106,13 +118,33 @@ class Progress:
 
     # ------------------------------------------------------------------ reading
     def poll(self) -> None:
+        """Read what is new in the files (the listener's events, the metrics files under
+        the run's folder), then print its lines."""
         with self.lock:
-            for e in self.events.lines():
+            for e in self.events.lines() if self.events is not None else []:
                 self._event(e)
             for path in self._metric_files():
                 tail = self.metrics.setdefault(path, _Tail(path))
                 for m in tail.lines():
-                    self._metric(self._label_of(path), tail.info, m)
+                    self._metric(label_of(path), m)
+        self.flush()
+
+    def feed(self, events: list[dict[str, Any]], metrics: list[tuple[str, dict]]) -> None:
+        """What another source read (``dagtrain trigger --wait``: the REST API): events
+        as the listener writes them, and (training task label, metrics line) pairs;
+        then print their lines."""
+        both = [(float(e.get("time") or 0), 0, e, None) for e in events]
+        both += [(float(m.get("time") or 0), 1, m, label) for label, m in metrics]
+        with self.lock:  # in the order they happened: a task's epochs before its end
+            for _, _, item, label in sorted(both, key=lambda x: (x[0], x[1])):
+                if label is None:
+                    self._event(item)
+                else:
+                    self._metric(label, item)
+        self.flush()
+
+    def flush(self) -> None:
+        with self.lock:
             lines, self.pending = self.pending, []
         # in a terminal a long line wraps between words (the terminal would cut a word);
         # piped, a line stays whole
@@ -121,13 +153,11 @@ class Progress:
             self.console.print(line, style=style, highlight=False, markup=False, soft_wrap=wrap)
 
     def _metric_files(self) -> list[Path]:
+        if self.run_dir is None:
+            return []
         files = [self.run_dir / "train" / "metrics.jsonl"]
         files += sorted(self.run_dir.glob("rounds/round-*/shard-*/metrics.jsonl"))
         return [f for f in files if f.exists()]
-
-    def _label_of(self, path: Path) -> str:
-        m = _SHARD.search(path.as_posix())
-        return f"round_{int(m.group(1))}_train[{int(m.group(2))}]" if m else "train"
 
     def _stage(self, label: str) -> Stage:
         return self.stages.setdefault(label, Stage(label))
@@ -158,7 +188,8 @@ class Progress:
             what = "failed, Airflow will retry it" if retry else "failed"
             self.say(f"{label} try {n} {what}: {st.error or 'no error given'}", "red")
 
-    def _metric(self, label: str, info: dict[str, Any], m: dict[str, Any]) -> None:
+    def _metric(self, label: str, m: dict[str, Any]) -> None:
+        info = self.info.setdefault(label, {})
         kind = m.get("kind")
         if kind == "start":
             info.update(m)

@@ -81,7 +81,9 @@ class Client:
                 f"no DAG {dag_id!r} on {self.url} (is its file in the DAGs folder, and parsed?)"
             )
         if r.status_code in (400, 422):
-            raise RestError(f"Airflow refused the run's conf: {_detail(r)}")
+            # the first lines say which param and why; the schema Airflow appends is noise
+            why = _detail(r).split("\n\nFailed validating")[0].strip()
+            raise RestError(f"Airflow refused the run's conf: {why}")
         if r.status_code in (401, 403):
             raise RestError(f"user {self.user!r} may not trigger {dag_id!r}: {_detail(r)}")
         if r.status_code >= 400:
@@ -111,6 +113,29 @@ class Client:
         if r.status_code >= 400:
             raise RestError(f"reading run {run_id!r} failed ({r.status_code}): {_detail(r)}")
         return r.json()
+
+    def tasks(self, dag_id: str) -> list[dict[str, Any]]:
+        """The DAG's tasks (``task_id``, ``downstream_task_ids``, ``is_mapped`` ...)."""
+        r = self._send("GET", f"/api/v2/dags/{dag_id}/tasks")
+        return r.json().get("tasks", []) if r.status_code < 400 else []
+
+    def params(self, dag_id: str) -> dict[str, Any] | None:
+        """The DAG's Params as values (``{name: value}``), or None if it has none."""
+        r = self._send("GET", f"/api/v2/dags/{dag_id}/details")
+        if r.status_code >= 400:
+            return None
+        params = r.json().get("params") or {}
+        return {k: v.get("value") if isinstance(v, dict) else v for k, v in params.items()}
+
+    def progress(self, dag_id: str, run_id: str, after: float) -> list[dict[str, Any]] | None:
+        """The training tasks' progress lines since ``after``, from the dagtrain plugin's
+        API; None when the server has no such plugin."""
+        r = self._send(
+            "GET", f"/dagtrain/api/dags/{dag_id}/runs/{run_id}/progress", params={"after": after}
+        )
+        if r.status_code == 404 and "no dagtrain pipeline" not in r.text:
+            return None
+        return r.json().get("lines", []) if r.status_code < 400 else []
 
     def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
         r = self._send("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances")

@@ -13,7 +13,6 @@ from typing import Annotated, Any
 
 import typer
 from rich.live import Live
-from rich.table import Table
 
 from dagtrain.config import ConfigError, deep_merge, parse_sets
 
@@ -78,52 +77,34 @@ def trigger(
     client = Client(url, user, password)
     try:
         client.login()
+        if conf:
+            _check_conf(client, dag_id, conf)
         dag = client.unpause(dag_id)
         if dag is not None:
-            out.print(f"{dag_id} was paused (as new DAGs are): unpaused it", highlight=False)
+            out.print(f"{dag_id} was paused (as new DAGs are): unpaused it")
             if dag.get("timetable_summary") not in (None, "None", "", "Never"):
                 out.print(
                     f"note: {dag_id} is scheduled ({dag['timetable_summary']}): unpaused, "
-                    "the scheduler also starts its latest interval's run now",
-                    highlight=False,
+                    "the scheduler also starts its latest interval's run now"
                 )
         dr = client.trigger(dag_id, conf)
         run_id = dr["dag_run_id"]
-        out.print(f"triggered {dag_id} run {run_id} ({dr.get('state')})", highlight=False)
+        out.print(f"triggered {dag_id} run {run_id} ({dr.get('state')})")
         if not wait:
             return
-        with Live(console=out, refresh_per_second=2) as live:
-
-            def show(run: dict, tis: list) -> None:
-                t = Table(title=f"{dag_id}  {run['dag_run_id']}: {run.get('state')}")
-                t.add_column("stage", no_wrap=True)
-                t.add_column("state", no_wrap=True)
-                t.add_column("try", justify="right")
-                t.add_column("seconds", justify="right")
-                for ti in tis:
-                    name = ti["task_id"] + (
-                        f"[{ti['map_index']}]" if ti.get("map_index", -1) >= 0 else ""
-                    )
-                    d = ti.get("duration")
-                    t.add_row(
-                        name,
-                        str(ti.get("state")),
-                        str(ti.get("try_number") or ""),
-                        "" if d is None else f"{d:.1f}",
-                    )
-                live.update(t)
-
-            final = client.wait(dag_id, run_id, timeout=timeout, on_poll=show)
+        final = _follow(client, dag_id, run_id, timeout)
         from .summary import outcome_lines
 
-        out.print(f"run {run_id}: {final['state']}", highlight=False)
+        out.print()
+        took = _took(final)
+        out.print(f"run {run_id}: {final['state']}{took}")
         lines = outcome_lines(
             client.xcom(dag_id, run_id, "train"),
             client.xcom(dag_id, run_id, "evaluate"),
             client.xcom(dag_id, run_id, "promote"),
         )
         for line in lines:
-            out.print(line, highlight=False)
+            out.print(line)
     except RestError as e:
         raise fail(str(e)) from None
     except TimeoutError as e:
@@ -133,8 +114,66 @@ def trigger(
         for ti in failed:
             name = ti["task_id"] + (f"[{ti['map_index']}]" if ti.get("map_index", -1) >= 0 else "")
             why = client.error_of(dag_id, run_id, ti) or "no error in its log"
-            err.print(f"failed: {name} try {ti.get('try_number')}: {why}", highlight=False)
+            err.print(f"failed: {name} try {ti.get('try_number')}: {why}")
         raise typer.Exit(1)
+
+
+def _check_conf(client: Any, dag_id: str, conf: dict[str, Any]) -> None:
+    """Refuse, before the run is created, a conf the DAG's own config would refuse, with
+    the message `validate` and `run --set` give: checked against the config its Params
+    hold (the file's values). A DAG whose Params are not a dagtrain config: the server
+    alone judges."""
+    from dagtrain.config import merge_conf, validate
+
+    params = client.params(dag_id)
+    if not params:
+        return
+    try:
+        base = validate(params, f"{dag_id}'s config")
+    except ConfigError:
+        return  # not a dagtrain pipeline's Params
+    try:
+        merge_conf(base, conf)
+    except ConfigError as e:
+        raise fail(f"refused the run's conf, no run was created: {e}", 2) from None
+
+
+def _follow(client: Any, dag_id: str, run_id: str, timeout: float) -> dict[str, Any]:
+    """Show the run as `dagtrain run` does (a line as each stage starts and ends and as
+    each epoch ends; in a terminal, the stages' table under them) until it ends; return
+    the run. TimeoutError after ``timeout`` seconds."""
+    import contextlib
+
+    from .follow import RestFollower, stage_order
+    from .progress import Progress
+
+    progress = Progress(out, f"{dag_id}  {run_id}", None, None, stage_order(client.tasks(dag_id)))
+    follower = RestFollower(client, dag_id, run_id)
+    out.print("following it (Ctrl-C stops following; the run goes on)")
+    live = (
+        Live(get_renderable=progress.table, console=out, refresh_per_second=2)
+        if out.is_terminal
+        else contextlib.nullcontext()
+    )
+    deadline = time.monotonic() + timeout
+    with live:
+        while True:
+            run, events, metrics = follower.poll()
+            progress.feed(events, metrics)
+            if run.get("state") in ("success", "failed"):
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"run {run_id} of {dag_id} still {run.get('state')}")
+            time.sleep(2)
+        progress.settle(follower.states())
+    return run
+
+
+def _took(run: dict[str, Any]) -> str:
+    from .follow import _epoch
+
+    start, end = _epoch(run.get("start_date")), _epoch(run.get("end_date"))
+    return f" in {end - start:.1f} s" if start and end else ""
 
 
 def up(

@@ -5,6 +5,8 @@
     GET /dagtrain/api/pipelines                       dagtrain DAGs the user may read
     GET /dagtrain/api/dags/{dag_id}/runs              their runs
     GET /dagtrain/api/dags/{dag_id}/runs/{run_id}     a run's report (``report``)
+    GET /dagtrain/api/dags/{dag_id}/runs/{run_id}/progress   rank 0's progress lines
+                                                      (?after=T: written after time T)
     GET /dagtrain/api/dags/{dag_id}/runs/{run_id}/trace   every rank's step trace, merged
                                                       (?step=S: an epoch's last step)
     GET /dagtrain/api/dags/{dag_id}/curves            newest runs' epochs (?limit=5)
@@ -182,6 +184,16 @@ def create_app():
             }
             for e in rows
         ]
+
+    @app.get("/api/dags/{dag_id}/runs/{run_id}/progress", dependencies=read_run)
+    def progress(
+        dag_id: str, run_id: str, session: SessionDep, after: float = Query(0.0, ge=0)
+    ) -> dict[str, Any]:
+        """What ``dagtrain trigger --wait`` shows as epochs end: the training tasks'
+        progress lines since ``after`` (none before the data is prepared)."""
+        dag_of(dag_id, session)
+        root = report.artifact_root(output_of(session, dag_id, run_id, "prepare_data"))
+        return {"lines": [] if root is None else report.progress_of(root, run_id, after)}
 
     @app.get("/api/dags/{dag_id}/runs/{run_id}/trace", dependencies=read_run)
     def trace(

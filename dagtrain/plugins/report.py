@@ -24,6 +24,7 @@ __all__ = [
     "curves_of",
     "epochs_of",
     "merged_trace",
+    "progress_of",
     "registry_of",
     "run_dir_of",
     "run_report",
@@ -77,6 +78,19 @@ def _lines(root: Path, path: Path) -> list[dict[str, Any]]:
         except ValueError:
             continue  # a line still being written
     return out
+
+
+def progress_of(root: Path, run_id: str, after: float = 0.0) -> list[dict[str, Any]]:
+    """Rank 0's progress lines of the run's training tasks written after time ``after``,
+    oldest first, each with ``file``: its metrics file, relative to the run's folder
+    (``train/metrics.jsonl``, ``rounds/round-01/shard-00/metrics.jsonl``)."""
+    run = run_dir_of(root, run_id)
+    files = [run / "train" / "metrics.jsonl", *sorted(run.glob("rounds/*/*/metrics.jsonl"))]
+    out = []
+    for f in files:
+        rel = f.relative_to(run).as_posix()
+        out += [m | {"file": rel} for m in _lines(root, f) if float(m.get("time") or 0) > after]
+    return sorted(out, key=lambda m: float(m.get("time") or 0))
 
 
 def epochs_of(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
