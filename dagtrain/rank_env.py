@@ -21,6 +21,7 @@ from typing import Any
 from dagtrain.errors import FAIL_FAST
 
 __all__ = [
+    "CODE_PATH",
     "ERROR_DIR",
     "FIRST_COLLECTIVE",
     "ON_HOST",
@@ -30,7 +31,15 @@ __all__ = [
     "parent_death_signal",
     "read_failures",
     "report_failure",
+    "use_code_path",
 ]
+
+# folders a DAG author's modules live in (the DAG file's, the config's, Airflow's plugins
+# folder), for the ranks: appended to sys.path once the rank's own imports are done,
+# after the installed packages, as Airflow appends its DAGs folder for a task; on
+# PYTHONPATH a DAG file named like a package (cuda.py) would shadow it (torch imports
+# cuda) before any of our code ran
+CODE_PATH = "DAGTRAIN_CODE_PATH"
 
 # the folder where a rank that fails writes why, as data (``rank<N>.json``: its error's
 # type and message, when, and whether another try would fail the same way), for the
@@ -56,6 +65,16 @@ def env_rank() -> str | None:
         if var in os.environ:
             return os.environ[var]
     return None
+
+
+def use_code_path() -> list[str]:
+    """Append this process's ``CODE_PATH`` folders to ``sys.path`` (each once); return
+    them."""
+    folders = [f for f in os.environ.get(CODE_PATH, "").split(os.pathsep) if f]
+    for folder in folders:
+        if folder not in sys.path:
+            sys.path.append(folder)
+    return folders
 
 
 def report_failure(rank: str, error: BaseException) -> None:

@@ -63,7 +63,7 @@ def load(
 
 def preflight(cfg: PipelineConfig, home: Path | None = None) -> None:
     """What a run of ``cfg`` would fail on at once, checked here and now: the data file,
-    the backend's library, and, in a process with the PYTHONPATH the ranks will get
+    the backend's library, and, in a process that imports as the ranks will
     (``dagtrain.training.preflight``), the data's labels, the model factory, the model
     built with ``model.args`` on the meta device, ``distributed.device``. Exits 2
     naming the field."""
@@ -89,7 +89,7 @@ def _check_model(cfg: PipelineConfig, home: Path | None) -> None:
 
     from dagtrain.errors import InputError, MissingDependency
     from dagtrain.rank_env import parent_death_signal
-    from dagtrain.stages.train import rank_pythonpath
+    from dagtrain.stages.train import code_path
 
     if importlib.util.find_spec("torch") is None:
         raise MissingDependency(
@@ -105,7 +105,7 @@ def _check_model(cfg: PipelineConfig, home: Path | None) -> None:
         if cfg.distributed.hosts or cfg.distributed.hosts_connection
         else cfg.distributed.device,
     }
-    env = {**os.environ, "PYTHONPATH": rank_pythonpath(cfg.base_dir, plugins)}
+    env = {**os.environ, **code_path(cfg.base_dir, plugins)}
     try:
         r = subprocess.run(
             [sys.executable, "-m", "dagtrain.training.preflight", json.dumps(spec)],

@@ -35,10 +35,11 @@ from typing import Any
 
 from dagtrain.config import DistributedConfig, TrainConfig
 from dagtrain.errors import InputError
+from dagtrain.rank_env import CODE_PATH
 
 from .files import append_json_line, write_json
 
-__all__ = ["connection_hosts", "rank_pythonpath", "record_try", "resolve_hosts", "run_train"]
+__all__ = ["code_path", "connection_hosts", "record_try", "resolve_hosts", "run_train"]
 
 
 def connection_hosts(conn_id: str) -> Any:
@@ -84,15 +85,15 @@ def record_try(metrics_file: str | Path, try_number: int) -> None:
     append_json_line(metrics_file, {"kind": "try", "try": int(try_number), "time": time.time()})
 
 
-def rank_pythonpath(*folders: str | Path | None) -> str:
-    """The PYTHONPATH the ranks get: ``folders`` (the config file's, the DAG file's,
-    Airflow's plugins folder: where a DAG author puts a model module), then this
-    process's own PYTHONPATH; each folder once, in that order."""
+def code_path(*folders: str | Path | None) -> dict[str, str]:
+    """The variable that gives the ranks ``folders`` (the DAG file's, the config
+    file's, Airflow's plugins folder: where a DAG author puts a model module) to import
+    from, after the installed packages (``dagtrain.rank_env.CODE_PATH``); each once."""
     seen: list[str] = []
-    for entry in [*folders, *os.environ.get("PYTHONPATH", "").split(os.pathsep)]:
+    for entry in folders:
         if entry and str(entry) not in seen:
             seen.append(str(entry))
-    return os.pathsep.join(seen)
+    return {CODE_PATH: os.pathsep.join(seen)}
 
 
 def run_train(
@@ -105,10 +106,11 @@ def run_train(
 ) -> dict[str, Any]:
     """Launch the ranks; write and return a summary of rank 0's TrainResult.
 
-    ``code_dirs``: folders the ranks import from, ahead of PYTHONPATH (the DAG file's,
-    the config's, Airflow's plugins folder). Raises InputError before any rank starts
-    when ``distributed.hosts_connection`` names no connection, or one whose extra is
-    not a host list; RankInputError (an InputError) when a rank refused its input."""
+    ``code_dirs``: folders the ranks import a DAG author's modules from, after the
+    installed packages (the DAG file's, the config's, Airflow's plugins folder).
+    Raises InputError before any rank starts when ``distributed.hosts_connection``
+    names no connection, or one whose extra is not a host list; RankInputError (an
+    InputError) when a rank refused its input."""
     from dagtrain.training import run_training
 
     hosts = resolve_hosts(tcfg.distributed)
@@ -129,7 +131,7 @@ def run_train(
         on_start=started,
         # ranks on other hosts read their config and write the result where all see it
         work_dir=out_dir if hosts else None,
-        env={"PYTHONPATH": rank_pythonpath(*code_dirs)},
+        env=code_path(*code_dirs),
     )
     times = sorted(res.step_seconds)
     summary = {k: v for k, v in asdict(res).items() if k != "step_seconds"} | {

@@ -43,7 +43,8 @@ def run_training(
     with its rsh agent). ``work_dir``: where the ranks' config and rank 0's result are
     exchanged (a temporary folder in it); ranks on other hosts need it on storage they
     share (default: the system's temporary folder). ``env``: variables every rank gets
-    (``PYTHONPATH``: where the ranks import a model factory from). An ``nprocs`` that differs is
+    (``dagtrain.rank_env.CODE_PATH``: folders the ranks import a model factory from).
+    An ``nprocs`` that differs is
     set as ``distributed.ranks`` (and validated) so that every rank receives it. Raises
     MissingDependency before anything starts if the backend is not installed,
     RankFailure if a rank fails, TimeoutError after ``timeout`` seconds.

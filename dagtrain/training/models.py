@@ -131,6 +131,12 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
 }
 
 
+def _code_path() -> list[str]:
+    from dagtrain.rank_env import CODE_PATH
+
+    return [f for f in os.environ.get(CODE_PATH, "").split(os.pathsep) if f]
+
+
 def build_model(name: str, in_shape: Sequence[int], classes: int, **args) -> nn.Module:
     """A built-in by name, or ``"pkg.module:factory"``; errors say what is allowed."""
     if name in MODELS:
@@ -146,10 +152,13 @@ def build_model(name: str, in_shape: Sequence[int], classes: int, **args) -> nn.
                 why = f"no module {mod!r} can be imported here ({e})"
             else:
                 why = f"importing {mod!r} failed here: {type(e).__name__}: {e}"
-            where = os.environ.get("PYTHONPATH") or "not set"
+            where = os.pathsep.join(
+                [*os.environ.get("PYTHONPATH", "").split(os.pathsep), *_code_path()]
+            ).strip(os.pathsep)
             raise InputError(
                 f"model.name {name!r}: cannot import {attr!r} from {mod!r} ({why}); "
-                f"PYTHONPATH: {where}. Put the module next to "
+                f"looked in the installed packages and {where or 'no other folder'}. "
+                "Put the module next to "
                 "the config or DAG file (or in Airflow's plugins folder), or install it "
                 "where the ranks run"
             ) from e

@@ -2,8 +2,9 @@
 
     python -m dagtrain.training.preflight '{"model": {...}, "data": "...", "device": "cpu"}'
 
-run with the PYTHONPATH the ranks will get (``dagtrain validate`` and ``dagtrain run``
-start it so, before Airflow starts), it reads the data (shape, classes, labels), imports
+run with the environment the ranks will get (its ``DAGTRAIN_CODE_PATH``: the folders
+of the DAG author's modules; ``dagtrain validate`` and ``dagtrain run`` start it so,
+before Airflow starts), it reads the data (shape, classes, labels), imports
 the model's factory, builds the model on PyTorch's ``meta`` device (no memory, no
 weights) with ``model.args``, passes a batch of that shape through it, and checks
 ``distributed.device`` against this machine. It prints one JSON line: ``{"ok": true,
@@ -65,7 +66,9 @@ def check(spec: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     from dagtrain.errors import FAIL_FAST
+    from dagtrain.rank_env import use_code_path
 
+    use_code_path()  # as a rank does
     args = sys.argv[1:] if argv is None else argv
     try:
         result = check(json.loads(args[0]))

@@ -20,7 +20,7 @@ import traceback
 from pathlib import Path
 
 from dagtrain.config import TrainConfig
-from dagtrain.rank_env import ON_HOST, die_with_parent, env_rank, report_failure
+from dagtrain.rank_env import ON_HOST, die_with_parent, env_rank, report_failure, use_code_path
 from dagtrain.taskgraph.atomic import atomic_write
 
 from .trainer import train
@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     die_with_parent(signal.SIGKILL)
     if os.getppid() == 1:
         return 1
+    use_code_path()  # the DAG author's modules (a model factory), after torch and ours
     cfg = TrainConfig.model_validate_json(Path(args[0]).read_text())
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     rank = env_rank() or "?"

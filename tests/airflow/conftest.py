@@ -1,8 +1,10 @@
 """The Airflow the tests of this folder talk to: ``dagtrain run`` of the tiny pipeline
 in an 80-column pseudo-terminal, then ``dagtrain up`` (api-server, scheduler,
 dag-processor, triggerer; SQLite, LocalExecutor) on the same home, for the whole
-session. Its DAGs folder has ``dagtrain_tiny`` and ``dagtrain_tiny_fail`` (rank 1 killed
-mid-training)."""
+session. Its DAGs folder has ``dagtrain_tiny``, ``dagtrain_tiny_fail`` (rank 1 killed
+mid-training), three pipelines with bad input only the ranks meet (``..._badargs``,
+``..._nocuda``, ``..._rankimport``) and one whose model module lies beside the DAG
+files (``dagtrain_tiny_mine``)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,15 @@ import psutil
 import pytest
 
 from .live import DAGTRAIN, PYLIB, REPO, alive, free_port, password_of, run_in_terminal
+
+DAG_IDS = (
+    "dagtrain_tiny",
+    "dagtrain_tiny_fail",
+    "dagtrain_tiny_badargs",
+    "dagtrain_tiny_nocuda",
+    "dagtrain_tiny_rankimport",
+    "dagtrain_tiny_mine",
+)
 
 
 @pytest.fixture(scope="session")
@@ -40,6 +51,25 @@ def airflow(tmp_path_factory):
         "distributed: {backend: mpi, ranks: 2}\nschedule: {cron: null}\n"
         f"artifacts: {{root: {tmp / 'art'}}}\n"
     )
+    # bad input each try would meet again (retries: 2, yet one try only), and a model
+    # module of the DAG author's beside the DAG files (no PYTHONPATH names the folder)
+    for name, model, extra in (
+        ("tiny_badargs", "{name: mlp, args: {hiddn: [16]}}", ""),
+        ("tiny_nocuda", "{name: mlp, args: {hidden: [16]}}", ", device: cuda"),
+        ("tiny_rankimport", "{name: 'only_in_tasks:small'}", ""),
+        ("tiny_mine", "{name: 'my_models:small_mlp', args: {width: 16}}", ""),
+    ):
+        shutil.copy(REPO / "dags" / "digits_retraining.py", dags / f"{name}.py")
+        retries = 0 if name == "tiny_mine" else 2
+        (dags / f"{name}.yaml").write_text(
+            f"name: {name}\ndata: {{source: digits}}\nmodel: {model}\n"
+            f"training: {{epochs: 2, batch_size: 64, retries: {retries}, "
+            "retry_delay_seconds: 0}\n"
+            f"distributed: {{backend: mpi, ranks: 2{extra}}}\nschedule: {{cron: null}}\n"
+            f"artifacts: {{root: {tmp / 'art'}}}\n"
+        )
+    shutil.copy(PYLIB / "my_models.py", dags / "my_models.py")
+    shutil.copy(PYLIB / "only_in_tasks.py", dags / "only_in_tasks.py")
     port = free_port()
     home = tmp / "home"
     # first a run made by `dagtrain run` on the same home, in a terminal: `up` must show it
@@ -71,10 +101,9 @@ def airflow(tmp_path_factory):
                 if tok.status_code < 300:
                     h = {"Authorization": f"Bearer {tok.json()['access_token']}"}
                     dags_seen = [
-                        httpx.get(f"{url}/api/v2/dags/{d}", headers=h).status_code
-                        for d in ("dagtrain_tiny", "dagtrain_tiny_fail")
+                        httpx.get(f"{url}/api/v2/dags/{d}", headers=h).status_code for d in DAG_IDS
                     ]
-                    if dags_seen == [200, 200]:
+                    if set(dags_seen) == {200}:
                         break
             except (httpx.HTTPError, FileNotFoundError, KeyError):
                 pass
