@@ -152,8 +152,8 @@ def _main(config, loaded, home: Path, term: Console, session: _Session, interrup
     if stop is not None:
         raise fail(str(stop))
     assert result is not None
-    state, run_id, progress = result
-    _summary(eff, state, run_id, progress, time.monotonic() - t0, log, interrupts)
+    state, dag_id, run_id, progress = result
+    _summary(eff, state, dag_id, run_id, progress, time.monotonic() - t0, log, interrupts)
 
 
 def _exit_interrupted(term: Console, when: str) -> typer.Exit:
@@ -216,7 +216,7 @@ def _run(
                 progress.settle(_task_states(dag.dag_id, run_id))  # the table's last look
     except RuntimeError as e:
         raise _Stop(str(e)) from None
-    return _state(dag.dag_id, run_id), run_id, progress
+    return _state(dag.dag_id, run_id), dag.dag_id, run_id, progress
 
 
 def _start(h, dag_file: Path, dag_id: str, when: datetime, conf: dict, log: Path):
@@ -319,8 +319,30 @@ def _state(dag_id: str, run_id: str) -> str | None:
     return None if state is None else str(getattr(state, "value", state))
 
 
+def _log_files(dag_id: str, run_id: str) -> None:
+    """Each task try's log file, where the web UI reads it; ``dagtrain logs`` prints one."""
+    from dagtrain.config import HOME_VARIABLE
+
+    from .logs import log_files
+
+    files = log_files(dag_id, run_id)
+    home = Path(os.environ[HOME_VARIABLE])
+    where = "" if home == Path(".dagtrain").resolve() else f" --home {home}"
+    if files:
+        out.print(f"task logs (dagtrain logs {run_id} TASK{where} prints one as the UI shows it):")
+    for label, n, path in files:
+        out.print(f"  {label} try {n}: {path}")
+
+
 def _summary(
-    cfg: PipelineConfig, state, run_id: str, progress, seconds: float, log: Path, interrupts
+    cfg: PipelineConfig,
+    state: str | None,
+    dag_id: str,
+    run_id: str,
+    progress: Any,
+    seconds: float,
+    log: Path,
+    interrupts: Interrupts,
 ) -> None:
     from dagtrain.stages.files import read_json, run_dir
     from dagtrain.stages.registry import champion, promoted_in
@@ -350,6 +372,7 @@ def _summary(
         out.print(f"step traces (open in https://ui.perfetto.dev): {traces[0].parent}")
     out.print(f"artifacts: {run}")
     out.print(f"Airflow's output: {log}")
+    _log_files(dag_id, run_id)
     if interrupts.count:
         ran = [s.label for s in progress.stages.values() if s.started is not None]
         never = [s.label for s in progress.stages.values() if s.started is None]

@@ -265,3 +265,30 @@ def test_a_bare_config_runs_through_a_generated_dag_and_bad_input_is_not_retried
     assert task_rows(tmp_path)["prepare_data"] == ("failed", 1)  # no retry of bad input
     # the path is resolved against the config's own folder, and the error says so
     assert str(cfg.parent / "bad.csv") in r.stderr, r.stderr
+
+
+def test_a_model_module_beside_the_config_trains_and_each_tries_log_is_named(tmp_path):
+    cfg = stage(
+        tmp_path,
+        "digits_retraining",
+        "name: mine\ndata: {source: digits}\n"
+        "model: {name: 'my_models:small_mlp', args: {width: 16}}\n"
+        "training: {epochs: 1, batch_size: 64, retries: 0}\n"
+        "distributed: {backend: mpi, ranks: 2}\n",
+    )
+    shutil.copy(Path(__file__).parent / "pylib" / "my_models.py", cfg.parent / "my_models.py")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # only its folder
+    r = subprocess.run(
+        [*DAGTRAIN, "run", str(cfg), "--home", str(tmp_path / "home")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**env, "COLUMNS": "200"},
+        timeout=600,
+        check=False,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert task_rows(tmp_path)["train"] == ("success", 1)
+    logs = re.findall(r"^  (\w+) try (\d+): (\S+)$", r.stdout, re.M)
+    assert [t for t, _, _ in logs] == ["prepare_data", "train", "evaluate", "promote"], r.stdout
+    assert all(Path(p).exists() for _, _, p in logs)
