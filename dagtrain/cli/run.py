@@ -226,11 +226,14 @@ def _start(h, dag_file: Path, dag_id: str, when: datetime, conf: dict, log: Path
 
     conf_file = log.with_suffix(".conf.json")
     conf_file.write_text(json.dumps(conf or {}))
+    from .dagrun import SYS_PATH0
+
     argv = [sys.executable, "-P", "-m", "dagtrain.cli.dagrun"]
     argv += [str(dag_file), dag_id, when.isoformat(), str(conf_file)]
     with open(log, "ab") as f:
         return subprocess.Popen(
             argv,
+            env={**os.environ, SYS_PATH0: sys.path[0] if sys.path else ""},
             stdout=f,
             stderr=subprocess.STDOUT,
             start_new_session=True,

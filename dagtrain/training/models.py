@@ -21,7 +21,7 @@ from torch import nn
 from dagtrain.config import BuiltinModel
 from dagtrain.errors import InputError
 
-__all__ = ["MODELS", "build_model", "evaluate"]
+__all__ = ["MODELS", "build_model", "evaluate", "factory_of"]
 
 
 def mlp(
@@ -137,14 +137,15 @@ def _code_path() -> list[str]:
     return [f for f in os.environ.get(CODE_PATH, "").split(os.pathsep) if f]
 
 
-def build_model(name: str, in_shape: Sequence[int], classes: int, **args) -> nn.Module:
-    """A built-in by name, or ``"pkg.module:factory"``; errors say what is allowed."""
+def factory_of(name: str) -> Callable[..., nn.Module]:
+    """The model factory ``name`` names: a built-in, or ``"pkg.module:factory"``
+    imported; InputError naming ``model.name`` and where it looked otherwise."""
     if name in MODELS:
-        factory = MODELS[name]
-    elif ":" in name:
+        return MODELS[name]
+    if ":" in name:
         mod, _, attr = name.partition(":")
         try:
-            factory = getattr(importlib.import_module(mod), attr)
+            return getattr(importlib.import_module(mod), attr)
         except (ImportError, AttributeError) as e:
             if isinstance(e, AttributeError):
                 why = f"module {mod!r} has no {attr!r}"
@@ -162,11 +163,15 @@ def build_model(name: str, in_shape: Sequence[int], classes: int, **args) -> nn.
                 "the config or DAG file (or in Airflow's plugins folder), or install it "
                 "where the ranks run"
             ) from e
-    else:
-        raise InputError(
-            f"model {name!r} is neither a built-in ({', '.join(MODELS)}) "
-            "nor an import path 'package.module:factory'"
-        )
+    raise InputError(
+        f"model {name!r} is neither a built-in ({', '.join(MODELS)}) "
+        "nor an import path 'package.module:factory'"
+    )
+
+
+def build_model(name: str, in_shape: Sequence[int], classes: int, **args) -> nn.Module:
+    """A built-in by name, or ``"pkg.module:factory"``; errors say what is allowed."""
+    factory = factory_of(name)
     try:
         model = factory(in_shape, classes, **args)
     except (TypeError, ValueError, RuntimeError) as e:  # torch: "negative dimension -8"

@@ -4,10 +4,12 @@
 
 run with the environment the ranks will get (its ``DAGTRAIN_CODE_PATH``: the folders
 of the DAG author's modules; ``dagtrain validate`` and ``dagtrain run`` start it so,
-before Airflow starts), it reads the data (shape, classes, labels), imports
-the model's factory, builds the model on PyTorch's ``meta`` device (no memory, no
-weights) with ``model.args``, passes a batch of that shape through it, and checks
-``distributed.device`` against this machine. It prints one JSON line: ``{"ok": true,
+before Airflow starts), it checks ``distributed.device`` against this machine, reads the
+data for its shape and classes, imports the model's factory, builds the model on
+PyTorch's ``meta`` device (no memory, no weights) with ``model.args`` and passes a
+batch of that shape through it. Data it cannot read is the data-prep stage's to refuse,
+naming it, in the run: then the factory is imported and ``model.args`` bound to its
+signature only. It prints one JSON line: ``{"ok": true,
 "in_shape": [...], "classes": C, "parameters": N}``, or ``{"ok": false, "error": "..."}``
 whose message names the field; its exit code is 0 either way (1: it could not run).
 """
@@ -37,8 +39,11 @@ def check(spec: dict[str, Any]) -> dict[str, Any]:
             f"use (torch {torch.__version__}, CUDA build: {torch.version.cuda or 'none'}): "
             "set distributed.device to cpu, or auto (CUDA where a host has it)"
         )
-    _, _, in_shape, classes = read_arrays(spec["data"])
     model_spec = spec["model"]
+    try:
+        _, _, in_shape, classes = read_arrays(spec["data"])
+    except InputError:  # the data's own faults are prepare_data's to name, in the run
+        return _signature(model_spec)
     with torch.device("meta"):
         model = build_model(model_spec["name"], in_shape, classes, **model_spec.get("args", {}))
         try:
@@ -62,6 +67,23 @@ def check(spec: dict[str, Any]) -> dict[str, Any]:
         "classes": classes,
         "parameters": sum(p.numel() for p in model.parameters()),
     }
+
+
+def _signature(model_spec: dict[str, Any]) -> dict[str, Any]:
+    """Without the data's shape: the factory imported, ``model.args`` bound to its
+    signature (InputError naming them if they do not bind)."""
+    import inspect
+
+    from dagtrain.errors import InputError
+
+    from .models import factory_of
+
+    name, args = model_spec["name"], model_spec.get("args", {})
+    try:
+        inspect.signature(factory_of(name)).bind(None, None, **args)
+    except TypeError as e:
+        raise InputError(f"model.args {args}: bad model_args for model {name!r}: {e}") from None
+    return {"ok": True, "in_shape": None, "classes": None, "parameters": None}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -114,13 +114,11 @@ def small_mlp(in_shape, classes, width=64):
         ),
         ("model: {name: 'my_models:big_mlp'}\n", "module 'my_models' has no 'big_mlp'"),
         ("model: {name: 'not_beside:small_mlp'}\n", "no module 'not_beside' can be imported"),
-        ("data: {source: labels.csv}\n", "labels must be the classes 0..C-1, each present"),
         ("trainig: {epochs: 3}\n", "unknown section 'trainig' — did you mean 'training'?"),
     ],
 )
 def test_validate_refuses_what_the_ranks_would_refuse_naming_the_field(tmp_path, text, needle):
     (tmp_path / "my_models.py").write_text(MODELS)  # beside the config: the ranks see it
-    (tmp_path / "labels.csv").write_text("".join(f"{i},{i + 1},{1 + i % 3}\n" for i in range(12)))
     cfg = tmp_path / "p.yaml"
     cfg.write_text(text)
     r = runner.invoke(app, ["validate", str(cfg), "--home", str(tmp_path / "home")])

@@ -54,3 +54,17 @@ def test_a_damaged_file_is_detected_and_prepared_again(tmp_path):
         verify_manifest(Path(m["dir"]) / "manifest.json")
     again = prepare(config(tmp_path))
     assert verify_manifest(Path(again["dir"]) / "manifest.json")["version"] == m["version"]
+
+
+def test_labels_that_are_not_the_classes_0_to_c_minus_1_are_refused_by_name(tmp_path):
+    from dagtrain.errors import InputError
+
+    rows = "".join(f"{i},{i % 5},{1 + i % 3}\n" for i in range(30))  # labels 1, 2, 3
+    (tmp_path / "d.csv").write_text(rows)
+    with pytest.raises(InputError) as info:
+        prepare(config(tmp_path, "data: {source: d.csv}\n"))
+    msg = str(info.value)
+    assert "labels must be the classes 0..C-1, each present" in msg and "d.csv" in msg
+    assert "the labels are 1, 2, 3 (missing: 0); relabel them 0..2" in msg
+    (tmp_path / "d.csv").write_text(rows.replace(",3\n", ",0\n"))  # 0, 1, 2: fine
+    assert prepare(config(tmp_path, "data: {source: d.csv}\n"))["classes"] == 3
