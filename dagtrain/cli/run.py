@@ -332,7 +332,7 @@ def _log_files(dag_id: str, run_id: str) -> None:
     home = Path(os.environ[HOME_VARIABLE])
     where = "" if home == Path(".dagtrain").resolve() else f" --home {home}"
     if files:
-        out.print(f"task logs (dagtrain logs {run_id} TASK{where} prints one as the UI shows it):")
+        out.print(f"task logs (dagtrain logs {run_id} TASK{where} prints one):")
     for label, n, path in files:
         out.print(f"  {label} try {n}: {path}")
 
