@@ -30,10 +30,6 @@ from pathlib import Path
 __all__ = ["STOP_DEADLINE", "main"]
 
 STOP_DEADLINE = 30.0
-# the first entry of dagtrain run's own sys.path (its script's folder, or the current
-# folder under `python -m dagtrain`): the tasks, forked from this process, import from
-# it as they did when dag.test() ran inside dagtrain run (-P keeps it off otherwise)
-SYS_PATH0 = "DAGTRAIN_SYS_PATH0"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,9 +38,10 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     dag_file, dag_id, when, conf_file = args
-    first = os.environ.pop(SYS_PATH0, "")
-    if first and first not in sys.path:
-        sys.path.insert(0, first)
+    # the current folder, first, as `python -m` puts it for the ranks and for the checks
+    # of `validate`: the tasks, forked from here, import from where the ranks do
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the terminal's is dagtrain run's
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda s, f: _stop_from_here(dag_id, when, stopping))

@@ -136,6 +136,13 @@ def _exception(detail: list[Any]) -> list[str]:
     return lines
 
 
+def _short(logger: str) -> str:
+    """An operator's logger (``airflow.task.operators.<module>.<Class>``) by its class,
+    as the web UI's line would be read: the rest is the same for every line of a task."""
+    prefix = "airflow.task.operators."
+    return logger.rpartition(".")[2] if logger.startswith(prefix) else logger
+
+
 def format_record(rec: dict[str, Any] | str) -> list[Text]:
     """One structured log record as lines a person reads: ``time LEVEL logger: event``
     then the record's other fields as ``key=value`` (those the web UI shows), and for an
@@ -149,7 +156,7 @@ def format_record(rec: dict[str, Any] | str) -> list[Text]:
     if level:
         head.append(f"{level.upper():<7} ", style=_LEVEL_STYLE.get(level.lower()))
     if rec.get("logger"):
-        head.append(f"{rec['logger']}: ", style="dim")
+        head.append(f"{_short(str(rec['logger']))}: ", style="dim")
     event = str(rec.get("event", ""))
     if event.startswith("::group::"):
         event = "▸ " + event.removeprefix("::group::")
@@ -419,7 +426,8 @@ def _show(src: Any, dag_id: str, run_id: str, t: TaskTries, n: int | None) -> No
         out.print(Text.assemble((t.label, "bold"), f": {what} ({t.state or 'no state'})"))
         return
     shown, sources = _readable(src.records(dag_id, run_id, t, n))
-    head = Text.assemble((t.label, "bold"), f"  try {n} of {max(t.tries)}")
+    tries = f"try {n}" if len(t.tries) < 2 else f"try {n} (tries {', '.join(map(str, t.tries))})"
+    head = Text.assemble((t.label, "bold"), f"  {tries}")
     if n == max(t.tries) and t.state:
         head.append("  ")
         head.append(t.state, style=_STATE_STYLE.get(t.state))

@@ -39,6 +39,7 @@ COLOUR = {
     "retrying": "magenta",
     "skipped": "dim",
 }
+_FINAL = ("success", "failed", "skipped", "upstream_failed", "removed")
 _SHARD = re.compile(r"round-(\d+)/shard-(\d+)/metrics\.jsonl$")
 
 
@@ -115,6 +116,7 @@ class Progress:
         # console's lock, under which the live display calls table())
         self.lock = threading.Lock()
         self.pending: list[tuple[str, str | None]] = []
+        self.stopping = False  # set when the run is being stopped (Ctrl-C)
 
     # ------------------------------------------------------------------ reading
     def poll(self) -> None:
@@ -168,6 +170,10 @@ class Progress:
         st = self._stage(label)
         n = int(e.get("try_number") or 1)
         kind, now = e.get("event"), float(e.get("time") or time.time())
+        if st.state == "failed" and st.try_number == n:
+            # this try was failed by Airflow (the run was stopped, or marked failed): what
+            # its task runner reports later, as it is terminated, does not change that
+            return
         if kind == "running":
             st.state, st.try_number, st.started, st.seconds = "running", n, now, None
             self.say(f"{label} started" + (f" (try {n})" if n > 1 else ""))
@@ -177,14 +183,14 @@ class Progress:
             took = f" in {_duration(st.seconds)}" if st.seconds is not None else ""
             self.say(f"{label} {'succeeded' if kind == 'success' else 'skipped'}{took}")
         elif kind == "failed":
-            if st.state == "failed" and st.try_number == n:
-                # this try was already failed by Airflow (the run was stopped): what its
-                # task runner reports after being terminated does not change that
-                return
             retry = e.get("state") == "up_for_retry"
             st.state = "retrying" if retry else "failed"
+            st.try_number = st.try_number or n
             st.seconds = now - st.started if st.started else None
             st.error = e.get("error")
+            if self.stopping and not retry:
+                self.say(f"{label} try {n} stopped: the run is marked failed", "red")
+                return
             what = "failed, Airflow will retry it" if retry else "failed"
             self.say(f"{label} try {n} {what}: {st.error or 'no error given'}", "red")
 
@@ -201,7 +207,7 @@ class Progress:
                     f"{label} try {n}: resumed from step {resumed} "
                     f"({resumed // per} epoch(s) already trained)"
                 )
-        elif kind == "epoch":
+        elif kind == "epoch" and not self.stopping:  # a stopped run's last epochs: noise
             width = self.console.width if self.console.is_terminal else None
             self.say(self._epoch_line(label, info, m, width))
 
@@ -240,12 +246,13 @@ class Progress:
         return line
 
     def settle(self, states: dict[str, tuple[str, int]]) -> None:
-        """Stages still waiting or running take the state Airflow ended them in
-        (``states``: label -> (state, try number)), e.g. skipped when a run was stopped."""
+        """Each stage takes the state Airflow ended it in, where it ended (``states``:
+        label -> (state, try number)): skipped, say, when a run was stopped before it, or
+        failed where its task runner said it had succeeded after the run was stopped."""
         with self.lock:
             for label, (state, try_number) in states.items():
                 st = self._stage(label)
-                if st.state in ("waiting", "running") and state not in ("none", "None", ""):
+                if state in _FINAL:
                     st.state, st.try_number = state, try_number or st.try_number
 
     # ------------------------------------------------------------------ showing

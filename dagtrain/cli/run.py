@@ -226,14 +226,11 @@ def _start(h, dag_file: Path, dag_id: str, when: datetime, conf: dict, log: Path
 
     conf_file = log.with_suffix(".conf.json")
     conf_file.write_text(json.dumps(conf or {}))
-    from .dagrun import SYS_PATH0
-
     argv = [sys.executable, "-P", "-m", "dagtrain.cli.dagrun"]
     argv += [str(dag_file), dag_id, when.isoformat(), str(conf_file)]
     with open(log, "ab") as f:
         return subprocess.Popen(
             argv,
-            env={**os.environ, SYS_PATH0: sys.path[0] if sys.path else ""},
             stdout=f,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -254,10 +251,12 @@ def _follow(session: _Session, interrupts: Interrupts, progress) -> None:
             progress.poll()
             now = time.monotonic()
             if interrupts.count >= 2 or (stopping is not None and now - stopping > STOP_GRACE):
+                progress.stopping = True
                 session.hard_stop()
                 break
             if interrupts.count == 1 and stopping is None:
                 stopping = now
+                progress.stopping = True
                 if not session.announced:
                     session.announced = True
                     progress.say(_STOPPING, "yellow")
@@ -353,7 +352,9 @@ def _summary(
     from .summary import outcome_lines
 
     run = run_dir(cfg.artifact_root(), run_id)
-    stopped = f" (stopped by {interrupts.name})" if interrupts.count else ""
+    # a run that ended well before the signal could stop it is not said to be stopped
+    cut = bool(interrupts.count) and state != "success"
+    stopped = f" (stopped by {interrupts.name})" if cut else ""
     out.print()
     if state is None:
         out.print(f"run {run_id}: never started{stopped}")
@@ -373,10 +374,11 @@ def _summary(
     traces = sorted(run.rglob("traces/*.json"))
     if traces:
         out.print(f"step traces (open in https://ui.perfetto.dev): {traces[0].parent}")
-    out.print(f"artifacts: {run}")
+    if run.exists():  # a run stopped or refused before training wrote nothing there
+        out.print(f"artifacts: {run}")
     out.print(f"Airflow's output: {log}")
     _log_files(dag_id, run_id)
-    if interrupts.count:
+    if cut:
         ran = [s.label for s in progress.stages.values() if s.started is not None]
         never = [s.label for s in progress.stages.values() if s.started is None]
         out.print(
@@ -384,6 +386,7 @@ def _summary(
             + (f"{', '.join(ran)} ran" if ran else "no task ran")
             + (f", {', '.join(never)} did not run" if never else "")
         )
+    if interrupts.count:
         raise typer.Exit(INTERRUPTED)
     if state != "success":
         failed = [s for s in progress.stages.values() if s.state == "failed"]

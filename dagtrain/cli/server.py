@@ -105,6 +105,7 @@ def trigger(
         )
         for line in lines:
             out.print(line)
+        out.print(f"task logs: dagtrain logs {run_id} TASK --url {url}")
     except RestError as e:
         raise fail(str(e)) from None
     except TimeoutError as e:

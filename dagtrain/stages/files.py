@@ -102,8 +102,8 @@ def check_source(cfg: PipelineConfig) -> str:
         lacking = [m for m in ("pandas", "pyarrow") if importlib.util.find_spec(m) is None]
         if lacking:
             raise MissingDependency(
-                f"data.source {cfg.data.source!r}: reading parquet needs pandas and pyarrow, "
-                f"and {' and '.join(lacking)} is not installed in this environment "
-                f"({sys.prefix}): pip install pandas pyarrow, or convert the file to .npz/.csv"
+                f"data.source {cfg.data.source!r}: reading parquet needs pandas and pyarrow; "
+                f"not installed in this environment ({sys.prefix}): {', '.join(lacking)}. "
+                "pip install pandas pyarrow, or convert the file to .npz/.csv"
             )
     return src

@@ -158,7 +158,8 @@ def factory_of(name: str) -> Callable[..., nn.Module]:
             ).strip(os.pathsep)
             raise InputError(
                 f"model.name {name!r}: cannot import {attr!r} from {mod!r} ({why}); "
-                f"looked in the installed packages and {where or 'no other folder'}. "
+                f"looked in the installed packages, the current folder ({os.getcwd()})"
+                f"{' and ' + where if where else ''}. "
                 "Put the module next to "
                 "the config or DAG file (or in Airflow's plugins folder), or install it "
                 "where the ranks run"

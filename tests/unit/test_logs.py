@@ -26,7 +26,7 @@ def test_a_record_reads_time_level_logger_event_then_what_the_ui_shows():
         "bundle_version": None,
     }
     assert plain(rec) == [
-        "2026-12-01T21:45:28.142Z INFO    airflow.task.operators.x.Op: "
+        "2026-12-01T21:45:28.142Z INFO    Op: "  # an operator's logger: its class
         "[rank 0] dagtrain rank 0 runs on host vm bundle_name=dags-folder"
     ]
     when = datetime(2026, 12, 1, 22, 0, 1, 5000, tzinfo=UTC)

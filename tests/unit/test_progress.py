@@ -1,0 +1,149 @@
+"""What ``dagtrain run`` and ``trigger --wait`` print, from the events they are fed."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from dagtrain.cli.follow import RestFollower, stage_order
+from dagtrain.cli.progress import Progress, label_of
+
+
+def progress() -> tuple[Progress, io.StringIO]:
+    buf = io.StringIO()
+    console = Console(file=buf, width=80, soft_wrap=True, markup=False, highlight=False)
+    return Progress(console, "t", None, None, ["prepare_data", "train"]), buf
+
+
+def ev(kind: str, task: str, t: float, n: int = 1, **kw) -> dict:
+    return {"event": kind, "task_id": task, "map_index": -1, "try_number": n, "time": t, **kw}
+
+
+def test_a_try_airflow_failed_stays_failed_whatever_its_task_runner_says_later():
+    # Ctrl-C while prepare_data starts: Airflow marks it failed before its task runner
+    # reports that it started, then (terminated) that it succeeded
+    p, buf = progress()
+    p.stopping = True
+    p.feed([ev("failed", "prepare_data", 1.0, state="failed", error="manually set")], [])
+    p.feed([ev("running", "prepare_data", 0.5), ev("success", "prepare_data", 2.0)], [])
+    assert p.stages["prepare_data"].state == "failed"
+    assert buf.getvalue() == "prepare_data try 1 stopped: the run is marked failed\n"
+    p.settle({"prepare_data": ("failed", 1), "train": ("skipped", 0)})
+    assert [s.state for s in p.stages.values()] == ["failed", "skipped"]
+
+
+def test_a_retried_try_is_followed_by_the_next_one():
+    p, buf = progress()
+    p.feed(
+        [
+            ev("running", "train", 1.0),
+            ev("failed", "train", 2.0, state="up_for_retry", error="RankFailure: x"),
+            ev("running", "train", 3.0, n=2),
+            ev("success", "train", 5.0, n=2),
+        ],
+        [],
+    )
+    assert buf.getvalue().splitlines() == [
+        "train started",
+        "train try 1 failed, Airflow will retry it: RankFailure: x",
+        "train started (try 2)",
+        "train succeeded in 2.0 s",
+    ]
+
+
+def test_epoch_lines_come_in_time_order_with_the_stage_lines_and_not_once_stopping():
+    p, buf = progress()
+    start = {"kind": "start", "step": 0, "total_steps": 40, "steps_per_epoch": 20, "time": 1.5}
+    epoch = {"kind": "epoch", "epoch": 0, "train_loss": 0.5, "step": 20, "total_steps": 40}
+    p.feed(
+        [ev("running", "train", 1.0), ev("success", "train", 9.0)],
+        [("train", start), ("train", {**epoch, "time": 4.0})],
+    )
+    lines = buf.getvalue().splitlines()
+    assert lines[0] == "train started" and lines[-1] == "train succeeded in 8.0 s"
+    assert lines[1].startswith("train epoch 1/2: loss 0.5000"), lines
+    p.stopping = True
+    p.feed([], [("train", {**epoch, "epoch": 1, "step": 40, "time": 10.0})])
+    assert len(buf.getvalue().splitlines()) == 3
+
+
+def test_an_epoch_line_fits_an_80_column_terminal():
+    m = {
+        "kind": "epoch",
+        "epoch": 1999,
+        "train_loss": 0.0002,
+        "val_accuracy": 0.9667,
+        "samples_per_second": 58001.0,
+        "step": 40000,
+        "total_steps": 40020,
+        "elapsed": 100.0,
+    }
+    info = {"steps_per_epoch": 20, "step": 0}
+    wide = Progress._epoch_line("train", info, m)
+    assert wide.startswith("train epoch 2000/2001: loss 0.0002, val accuracy 0.9667, 58.0k")
+    narrow = Progress._epoch_line("round_12_train[3]", info, m, width=80)
+    assert len(narrow) < 80 and "val acc 0.9667" in narrow, narrow
+
+
+def test_the_stages_are_in_the_dags_order_and_a_shards_metrics_named_by_its_task():
+    tasks = [
+        {"task_id": "promote", "downstream_task_ids": []},
+        {"task_id": "evaluate", "downstream_task_ids": ["promote"]},
+        {"task_id": "train", "downstream_task_ids": ["evaluate"]},
+        {"task_id": "prepare_data", "downstream_task_ids": ["train", "evaluate"]},
+        {"task_id": "round_0_train", "downstream_task_ids": [], "is_mapped": True},
+    ]
+    assert stage_order(tasks) == ["prepare_data", "train", "evaluate", "promote"]
+    assert label_of("rounds/round-01/shard-00/metrics.jsonl") == "round_1_train[0]"
+    assert label_of("train/metrics.jsonl") == "train"
+
+
+class _Client:
+    """The REST API as a run goes: each poll, the next list of task instances."""
+
+    def __init__(self, polls: list[list[dict]]) -> None:
+        self.polls = polls
+
+    def run(self, dag_id, run_id):
+        return {"state": "running"}
+
+    def task_instances(self, dag_id, run_id):
+        return self.polls.pop(0)
+
+    def error_of(self, dag_id, run_id, ti):
+        return f"RankFailure: try {ti['try_number']}"
+
+    def progress(self, dag_id, run_id, after):
+        return []
+
+
+def test_a_try_that_ended_between_two_polls_still_gets_its_events():
+    def ti(state, n, start=None, end=None):
+        return {
+            "task_id": "train",
+            "map_index": -1,
+            "state": state,
+            "try_number": n,
+            "start_date": start,
+            "end_date": end,
+        }
+
+    client = _Client(
+        [
+            [ti("running", 1, "2026-12-01T10:00:00Z")],
+            [ti("running", 2, "2026-12-01T10:00:09Z")],  # try 1 failed and was retried
+            [ti("success", 2, "2026-12-01T10:00:09Z", "2026-12-01T10:00:19Z")],
+        ]
+    )
+    f = RestFollower(client, "d", "r")
+    kinds = []
+    for _ in range(3):
+        _, events, _ = f.poll()
+        kinds += [(e["event"], e["try_number"], e.get("state")) for e in events]
+    assert kinds == [
+        ("running", 1, None),
+        ("failed", 1, "up_for_retry"),
+        ("running", 2, None),
+        ("success", 2, None),
+    ]
