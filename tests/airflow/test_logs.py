@@ -19,7 +19,8 @@ from .live import ANSI, DAGTRAIN, REPO, tiny_run_id, trigger
 
 pytestmark = pytest.mark.slow
 TASKS = ["prepare_data", "train", "evaluate", "promote"]
-HEADER = re.compile(r"^(\S+)  try (\d+) of (\d+)(?:  (\w+))?", re.M)
+# "train  try 2 (tries 1, 2)  success  <file>": the try shown, the tries there are
+HEADER = re.compile(r"^(\S+)  try (\d+)(?: \(tries ([\d, ]+)\))?(?:  (\w+))?", re.M)
 
 
 def logs(airflow, *args: str, url: bool = False) -> subprocess.CompletedProcess:
@@ -34,7 +35,10 @@ def logs(airflow, *args: str, url: bool = False) -> subprocess.CompletedProcess:
 
 
 def headers(text: str) -> list[tuple[str, int, int, str | None]]:
-    return [(t, int(n), int(of), state) for t, n, of, state in HEADER.findall(text)]
+    return [
+        (t, int(n), max([int(n), *(int(k) for k in tries.split(",") if k.strip())]), state)
+        for t, n, tries, state in HEADER.findall(text)
+    ]
 
 
 @pytest.fixture(scope="module")
