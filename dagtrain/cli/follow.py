@@ -14,11 +14,10 @@ a remote client can read.
 
 from __future__ import annotations
 
-import heapq
 from datetime import datetime
 from typing import Any
 
-from .progress import label_of
+from .progress import dag_order, label_of
 from .rest import Client
 
 __all__ = ["RestFollower", "stage_order"]
@@ -29,21 +28,7 @@ _ENDED = {"success": "success", "skipped": "skipped", "failed": "failed", "up_fo
 def stage_order(tasks: list[dict[str, Any]]) -> list[str]:
     """The DAG's tasks (as ``GET /api/v2/dags/{id}/tasks`` lists them), upstream first,
     ties by id; mapped tasks left out (their instances are named as they appear)."""
-    downstream = {t["task_id"]: set(t.get("downstream_task_ids") or ()) for t in tasks}
-    indegree = dict.fromkeys(downstream, 0)
-    for downs in downstream.values():
-        for d in downs & downstream.keys():
-            indegree[d] += 1
-    ready = [t for t, n in indegree.items() if n == 0]
-    heapq.heapify(ready)
-    order: list[str] = []
-    while ready:
-        tid = heapq.heappop(ready)
-        order.append(tid)
-        for d in downstream[tid] & downstream.keys():
-            indegree[d] -= 1
-            if indegree[d] == 0:
-                heapq.heappush(ready, d)
+    order = dag_order({t["task_id"]: t.get("downstream_task_ids") or () for t in tasks})
     mapped = {t["task_id"] for t in tasks if t.get("is_mapped")}
     return [t for t in order if t not in mapped]
 

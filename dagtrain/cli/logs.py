@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import heapq
 import re
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -32,6 +31,7 @@ import typer
 from rich.text import Text
 
 from .common import HomeOpt, fail, home_of, out
+from .progress import dag_order as tasks_in_order
 
 __all__ = ["format_record", "log_files", "logs"]
 
@@ -72,21 +72,8 @@ def dag_order(tis: list[TaskTries], downstream: dict[str, Iterable[str]]) -> lis
     for t in tis:
         key = t.started or "~"  # never started: after those that did
         first[t.task_id] = min(first.get(t.task_id, key), key)
-    nodes = {tid: {d for d in downs if d in downstream} for tid, downs in downstream.items()}
-    indegree = dict.fromkeys(nodes, 0)
-    for downs in nodes.values():
-        for d in downs:
-            indegree[d] += 1
-    ready = [(first.get(t, "~"), t) for t, n in indegree.items() if n == 0]
-    heapq.heapify(ready)
-    rank: dict[str, int] = {}
-    while ready:
-        _, tid = heapq.heappop(ready)
-        rank[tid] = len(rank)
-        for d in nodes[tid]:
-            indegree[d] -= 1
-            if indegree[d] == 0:
-                heapq.heappush(ready, (first.get(d, "~"), d))
+    order = tasks_in_order(downstream, tie=lambda tid: (first.get(tid, "~"), tid))
+    rank = {tid: k for k, tid in enumerate(order)}
     return sorted(
         tis,
         key=lambda t: (rank.get(t.task_id, len(rank)), first[t.task_id], t.task_id, t.map_index),

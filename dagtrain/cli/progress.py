@@ -17,11 +17,13 @@ with no ANSI codes at all.
 
 from __future__ import annotations
 
+import heapq
 import json
 import math
 import re
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +32,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-__all__ = ["Progress", "Stage", "label_of"]
+__all__ = ["Progress", "Stage", "dag_order", "label_of"]
 
 COLOUR = {
     "success": "green",
@@ -51,6 +53,27 @@ class Stage:
     started: float | None = None
     seconds: float | None = None
     error: str | None = None
+
+
+def dag_order(downstream: dict[str, Iterable[str]], tie: Callable[[str], Any] = str) -> list[str]:
+    """The task ids of ``downstream`` (task id -> its downstream ids), upstream first; of
+    tasks ready together, the least by ``tie`` first (default: the id)."""
+    nodes = {t: {d for d in downs if d in downstream} for t, downs in downstream.items()}
+    indegree = dict.fromkeys(nodes, 0)
+    for downs in nodes.values():
+        for d in downs:
+            indegree[d] += 1
+    ready = [(tie(t), t) for t, n in indegree.items() if n == 0]
+    heapq.heapify(ready)
+    order: list[str] = []
+    while ready:
+        _, tid = heapq.heappop(ready)
+        order.append(tid)
+        for d in nodes[tid]:
+            indegree[d] -= 1
+            if indegree[d] == 0:
+                heapq.heappush(ready, (tie(d), d))
+    return order
 
 
 def label_of(path: str | Path) -> str:
