@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from dagtrain.atomic import atomic_write
 from dagtrain.errors import FAIL_FAST
 
 __all__ = [
@@ -86,8 +87,6 @@ def report_failure(rank: str, error: BaseException) -> None:
     folder = os.environ.get(ERROR_DIR)
     if not folder:
         return
-    from dagtrain.taskgraph.atomic import atomic_write
-
     cause: BaseException | None = error
     while cause is not None and not isinstance(cause, FAIL_FAST):
         cause = cause.__cause__

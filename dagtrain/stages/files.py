@@ -23,9 +23,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from dagtrain.atomic import atomic_write
 from dagtrain.config import PipelineConfig
 from dagtrain.errors import InputError, MissingDependency
-from dagtrain.taskgraph.atomic import atomic_write
 
 __all__ = [
     "append_json_line",

@@ -47,7 +47,7 @@ def connection_hosts(conn_id: str) -> Any:
     SDK (inside a task: from the API server; elsewhere: ``AIRFLOW_CONN_*`` variables or
     the secrets backend). InputError naming the connection for a missing one or a bad
     extra."""
-    from dagtrain.training.job import from_extra
+    from dagtrain.launch import from_extra
 
     try:
         from airflow.sdk import BaseHook

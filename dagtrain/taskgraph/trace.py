@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .atomic import atomic_write
+from dagtrain.atomic import atomic_write
 
 if TYPE_CHECKING:
     from .report import RunReport

@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
+from dagtrain.atomic import atomic_write, fsync_dir
 from dagtrain.errors import InputError
-from dagtrain.taskgraph.atomic import atomic_write, fsync_dir
 
 __all__ = ["latest", "load", "save", "state_digest"]
 

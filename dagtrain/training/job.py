@@ -14,15 +14,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dagtrain.config import TrainConfig
-from dagtrain.launch import Hosts, Job, RankFailure, from_extra, launch
+from dagtrain.launch import Hosts, Job, RankFailure, launch
 from dagtrain.sync import require
 
 if TYPE_CHECKING:
     from .trainer import TrainResult
 
-# the host list a run takes, and how a connection's extra becomes one: for the stages,
-# which reach the launcher through this layer
-__all__ = ["Hosts", "from_extra", "run_training"]
+__all__ = ["run_training"]
 
 
 def run_training(

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dagtrain.taskgraph.atomic import atomic_write
+from dagtrain.atomic import atomic_write
 
 __all__ = ["Progress", "RankStatus", "percentile"]
 

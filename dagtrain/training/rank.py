@@ -19,9 +19,9 @@ import time
 import traceback
 from pathlib import Path
 
+from dagtrain.atomic import atomic_write
 from dagtrain.config import TrainConfig
 from dagtrain.rank_env import ON_HOST, die_with_parent, env_rank, report_failure, use_code_path
-from dagtrain.taskgraph.atomic import atomic_write
 
 from .trainer import train
 

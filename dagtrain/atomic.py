@@ -1,9 +1,10 @@
 """Atomic file writes: a reader sees the whole new file or the old one, never half.
 
 Temp file in the same directory, fsync, rename over the target (and fsync the
-directory where the rename must survive a crash). Standard library only: it lives in
-the lowest layer so that the executor's traces, the training layer's checkpoints and the
-stages' artifacts are all written by this one helper. The file gets the permissions any
+directory where the rename must survive a crash). Standard library only: a base module of
+the package, which every layer may import, so that the executor's traces, the ranks'
+status records, the training layer's checkpoints and the stages' artifacts are all
+written by this one helper. The file gets the permissions any
 new file of this process would (0666 less the umask), not the temp file's 0600: a web
 server or a colleague in the same group can read what a training task wrote.
 """
