@@ -26,6 +26,15 @@ from dagtrain.operators import (
     PromoteOperator,
     RoundAveragingOperator,
 )
+from dagtrain.stages.files import (
+    EVALUATE_TASK,
+    PREPARE_TASK,
+    PROMOTE_TASK,
+    TRAIN_TASK,
+    ArtifactLayout,
+    round_sync_task,
+    round_train_task,
+)
 
 __all__ = ["data_asset", "model_asset", "retraining_dag", "rounds_dag"]
 
@@ -33,11 +42,11 @@ START = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def data_asset(cfg: PipelineConfig) -> Asset:
-    return Asset(name=f"dagtrain.{cfg.name}.data", uri=(cfg.artifact_root() / "data").as_uri())
+    return Asset(name=f"dagtrain.{cfg.name}.data", uri=ArtifactLayout.of(cfg).data_root.as_uri())
 
 
 def model_asset(cfg: PipelineConfig) -> Asset:
-    return Asset(name=f"dagtrain.{cfg.name}.model", uri=(cfg.artifact_root() / "registry").as_uri())
+    return Asset(name=f"dagtrain.{cfg.name}.model", uri=ArtifactLayout.of(cfg).registry.as_uri())
 
 
 def _schedule(cfg: PipelineConfig):
@@ -79,13 +88,15 @@ def retraining_dag(config: str | Path, dag_id: str | None = None) -> DAG:
     cfg = load_config(path)
     kind = "asset-retraining" if cfg.schedule.asset else "retraining"
     with _dag(cfg, path, dag_id, kind) as dag:
-        prep = DataPrepOperator(task_id="prepare_data", config=path, outlets=[data_asset(cfg)])
+        prep = DataPrepOperator(task_id=PREPARE_TASK, config=path, outlets=[data_asset(cfg)])
         train = DistributedTrainOperator(
-            task_id="train", config=path, data=prep.output, execution_timeout=_timeout(cfg)
+            task_id=TRAIN_TASK, config=path, data=prep.output, execution_timeout=_timeout(cfg)
         )
-        ev = EvaluateOperator(task_id="evaluate", config=path, data=prep.output, model=train.output)
+        ev = EvaluateOperator(
+            task_id=EVALUATE_TASK, config=path, data=prep.output, model=train.output
+        )
         promote = PromoteOperator(
-            task_id="promote", config=path, evaluation=ev.output, outlets=[model_asset(cfg)]
+            task_id=PROMOTE_TASK, config=path, evaluation=ev.output, outlets=[model_asset(cfg)]
         )
         prep >> train >> ev >> promote
     return dag
@@ -96,19 +107,19 @@ def rounds_dag(config: str | Path, dag_id: str | None = None) -> DAG:
     cfg = load_config(path)
     with _dag(cfg, path, dag_id, "rounds") as dag:
         prep = DataPrepOperator(
-            task_id="prepare_data", config=path, for_rounds=True, outlets=[data_asset(cfg)]
+            task_id=PREPARE_TASK, config=path, for_rounds=True, outlets=[data_asset(cfg)]
         )
         last = prep
         for r in range(cfg.rounds.rounds):
             shards = DistributedTrainOperator.partial(
-                task_id=f"round_{r}_train",
+                task_id=round_train_task(r),
                 config=path,
                 data=prep.output,
                 round=r,
                 execution_timeout=_timeout(cfg),
             ).expand(shard=list(range(cfg.rounds.shards)))
             sync = RoundAveragingOperator(
-                task_id=f"round_{r}_sync",
+                task_id=round_sync_task(r),
                 config=path,
                 data=prep.output,
                 round=r,
@@ -116,9 +127,11 @@ def rounds_dag(config: str | Path, dag_id: str | None = None) -> DAG:
             )
             last >> shards >> sync
             last = sync
-        ev = EvaluateOperator(task_id="evaluate", config=path, data=prep.output, model=last.output)
+        ev = EvaluateOperator(
+            task_id=EVALUATE_TASK, config=path, data=prep.output, model=last.output
+        )
         promote = PromoteOperator(
-            task_id="promote", config=path, evaluation=ev.output, outlets=[model_asset(cfg)]
+            task_id=PROMOTE_TASK, config=path, evaluation=ev.output, outlets=[model_asset(cfg)]
         )
         last >> ev >> promote
     return dag

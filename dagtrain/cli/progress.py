@@ -20,7 +20,6 @@ from __future__ import annotations
 import heapq
 import json
 import math
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -42,7 +41,6 @@ COLOUR = {
     "skipped": "dim",
 }
 _FINAL = ("success", "failed", "skipped", "upstream_failed", "removed")
-_SHARD = re.compile(r"round-(\d+)/shard-(\d+)/metrics\.jsonl$")
 
 
 @dataclass
@@ -79,8 +77,10 @@ def dag_order(downstream: dict[str, Iterable[str]], tie: Callable[[str], Any] = 
 def label_of(path: str | Path) -> str:
     """The training task a metrics file belongs to: ``train``, or a round's shard
     (``rounds/round-01/shard-00/metrics.jsonl``: ``round_1_train[0]``)."""
-    m = _SHARD.search(Path(path).as_posix())
-    return f"round_{int(m.group(1))}_train[{int(m.group(2))}]" if m else "train"
+    from dagtrain.stages.files import RunLayout
+
+    task, index = RunLayout.task_of(path)
+    return task if index < 0 else f"{task}[{index}]"
 
 
 @dataclass
@@ -180,8 +180,9 @@ class Progress:
     def _metric_files(self) -> list[Path]:
         if self.run_dir is None:
             return []
-        files = [self.run_dir / "train" / "metrics.jsonl"]
-        files += sorted(self.run_dir.glob("rounds/round-*/shard-*/metrics.jsonl"))
+        from dagtrain.stages.files import RunLayout
+
+        files = [t.metrics for t in RunLayout(self.run_dir).training_folders()]
         return [f for f in files if f.exists()]
 
     def _stage(self, label: str) -> Stage:

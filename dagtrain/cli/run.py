@@ -168,7 +168,7 @@ def _run(
     from airflow.sdk import timezone
     from airflow.sdk.definitions.mappedoperator import MappedOperator
 
-    from dagtrain.stages.files import run_dir
+    from dagtrain.stages.files import ArtifactLayout
 
     from .embedded import execution_api
     from .progress import Progress
@@ -190,7 +190,7 @@ def _run(
     run_id = run_id_for(when)
     stages = [t.task_id for t in dag.topological_sort() if not isinstance(t, MappedOperator)]
     progress = Progress(
-        term, f"{dag.dag_id}  {run_id}", events, run_dir(eff.artifact_root(), run_id), stages
+        term, f"{dag.dag_id}  {run_id}", events, ArtifactLayout.of(eff).run(run_id).dir, stages
     )
     check()
     try:
@@ -346,12 +346,12 @@ def _summary(
     log: Path,
     interrupts: Interrupts,
 ) -> None:
-    from dagtrain.stages.files import read_json, run_dir
+    from dagtrain.stages.files import ArtifactLayout, read_json
     from dagtrain.stages.registry import champion, promoted_in
 
     from .summary import outcome_lines
 
-    run = run_dir(cfg.artifact_root(), run_id)
+    run = ArtifactLayout.of(cfg).run(run_id)
     # a run that ended well before the signal could stop it is not said to be stopped
     cut = bool(interrupts.count) and state != "success"
     stopped = f" (stopped by {interrupts.name})" if cut else ""
@@ -365,17 +365,17 @@ def _summary(
         return read_json(path) if path.exists() else None
 
     for line in outcome_lines(
-        maybe(run / "train" / "result.json"), maybe(run / "eval.json"), promoted_in(cfg, run_id)
+        maybe(run.train.result), maybe(run.evaluation), promoted_in(cfg, run_id)
     ):
         out.print(line)
     champ = champion(cfg)
     if champ:
         out.print(f"champion model: v{champ['version']} {champ['path']}")
-    traces = sorted(run.rglob("traces/*.json"))
-    if traces:
-        out.print(f"step traces (open in https://ui.perfetto.dev): {traces[0].parent}")
-    if run.exists():  # a run stopped or refused before training wrote nothing there
-        out.print(f"artifacts: {run}")
+    traced = next((t.traces for t in run.training_folders() if t.trace_files()), None)
+    if traced is not None:
+        out.print(f"step traces (open in https://ui.perfetto.dev): {traced}")
+    if run.dir.exists():  # a run stopped or refused before training wrote nothing there
+        out.print(f"artifacts: {run.dir}")
     out.print(f"Airflow's output: {log}")
     _log_files(dag_id, run_id)
     if cut:

@@ -93,15 +93,17 @@ def trigger(
         if not wait:
             return
         final = _follow(client, dag_id, run_id, timeout)
+        from dagtrain.stages.files import EVALUATE_TASK, PROMOTE_TASK, TRAIN_TASK
+
         from .summary import outcome_lines
 
         out.print()
         took = _took(final)
         out.print(f"run {run_id}: {final['state']}{took}")
         lines = outcome_lines(
-            client.xcom(dag_id, run_id, "train"),
-            client.xcom(dag_id, run_id, "evaluate"),
-            client.xcom(dag_id, run_id, "promote"),
+            client.xcom(dag_id, run_id, TRAIN_TASK),
+            client.xcom(dag_id, run_id, EVALUATE_TASK),
+            client.xcom(dag_id, run_id, PROMOTE_TASK),
         )
         for line in lines:
             out.print(line)

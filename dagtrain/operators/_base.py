@@ -18,7 +18,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
 from dagtrain.config import PipelineConfig, load_config, merge_conf
-from dagtrain.errors import FAIL_FAST, InputError
+from dagtrain.errors import FAIL_FAST
 
 __all__ = ["BadInput", "DagtrainOperator", "fails_fast_on_bad_input"]
 
@@ -92,22 +92,3 @@ class DagtrainOperator(BaseOperator):
         except ImportError:  # a worker with the Task SDK alone
             plugins = None
         return (str(Path(fileloc).parent) if fileloc else None, cfg.base_dir, plugins)
-
-    @staticmethod
-    def run_dir(cfg: PipelineConfig, context: Any) -> Path:
-        from dagtrain.stages.files import run_dir
-
-        return run_dir(cfg.artifact_root(), context["run_id"])
-
-    @staticmethod
-    def manifest(data: Any, names: tuple[str, ...] | None = None) -> dict[str, Any]:
-        """The data manifest a DataPrepOperator returned, the files ``names`` (default:
-        all) checked against their checksums."""
-        from dagtrain.stages.prep import verify_manifest
-
-        if not isinstance(data, dict) or "manifest" not in data:
-            raise InputError(
-                "data must be the output of a DataPrepOperator (its XCom: a dict with "
-                f"'manifest'), got {type(data).__name__}"
-            )
-        return verify_manifest(Path(data["manifest"]), names)

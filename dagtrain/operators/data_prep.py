@@ -26,22 +26,14 @@ class DataPrepOperator(DagtrainOperator):
 
     @fails_fast_on_bad_input
     def execute(self, context: Any) -> dict[str, Any]:
-        from dagtrain.stages.prep import prepare
+        from dagtrain.stages.prep import prepare_stage
 
         cfg = self.run_config(context)
         shards = self.shards or (cfg.rounds.shards if self.for_rounds else 0)
-        m = prepare(cfg, shards)
-        rows = {k: f["rows"] for k, f in m["files"].items()}
-        self.log.info("data %s prepared in %s: %s", m["version"], m["dir"], rows)
-        out = {
-            "manifest": f"{m['dir']}/manifest.json",
-            "version": m["version"],
-            "dir": m["dir"],
-            "rows": rows,
-            "shards": list(range(shards)),
-        }
+        out = prepare_stage(cfg, shards)
+        self.log.info("data %s prepared in %s: %s", out["version"], out["dir"], out["rows"])
         for outlet in self.outlets or []:
             context["outlet_events"][outlet].extra.update(
-                {"version": m["version"], "dir": m["dir"], "rows": rows}
+                {"version": out["version"], "dir": out["dir"], "rows": out["rows"]}
             )
         return out

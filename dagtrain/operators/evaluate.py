@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from dagtrain.errors import InputError
 from dagtrain.plugins.links import TraceLink, TrainingReportLink
 
 from ._base import DagtrainOperator, fails_fast_on_bad_input
@@ -31,30 +30,10 @@ class EvaluateOperator(DagtrainOperator):
 
     @fails_fast_on_bad_input
     def execute(self, context: Any) -> dict[str, Any]:
-        from dagtrain.stages.files import write_json
-        from dagtrain.stages.registry import better, champion, evaluate_checkpoint
+        from dagtrain.stages.registry import evaluate_stage
 
         cfg = self.run_config(context)
-        manifest = self.manifest(self.data, ("test",))
-        ckpt = self.model["checkpoint"] if isinstance(self.model, dict) else str(self.model)
-        if not ckpt:
-            raise InputError("model: the training task returned no checkpoint")
-        metrics = evaluate_checkpoint(cfg, manifest, ckpt)
-        champ = champion(cfg)
-        ok, why = better(cfg, metrics, champ)
-        self.log.info("challenger %s: %s; %s", ckpt, metrics, why)
-        out = {
-            "checkpoint": ckpt,
-            "metrics": metrics,
-            "champion": None if champ is None else champ["version"],
-            "champion_metrics": None if champ is None else champ["metrics"],
-            "better": ok,
-            "reason": why,
-            "data_version": manifest["version"],
-            "manifest": f"{manifest['dir']}/manifest.json",
-        }
-        write_json(self.run_dir(cfg, context) / "eval.json", out)
-        return out
+        return evaluate_stage(cfg, context["run_id"], self.data, self.model, log=self.log)
 
 
 class PromoteOperator(DagtrainOperator):

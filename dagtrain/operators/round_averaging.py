@@ -50,12 +50,13 @@ class RoundAveragingOperator(DagtrainOperator):
 
     @fails_fast_on_bad_input
     def execute(self, context: Any) -> dict[str, Any]:
-        from dagtrain.stages.rounds import sync_round
+        from dagtrain.stages.rounds import sync_stage
 
         cfg = self.run_config(context)
-        manifest = self.manifest(self.data, ())  # reads no data file
-        k = self.shards or manifest["shards"]
-        result = sync_round(cfg, manifest, self.run_dir(cfg, context), self.round, k, self._dirs())
+        result = sync_stage(
+            cfg, context["run_id"], self.data, self.round, self.shards, self._dirs()
+        )
+        k = result["shards"]
         self.log.info(
             "round %d: %d shards averaged, |pseudo-gradient| %.4g; global model %s",
             self.round,

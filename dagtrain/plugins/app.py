@@ -24,6 +24,8 @@ wrote, from the run's artifact root only (``report``). Built on the first reques
 from pathlib import Path
 from typing import Any
 
+from dagtrain.stages.files import PREPARE_TASK
+
 __all__ = ["LazyApp", "create_app"]
 
 STATIC = Path(__file__).parent / "static"
@@ -102,7 +104,7 @@ def create_app():
         ]
 
     def root_of(session: Any, dag_id: str, run_id: str) -> tuple[Path, Any]:
-        data = output_of(session, dag_id, run_id, "prepare_data")
+        data = output_of(session, dag_id, run_id, PREPARE_TASK)
         root = report.artifact_root(data)
         if root is None:
             raise HTTPException(404, f"run {run_id!r} has no prepared data (yet)")
@@ -192,7 +194,7 @@ def create_app():
         """What ``dagtrain trigger --wait`` shows as epochs end: the training tasks'
         progress lines since ``after`` (none before the data is prepared)."""
         dag_of(dag_id, session)
-        root = report.artifact_root(output_of(session, dag_id, run_id, "prepare_data"))
+        root = report.artifact_root(output_of(session, dag_id, run_id, PREPARE_TASK))
         return {"lines": [] if root is None else report.progress_of(root, run_id, after)}
 
     @app.get("/api/dags/{dag_id}/runs/{run_id}/trace", dependencies=read_run)
@@ -219,7 +221,7 @@ def create_app():
         dag_of(dag_id, session)
         out: list[dict[str, Any]] = []
         for r in runs_of(session, dag_id, limit):
-            root = report.artifact_root(output_of(session, dag_id, r["run_id"], "prepare_data"))
+            root = report.artifact_root(output_of(session, dag_id, r["run_id"], PREPARE_TASK))
             if root is not None:
                 out += [c | {"state": r["state"]} for c in report.curves_of(root, [r["run_id"]])]
         return out
@@ -228,7 +230,7 @@ def create_app():
     def registry(dag_id: str, session: SessionDep) -> dict[str, Any]:
         dag_of(dag_id, session)
         for r in runs_of(session, dag_id):
-            data = output_of(session, dag_id, r["run_id"], "prepare_data")
+            data = output_of(session, dag_id, r["run_id"], PREPARE_TASK)
             root = report.artifact_root(data)
             if root is not None:
                 return report.registry_of(root)

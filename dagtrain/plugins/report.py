@@ -1,11 +1,11 @@
 """What the training page shows of a run, assembled from the run's artifacts.
 
 Everything comes from files the stages wrote under the pipeline's artifact root (found
-through the run's ``prepare_data`` XCom, whose ``dir`` is ``<root>/data/<version>``):
-``runs/<run>/train/`` (``config.json``, ``result.json``, ``metrics.jsonl``, ``traces/``,
-``ranks/rank<N>.json``, ``failure-try<N>.json``), ``runs/<run>/eval.json``,
-``runs/<run>/rounds/`` (round-based pipelines) and ``registry/registry.json``. Every
-path is resolved and must stay inside that root. Plain functions of plain data (no
+through the run's ``prepare_data`` XCom, whose ``dir`` is a prepared data folder), each
+found through ``dagtrain.stages.files.ArtifactLayout``: the run's training folder (its
+config, result, metrics, traces, rank records and failure records), its evaluation, its
+rounds (round-based pipelines) and the registry. Every path is resolved and must stay
+inside that root. Plain functions of plain data (no
 FastAPI, no Airflow): ``dagtrain.plugins.app`` feeds them what it reads through
 Airflow's ORM, and tests call them directly.
 """
@@ -13,9 +13,16 @@ Airflow's ORM, and tests call them directly.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
+
+from dagtrain.stages.files import (
+    TRAIN_TASK,
+    ArtifactLayout,
+    TrainFiles,
+    round_sync_task,
+    round_train_task,
+)
 
 __all__ = [
     "artifact_root",
@@ -31,17 +38,12 @@ __all__ = [
     "tries_of",
 ]
 
-# a traced step: the run's last (step-rank<N>.json) or an epoch's last (step<S>-rank<N>)
-_TRACE = re.compile(r"^step(\d*)-rank(\d+)\.json$")
-_SHARD = re.compile(r"^shard-(\d+)$")
-_ROUND = re.compile(r"^round-(\d+)$")
-
 
 def artifact_root(prep_output: Any) -> Path | None:
     """The pipeline's artifact root from ``prepare_data``'s output, or None."""
     if not isinstance(prep_output, dict) or not isinstance(prep_output.get("dir"), str):
         return None
-    return Path(prep_output["dir"]).resolve().parents[1]
+    return ArtifactLayout.of_data(prep_output["dir"]).root
 
 
 def _inside(root: Path, path: Path) -> Path:
@@ -52,9 +54,13 @@ def _inside(root: Path, path: Path) -> Path:
 
 
 def run_dir_of(root: Path, run_id: str) -> Path:
-    from dagtrain.stages.files import run_dir
+    return _inside(root, ArtifactLayout(root).run(run_id).dir)
 
-    return _inside(root, run_dir(root, run_id))
+
+def _run(root: Path, run_id: str):
+    """The run's layout, its folder checked to be inside the root."""
+    run_dir_of(root, run_id)
+    return ArtifactLayout(root).run(run_id)
 
 
 def _json(root: Path, path: Path) -> Any:
@@ -84,11 +90,10 @@ def progress_of(root: Path, run_id: str, after: float = 0.0) -> list[dict[str, A
     """Rank 0's progress lines of the run's training tasks written after time ``after``,
     oldest first, each with ``file``: its metrics file, relative to the run's folder
     (``train/metrics.jsonl``, ``rounds/round-01/shard-00/metrics.jsonl``)."""
-    run = run_dir_of(root, run_id)
-    files = [run / "train" / "metrics.jsonl", *sorted(run.glob("rounds/*/*/metrics.jsonl"))]
+    run = _run(root, run_id)
     out = []
-    for f in files:
-        rel = f.relative_to(run).as_posix()
+    for f in (t.metrics for t in run.training_folders()):
+        rel = f.relative_to(run.dir).as_posix()
         out += [m | {"file": rel} for m in _lines(root, f) if float(m.get("time") or 0) > after]
     return sorted(out, key=lambda m: float(m.get("time") or 0))
 
@@ -180,19 +185,6 @@ def _sync_figures(events: list[dict[str, Any]], result: dict | None) -> dict[str
     }
 
 
-def _trace_files(train: Path) -> dict[int | None, dict[int, Path]]:
-    """{step (None: the run's last): {rank: file}} of a training folder, by name only."""
-    d = train / "traces"
-    out: dict[int | None, dict[int, Path]] = {}
-    if d.is_dir():
-        for f in sorted(d.iterdir()):
-            m = _TRACE.match(f.name)
-            if m:
-                step = int(m.group(1)) if m.group(1) else None
-                out.setdefault(step, {})[int(m.group(2))] = f
-    return out
-
-
 def _step_traces(root: Path, files: dict[int, Path]) -> dict[int, list[dict[str, Any]]]:
     """{rank: trace events} of one traced step's files."""
     out = {}
@@ -223,7 +215,7 @@ def merged_trace(root: Path, run_id: str, step: int | None = None) -> dict[str, 
     """Every rank's trace of one traced step (default: the run's last) as one
     Perfetto/Chrome trace: each rank a process, the ops on each rank's critical path
     marked ``args.critical``."""
-    files = _trace_files(run_dir_of(root, run_id) / "train")
+    files = _run(root, run_id).train.trace_files()
     if step is not None and step not in files:
         raise LookupError(f"step {step} was not traced; traced: {sorted(k for k in files if k)}")
     events = []
@@ -236,14 +228,12 @@ def merged_trace(root: Path, run_id: str, step: int | None = None) -> dict[str, 
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
-def _statuses(root: Path, train: Path) -> dict[int, dict[str, Any]]:
-    d = train / "ranks"
+def _statuses(root: Path, train: TrainFiles) -> dict[int, dict[str, Any]]:
     out: dict[int, dict[str, Any]] = {}
-    if d.is_dir():
-        for f in d.glob("rank*.json"):
-            doc = _json(root, f)
-            if isinstance(doc, dict) and isinstance(doc.get("rank"), int):
-                out[doc["rank"]] = doc
+    for f in train.rank_records().values():
+        doc = _json(root, f)
+        if isinstance(doc, dict) and isinstance(doc.get("rank"), int):
+            out[doc["rank"]] = doc
     return out
 
 
@@ -354,7 +344,7 @@ def tries_of(
 
 
 def registry_of(root: Path) -> dict[str, Any]:
-    reg = _json(root, root / "registry" / "registry.json")
+    reg = _json(root, ArtifactLayout(root).registry_file)
     return reg if isinstance(reg, dict) else {"champion": None, "versions": []}
 
 
@@ -362,32 +352,27 @@ def curves_of(root: Path, run_ids: list[str]) -> list[dict[str, Any]]:
     """Each run's per-epoch metrics (runs without any left out), for overlaid curves."""
     out = []
     for run_id in run_ids:
-        epochs = epochs_of(_lines(root, run_dir_of(root, run_id) / "train" / "metrics.jsonl"))
+        epochs = epochs_of(_lines(root, _run(root, run_id).train.metrics))
         if epochs:
             out.append({"run_id": run_id, "epochs": epochs})
     return out
 
 
-def _rounds(root: Path, run: Path, stages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _rounds(root: Path, run: Any, stages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Round-based pipelines: per round, each shard's contribution and the global
     model the round produced (its validation metrics)."""
-    d = run / "rounds"
-    if not d.is_dir():
-        return []
     state = {(s["task_id"], s.get("map_index", -1)): s.get("state") for s in stages}
     out = []
-    for rd in sorted(p for p in d.iterdir() if _ROUND.match(p.name)):
-        r = int(_ROUND.match(rd.name).group(1))
+    for r in run.round_numbers():
         shards = []
-        for sd in sorted(p for p in rd.iterdir() if _SHARD.match(p.name)):
-            k = int(_SHARD.match(sd.name).group(1))
-            res = _json(root, sd / "result.json") or {}
-            epochs = epochs_of(_lines(root, sd / "metrics.jsonl"))
+        for k, sd in run.shards_of(r).items():
+            res = _json(root, sd.result) or {}
+            epochs = epochs_of(_lines(root, sd.metrics))
             shards.append(
                 {
                     "shard": k,
-                    "state": state.get((f"round_{r}_train", k)),
-                    "contributed": _inside(root, sd / "delta.pt.json").exists(),
+                    "state": state.get((round_train_task(r), k)),
+                    "contributed": _inside(root, sd.delta_sidecar).exists(),
                     "steps": res.get("steps"),
                     "samples_per_second": res.get("samples_per_second"),
                     "val_accuracy": res.get("val_accuracy")
@@ -397,9 +382,9 @@ def _rounds(root: Path, run: Path, stages: list[dict[str, Any]]) -> list[dict[st
         out.append(
             {
                 "round": r,
-                "sync_state": state.get((f"round_{r}_sync", -1)),
+                "sync_state": state.get((round_sync_task(r), -1)),
                 "shards": shards,
-                "global": _json(root, rd / "global.json"),
+                "global": _json(root, run.round_result(r)),
             }
         )
     return out
@@ -414,26 +399,25 @@ def run_report(
 ) -> dict[str, Any]:
     """The page's view of one run; ``stages`` are its task instances, ``file_config``
     the DAG's Params (the file's values), ``data`` the prepare_data output."""
-    run = run_dir_of(root, run_id)
-    train = run / "train"
-    result = _json(root, train / "result.json")
-    config = _json(root, train / "config.json")
-    metrics = _lines(root, train / "metrics.jsonl")
+    run = _run(root, run_id)
+    train = run.train
+    result = _json(root, train.result)
+    config = _json(root, train.config)
+    metrics = _lines(root, train.metrics)
     failures = [
-        f | {"try": int(re.sub(r"\D", "", p.name) or 0)}
-        for p, f in ((p, _json(root, p)) for p in train.glob("failure-try*.json"))
+        f | {"try": n}
+        for n, f in ((n, _json(root, p)) for n, p in train.failures().items())
         if isinstance(f, dict)
     ]
-    failures.sort(key=lambda f: f["try"])
-    files = _trace_files(train)
+    files = train.trace_files()
     last = _step_traces(root, files.get(_last_step(files), {}))
     registry = registry_of(root)
     champ = next(
         (v for v in registry["versions"] if v["version"] == registry.get("champion")), None
     )
     champ_config = (champ or {}).get("lineage", {}).get("config_values")
-    train_state = next((s["state"] for s in stages if s["task_id"] == "train"), None)
-    train_try = next((s.get("try_number") for s in stages if s["task_id"] == "train"), None)
+    train_state = next((s["state"] for s in stages if s["task_id"] == TRAIN_TASK), None)
+    train_try = next((s.get("try_number") for s in stages if s["task_id"] == TRAIN_TASK), None)
     tries = tries_of(metrics, failures, train_try)
     hidden = {r: _hidden_share(evs) for r, evs in last.items()}
     return {
@@ -449,7 +433,7 @@ def run_report(
         "result": None
         if result is None
         else {k: v for k, v in result.items() if k not in ("config", "epochs")},
-        "evaluation": _json(root, run / "eval.json"),
+        "evaluation": _json(root, run.evaluation),
         "sync": _sync_figures(last.get(0, []), result) if last or result else None,
         "sync_by_rank": [
             {"rank": r, "allreduce_ms": ms, "hidden_share": share}

@@ -18,9 +18,18 @@ import numpy as np
 from dagtrain.config import PipelineConfig
 from dagtrain.errors import InputError
 
-from .files import atomic_write, check_source, read_json, sha256_file, write_json
+from .files import (
+    ArtifactLayout,
+    DataFiles,
+    atomic_write,
+    check_source,
+    read_json,
+    sha256_file,
+    shard_split,
+    write_json,
+)
 
-__all__ = ["prepare", "verify_manifest"]
+__all__ = ["data_file", "manifest_of", "prepare", "prepare_stage", "verify_manifest"]
 
 
 def _npz_bytes(**arrays: np.ndarray) -> bytes:
@@ -51,8 +60,8 @@ def prepare(cfg: PipelineConfig, shards: int = 0) -> dict[str, Any]:
         sort_keys=True,
     )
     version = hashlib.sha256(key.encode()).hexdigest()[:16]
-    out = cfg.artifact_root() / "data" / version
-    manifest_path = out / "manifest.json"
+    files_of = ArtifactLayout.of(cfg).data(version)
+    out, manifest_path = files_of.dir, files_of.manifest
     if manifest_path.exists():
         try:
             return verify_manifest(manifest_path)
@@ -79,7 +88,7 @@ def prepare(cfg: PipelineConfig, shards: int = 0) -> dict[str, Any]:
 
     def put(name: str, idx: np.ndarray) -> None:
         xs = ((x[idx] - mean) / std).astype(np.float32)
-        path = out / f"{name}.npz"
+        path = files_of.split(name)
         atomic_write(path, _npz_bytes(x=xs, y=y[idx], **meta))
         files[name] = {"path": path.name, "rows": len(idx), "sha256": sha256_file(path)}
 
@@ -87,9 +96,9 @@ def prepare(cfg: PipelineConfig, shards: int = 0) -> dict[str, Any]:
         put(name, idx)
     # shards: contiguous slices of a seeded shuffle of train (each sample in one shard)
     for k, idx in enumerate(np.array_split(parts["train"], shards) if shards else []):
-        put(f"shard-{k:02d}", idx)
+        put(shard_split(k), idx)
     np_stats = _npz_bytes(mean=mean.astype(np.float32), std=std.astype(np.float32))
-    atomic_write(out / "stats.npz", np_stats)
+    atomic_write(files_of.stats, np_stats)
     manifest = {
         "version": version,
         "dir": str(out),
@@ -100,7 +109,7 @@ def prepare(cfg: PipelineConfig, shards: int = 0) -> dict[str, Any]:
         "classes": classes,
         "shards": shards,
         "files": files,
-        "stats": {"path": "stats.npz", "sha256": sha256_file(out / "stats.npz")},
+        "stats": {"path": files_of.stats.name, "sha256": sha256_file(files_of.stats)},
     }
     write_json(manifest_path, manifest)  # last: a manifest means the rest is complete
     return manifest
@@ -124,3 +133,28 @@ def verify_manifest(path: Path, names: Sequence[str] | None = None) -> dict[str,
 
 def data_file(manifest: dict[str, Any], name: str) -> str:
     return str(Path(manifest["dir"]) / manifest["files"][name]["path"])
+
+
+def manifest_of(data: Any, names: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """The manifest of a prepare stage's output (``data``: its XCom), the files ``names``
+    (default: all) checked against their checksums."""
+    if not isinstance(data, dict) or "manifest" not in data:
+        raise InputError(
+            "data must be the output of a DataPrepOperator (its XCom: a dict with "
+            f"'manifest'), got {type(data).__name__}"
+        )
+    return verify_manifest(Path(data["manifest"]), names)
+
+
+def prepare_stage(cfg: PipelineConfig, shards: int = 0) -> dict[str, Any]:
+    """The prepare task: the data prepared (or found prepared); its XCom, which the
+    later stages read the manifest through."""
+    m = prepare(cfg, shards)
+    rows = {k: f["rows"] for k, f in m["files"].items()}
+    return {
+        "manifest": str(DataFiles(Path(m["dir"])).manifest),
+        "version": m["version"],
+        "dir": m["dir"],
+        "rows": rows,
+        "shards": list(range(shards)),
+    }

@@ -19,11 +19,20 @@ from pathlib import Path
 from typing import Any
 
 from dagtrain.config import PipelineConfig
+from dagtrain.errors import InputError
+from dagtrain.names import SIDECAR
 
-from .files import atomic_write, read_json, write_json
+from .files import ArtifactLayout, DataFiles, atomic_write, read_json, write_json
 from .verdict import better
 
-__all__ = ["better", "champion", "evaluate_checkpoint", "promote", "promoted_in"]
+__all__ = [
+    "better",
+    "champion",
+    "evaluate_checkpoint",
+    "evaluate_stage",
+    "promote",
+    "promoted_in",
+]
 
 
 def evaluate_checkpoint(
@@ -46,24 +55,56 @@ def evaluate_checkpoint(
     return evaluate(model, test.x_train, test.y_train, split)
 
 
-def _dir(cfg: PipelineConfig) -> Path:
-    return cfg.artifact_root() / "registry"
+def evaluate_stage(
+    cfg: PipelineConfig, run_id: str, data: Any, model: Any, log: Any = None
+) -> dict[str, Any]:
+    """The evaluate task of DAG run ``run_id``: the test metrics of ``model`` (a
+    training or sync task's output, a dict with ``checkpoint``, or a checkpoint path)
+    on the prepare stage's output ``data``, compared with the champion's; kept as the
+    run's evaluation and returned (the task's XCom)."""
+    from .prep import manifest_of
+
+    manifest = manifest_of(data, ("test",))
+    ckpt = model["checkpoint"] if isinstance(model, dict) else str(model)
+    if not ckpt:
+        raise InputError("model: the training task returned no checkpoint")
+    metrics = evaluate_checkpoint(cfg, manifest, ckpt)
+    champ = champion(cfg)
+    ok, why = better(cfg, metrics, champ)
+    if log is not None:
+        log.info("challenger %s: %s; %s", ckpt, metrics, why)
+    out = {
+        "checkpoint": ckpt,
+        "metrics": metrics,
+        "champion": None if champ is None else champ["version"],
+        "champion_metrics": None if champ is None else champ["metrics"],
+        "better": ok,
+        "reason": why,
+        "data_version": manifest["version"],
+        "manifest": str(DataFiles(Path(manifest["dir"])).manifest),
+    }
+    write_json(ArtifactLayout.of(cfg).run(run_id).evaluation, out)
+    return out
+
+
+def _layout(cfg: PipelineConfig) -> ArtifactLayout:
+    return ArtifactLayout.of(cfg)
 
 
 @contextlib.contextmanager
 def _locked(cfg: PipelineConfig) -> Iterator[dict[str, Any]]:
-    d = _dir(cfg)
-    d.mkdir(parents=True, exist_ok=True)
-    with open(d / ".lock", "w") as lock:
+    lay = _layout(cfg)
+    lay.registry.mkdir(parents=True, exist_ok=True)
+    with open(lay.registry_lock, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        path = d / "registry.json"
+        path = lay.registry_file
         reg = read_json(path) if path.exists() else {"champion": None, "versions": []}
         yield reg
         write_json(path, reg)
 
 
 def champion(cfg: PipelineConfig) -> dict[str, Any] | None:
-    path = _dir(cfg) / "registry.json"
+    path = _layout(cfg).registry_file
     if not path.exists():
         return None
     reg = read_json(path)
@@ -72,7 +113,7 @@ def champion(cfg: PipelineConfig) -> dict[str, Any] | None:
 
 def promoted_in(cfg: PipelineConfig, run_id: str) -> dict[str, Any] | None:
     """The registry entry that run ``run_id`` promoted, or None."""
-    path = _dir(cfg) / "registry.json"
+    path = _layout(cfg).registry_file
     if not path.exists():
         return None
     versions = read_json(path)["versions"]
@@ -103,13 +144,13 @@ def promote(
         champ = next((v for v in reg["versions"] if v["version"] == reg["champion"]), None)
         ok, why = better(cfg, metrics, champ)
         version = max((v["version"] for v in reg["versions"]), default=0) + 1
-        out = _dir(cfg) / "models" / f"v{version:04d}"
-        atomic_write(out / "model.pt", data)
+        model = _layout(cfg).model(version)
+        atomic_write(model, data)
         meta = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
-        atomic_write(out / "model.pt.json", json.dumps(meta).encode())
+        atomic_write(model.with_name(SIDECAR(name=model.name)), json.dumps(meta).encode())
         entry = {
             "version": version,
-            "path": str(out / "model.pt"),
+            "path": str(model),
             "sha256": meta["sha256"],
             "metrics": metrics,
             "lineage": lineage,

@@ -26,9 +26,9 @@ from typing import Any
 from dagtrain.config import PipelineConfig
 from dagtrain.errors import InputError
 
-from .files import atomic_write, sha256_file
+from .files import ArtifactLayout, RunLayout, TrainFiles, atomic_write, sha256_file
 
-__all__ = ["ShardError", "global_model", "round_dir", "sync_round", "write_delta"]
+__all__ = ["ShardError", "global_model", "shard_delta", "sync_round", "sync_stage", "write_delta"]
 
 
 class ShardError(InputError):
@@ -37,20 +37,6 @@ class ShardError(InputError):
     def __init__(self, shard: int, why: str) -> None:
         super().__init__(f"shard {shard}: {why}")
         self.shard = shard
-
-
-def round_dir(run: Path, r: int) -> Path:
-    return run / "rounds" / f"round-{r:02d}"
-
-
-def global_dir(run: Path) -> Path:
-    return run / "rounds" / "global"
-
-
-def global_path(run: Path, r: int) -> Path:
-    """The global checkpoint round ``r`` starts from (r >= 1; round 0's is the seeded
-    initialisation)."""
-    return global_dir(run) / f"ckpt-{r:08d}.pt"
 
 
 def initial_model(cfg: PipelineConfig, manifest: dict[str, Any]) -> dict[str, Any]:
@@ -66,19 +52,31 @@ def initial_model(cfg: PipelineConfig, manifest: dict[str, Any]) -> dict[str, An
 
 
 def global_model(
-    cfg: PipelineConfig, manifest: dict[str, Any], run: Path, r: int
+    cfg: PipelineConfig, manifest: dict[str, Any], run: RunLayout, r: int
 ) -> tuple[dict[str, Any], dict[str, Any], str | None]:
     """(model state, outer momentum, checkpoint path) that round ``r`` starts from."""
     from dagtrain.training import checkpoint
 
     if r == 0:
         return initial_model(cfg, manifest), {}, None
-    path = global_path(run, r)
+    path = run.global_checkpoint(r)
     snap = checkpoint.load(path)
     return snap["model"], snap.get("momentum", {}), str(path)
 
 
-def write_delta(out: Path, shard: int, base: dict[str, Any], local: dict[str, Any]) -> dict:
+def shard_delta(
+    cfg: PipelineConfig, manifest: dict[str, Any], run: RunLayout, r: int, shard: int, ckpt: str
+) -> dict:
+    """Write the delta of shard ``shard`` of round ``r``, whose training ended in
+    checkpoint ``ckpt``, against the round's global model; return its sidecar."""
+    from dagtrain.training import checkpoint
+
+    base, _, _ = global_model(cfg, manifest, run, r)
+    local = checkpoint.load(ckpt)["model"]
+    return write_delta(run.shard(r, shard), shard, base, local)
+
+
+def write_delta(out: TrainFiles, shard: int, base: dict[str, Any], local: dict[str, Any]) -> dict:
     """Write shard ``shard``'s delta (base - local) and its sidecar; return the sidecar."""
     import torch
 
@@ -88,7 +86,7 @@ def write_delta(out: Path, shard: int, base: dict[str, Any], local: dict[str, An
     buf = io.BytesIO()
     torch.save(delta, buf)
     data = buf.getvalue()
-    path = out / "delta.pt"
+    path = out.delta
     atomic_write(path, data)
     meta = {
         "shard": shard,
@@ -97,14 +95,14 @@ def write_delta(out: Path, shard: int, base: dict[str, Any], local: dict[str, An
         "shapes": {k: list(v.shape) for k, v in delta.items()},
         "base_sha256": state_digest(base),
     }
-    atomic_write(out / "delta.pt.json", json.dumps(meta, indent=1).encode())
+    atomic_write(out.delta_sidecar, json.dumps(meta, indent=1).encode())
     return meta
 
 
-def _check(shard: int, d: Path, expect_shapes: dict[str, list[int]], base_digest: str):
+def _check(shard: int, d: TrainFiles, expect_shapes: dict[str, list[int]], base_digest: str):
     import torch
 
-    path, side = d / "delta.pt", d / "delta.pt.json"
+    path, side = d.delta, d.delta_sidecar
     if not path.exists() or not side.exists():
         raise ShardError(shard, f"no contribution at {path} (did its training task succeed?)")
     try:
@@ -135,10 +133,28 @@ def _check(shard: int, d: Path, expect_shapes: dict[str, list[int]], base_digest
     return delta
 
 
+def sync_stage(
+    cfg: PipelineConfig,
+    run_id: str,
+    data: Any,
+    r: int,
+    shards: int | None = None,
+    dirs: dict[int, Path] | None = None,
+) -> dict[str, Any]:
+    """The averaging task that closes round ``r`` of DAG run ``run_id``: ``data`` is the
+    prepare stage's output, ``shards`` the round's shard count (default: the data's);
+    see ``sync_round``."""
+    from .prep import manifest_of
+
+    manifest = manifest_of(data, ())  # reads no data file
+    k = shards or manifest["shards"]
+    return sync_round(cfg, manifest, ArtifactLayout.of(cfg).run(run_id), r, k, dirs)
+
+
 def sync_round(
     cfg: PipelineConfig,
     manifest: dict[str, Any],
-    run: Path,
+    run: RunLayout,
     r: int,
     shards: int,
     dirs: dict[int, Path] | None = None,
@@ -159,13 +175,12 @@ def sync_round(
     base, momentum, _ = global_model(cfg, manifest, run, r)
     shapes = {k: list(v.shape) for k, v in base.items() if v.is_floating_point()}
     digest = state_digest(base)
-    rd = round_dir(run, r)
     if dirs is None:
-        dirs = {k: rd / f"shard-{k:02d}" for k in range(shards)}
+        dirs = {k: run.shard(r, k).dir for k in range(shards)}
     for k in range(shards):
         if k not in dirs:
             raise ShardError(k, "no contribution among the round's outputs (did its task succeed?)")
-    deltas = [_check(k, Path(dirs[k]), shapes, digest) for k in range(shards)]
+    deltas = [_check(k, TrainFiles(Path(dirs[k])), shapes, digest) for k in range(shards)]
     mu, lr = cfg.rounds.outer_momentum, cfg.rounds.outer_lr
     new = dict(base)
     new_m: dict[str, Any] = {}
@@ -177,7 +192,7 @@ def sync_round(
         new[k] = (base[k].float() - lr * (g + mu * v)).to(base[k].dtype)
         norm += float(g.pow(2).sum())
     snap = {"model": new, "momentum": new_m, "round": r + 1}
-    path = checkpoint.save(snap, global_dir(run), r + 1, keep=cfg.rounds.rounds + 1)
+    path = checkpoint.save(snap, run.globals, r + 1, keep=cfg.rounds.rounds + 1)
     out = {
         "round": r,
         "shards": shards,
@@ -188,5 +203,5 @@ def sync_round(
         from .registry import evaluate_checkpoint
 
         out["metrics"] = evaluate_checkpoint(cfg, manifest, str(path), "val")
-    atomic_write(rd / "global.json", json.dumps(out, indent=1).encode())
+    atomic_write(run.round_result(r), json.dumps(out, indent=1).encode())
     return out

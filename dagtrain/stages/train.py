@@ -15,7 +15,7 @@ whose ``extra`` lists them (``{"hosts": ["10.0.0.2:1", "10.0.0.3:1"], "rsh_agent
 through Airflow's API (the Task SDK's ``BaseHook.get_connection``: the connection may
 live in the metadata DB, an ``AIRFLOW_CONN_*`` variable or a secrets backend) when the
 task starts, and refused, naming the connection and the key, before any rank starts.
-The ranks then exchange their config and rank 0's result in ``out_dir`` (the artifact
+The ranks then exchange their config and rank 0's result in the task's folder (the artifact
 directory, which every host must share, as it shares the checkpoints), not in a local
 temporary folder. The summary's ``placement`` says which host each rank ran on.
 
@@ -33,13 +33,21 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from dagtrain.config import DistributedConfig, TrainConfig
+from dagtrain.config import DistributedConfig, PipelineConfig, TrainConfig
 from dagtrain.errors import InputError
 from dagtrain.rank_env import CODE_PATH
 
-from .files import append_json_line, write_json
+from .files import ArtifactLayout, TrainFiles, append_json_line, shard_split, write_json
+from .prep import data_file, manifest_of
 
-__all__ = ["code_path", "connection_hosts", "record_try", "resolve_hosts", "run_train"]
+__all__ = [
+    "code_path",
+    "connection_hosts",
+    "record_try",
+    "resolve_hosts",
+    "run_train",
+    "train_stage",
+]
 
 
 def connection_hosts(conn_id: str) -> Any:
@@ -96,9 +104,123 @@ def code_path(*folders: str | Path | None) -> dict[str, str]:
     return {CODE_PATH: os.pathsep.join(seen)}
 
 
+def train_stage(
+    cfg: PipelineConfig,
+    run_id: str,
+    data: Any,
+    *,
+    try_number: int = 1,
+    ranks: int | None = None,
+    round: int | None = None,
+    shard: int | None = None,
+    timeout: float | None = None,
+    log: Any = None,
+    on_start: Callable[[Any], None] | None = None,
+    code_dirs: tuple[str | Path | None, ...] = (),
+) -> dict[str, Any]:
+    """The training task of DAG run ``run_id``: its ranks launched on the run's files;
+    returns the summary (the task's XCom).
+
+    ``data``: the prepare stage's output. ``ranks`` overrides ``distributed.ranks``.
+    With ``round`` set, shard ``shard`` of that round: it starts from the round's
+    global model, trains ``rounds.local_steps`` steps on its shard and writes its
+    parameter delta (the summary's ``delta``). ``log``: a logger (the task's). A try
+    that fails with a RankFailure leaves its record (``TrainFiles.failure``) for the
+    training page, then the failure is raised."""
+    from dagtrain.launch import RankFailure
+
+    run = ArtifactLayout.of(cfg).run(run_id)
+    dist = cfg.distributed
+    if ranks:
+        dist = DistributedConfig.model_validate({**dist.model_dump(), "ranks": ranks})
+    if round is None:
+        manifest = manifest_of(data, ("train", "val"))
+        out = run.train
+        training, split, init_from = cfg.training, "train", None
+    else:
+        if shard is None:
+            raise InputError(f"round {round}: a shard's training task needs its shard number")
+        # a shard the data lacks is refused there, with the files it has
+        split = shard_split(shard)
+        manifest = manifest_of(data, (split, "val"))
+        out = run.shard(round, shard)
+        steps = cfg.rounds.local_steps  # local_steps decides, not epochs
+        training = cfg.training.model_copy(
+            update={"max_steps": steps, "epochs": 10**6, "checkpoint_every": steps}
+        )
+        init_from = str(run.global_checkpoint(round)) if round else None
+    tcfg = cfg.train_config(
+        distributed=dist,
+        training=training,
+        data=data_file(manifest, split),
+        eval_data=data_file(manifest, "val"),
+        init_from=init_from,
+        **train_paths(out),
+    )
+    if log is not None:
+        log.info(
+            "training %s on %d %s rank(s); checkpoints in %s",
+            cfg.model.name,
+            tcfg.distributed.ranks,
+            tcfg.distributed.backend,
+            tcfg.checkpoint_dir,
+        )
+    record_try(out.metrics, try_number)
+    try:
+        summary = run_train(
+            tcfg,
+            out,
+            timeout=timeout,
+            on_line=None if log is None else log.info,
+            on_start=on_start,
+            code_dirs=code_dirs,
+        )
+    except RankFailure as e:  # kept for the training page: which rank, how, its lines
+        write_json(out.failure(try_number), failure_record(e))
+        raise
+    if log is not None and summary.get("resumed_from_step") is not None:
+        log.info(
+            "resumed from step %s; this try trained %s step(s), completing %s epoch(s)",
+            summary["resumed_from_step"],
+            summary["steps_trained_now"],
+            summary["epochs_trained_now"],
+        )
+    if round is not None:
+        from .rounds import shard_delta
+
+        summary["delta"] = shard_delta(cfg, manifest, run, round, shard, summary["checkpoint"])
+        summary["shard"] = shard
+        summary["dir"] = str(out.dir)
+    return summary
+
+
+def train_paths(out: TrainFiles) -> dict[str, str]:
+    """The TrainConfig fields that put a training run's files in ``out``."""
+    return {
+        "checkpoint_dir": str(out.checkpoints),
+        "trace_dir": str(out.traces),
+        "status_dir": str(out.ranks),
+        "metrics_file": str(out.metrics),
+    }
+
+
+def failure_record(e: Any) -> dict[str, Any]:
+    """What a try's failure record keeps of a RankFailure: the training page reads it."""
+    return {
+        "rank": e.rank,
+        "how": e.summary,
+        "error": e.error,
+        "bad_input": isinstance(e, InputError),
+        "exit_code": e.exit_code,
+        "signal": e.signal,
+        "host": getattr(e, "host", None),
+        "log_tail": e.log_tail,
+    }
+
+
 def run_train(
     tcfg: TrainConfig,
-    out_dir: Path,
+    out: TrainFiles,
     timeout: float | None = None,
     on_line: Callable[[str], None] | None = None,
     on_start: Callable[[Any], None] | None = None,
@@ -115,7 +237,7 @@ def run_train(
 
     hosts = resolve_hosts(tcfg.distributed)
     # what the ranks receive, kept before they start: a run that fails still shows it
-    write_json(out_dir / "config.json", tcfg.model_dump(mode="json"))
+    write_json(out.config, tcfg.model_dump(mode="json"))
     jobs: list[Any] = []
 
     def started(job: Any) -> None:
@@ -130,7 +252,7 @@ def run_train(
         on_line=on_line,
         on_start=started,
         # ranks on other hosts read their config and write the result where all see it
-        work_dir=out_dir if hosts else None,
+        work_dir=out.dir if hosts else None,
         env=code_path(*code_dirs),
     )
     times = sorted(res.step_seconds)
@@ -144,5 +266,5 @@ def run_train(
         # the host each rank said it ran on (its hostname), by rank
         "placement": {str(r): h for r, h in sorted(jobs[-1].placement.items())} if jobs else {},
     }
-    write_json(out_dir / "result.json", summary)
+    write_json(out.result, summary)
     return summary

@@ -18,7 +18,6 @@ import io
 import json
 import logging
 import os
-import re
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +25,11 @@ import torch
 
 from dagtrain.atomic import atomic_write, fsync_dir
 from dagtrain.errors import InputError
+from dagtrain.names import CHECKPOINT, SIDECAR
 
 __all__ = ["latest", "load", "save", "state_digest"]
 
 log = logging.getLogger(__name__)
-_NAME = re.compile(r"^ckpt-(\d{8})\.pt$")
 
 
 def save(state: dict[str, Any], directory: str | os.PathLike, step: int, keep: int = 3) -> Path:
@@ -44,14 +43,14 @@ def save(state: dict[str, Any], directory: str | os.PathLike, step: int, keep: i
     buf = io.BytesIO()
     torch.save(state, buf)
     data = buf.getvalue()
-    path = d / f"ckpt-{step:08d}.pt"
+    path = d / CHECKPOINT(step=step)
     atomic_write(path, data)
     meta = {"step": step, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
-    atomic_write(path.with_name(path.name + ".json"), json.dumps(meta).encode())
+    atomic_write(_sidecar(path), json.dumps(meta).encode())
     fsync_dir(d)
     for old in _steps(d)[:-keep]:
-        p = d / f"ckpt-{old:08d}.pt"
-        p.with_name(p.name + ".json").unlink(missing_ok=True)
+        p = d / CHECKPOINT(step=old)
+        _sidecar(p).unlink(missing_ok=True)
         p.unlink(missing_ok=True)
     return path
 
@@ -69,13 +68,17 @@ def state_digest(state: dict[str, torch.Tensor]) -> str:
 def _steps(d: Path) -> list[int]:
     if not d.is_dir():
         return []
-    return sorted(int(m.group(1)) for p in d.iterdir() if (m := _NAME.match(p.name)))
+    return sorted(m["step"] for p in d.iterdir() if (m := CHECKPOINT.match(p.name)))
+
+
+def _sidecar(path: Path) -> Path:
+    return path.with_name(SIDECAR(name=path.name))
 
 
 def load(path: str | os.PathLike) -> dict[str, Any]:
     """Load one checkpoint after checking it against its sidecar; raise ValueError if bad."""
     path = Path(path)
-    side = path.with_name(path.name + ".json")
+    side = _sidecar(path)
     try:
         meta = json.loads(side.read_text())
     except (OSError, ValueError) as e:
@@ -101,7 +104,7 @@ def latest(directory: str | os.PathLike) -> tuple[Path, dict[str, Any]] | None:
     """The newest checkpoint that loads and matches its checksum, or None."""
     d = Path(directory)
     for step in reversed(_steps(d)):
-        path = d / f"ckpt-{step:08d}.pt"
+        path = d / CHECKPOINT(step=step)
         try:
             return path, load(path)
         except Exception as e:  # any unreadable checkpoint is skipped

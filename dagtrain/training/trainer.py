@@ -24,6 +24,7 @@ import torch
 
 from dagtrain.config import TrainConfig
 from dagtrain.errors import InputError
+from dagtrain.names import EPOCH_TRACE, LAST_TRACE
 from dagtrain.rank_env import FIRST_COLLECTIVE
 from dagtrain.sync import Backend, get_backend
 
@@ -263,11 +264,12 @@ def _trace_file(
         return None
     d = Path(cfg.trace_dir)
     if step + 1 == total:
-        return str(d / f"step-rank{rank}.json")
-    older = sorted(f for f in d.glob(f"step*-rank{rank}.json") if not f.name.startswith("step-"))
+        return str(d / LAST_TRACE(rank=rank))
+    mine = (f for f in d.glob("*") if (m := EPOCH_TRACE.match(f.name)) and m["rank"] == rank)
+    older = sorted(mine)
     for f in older[: max(0, len(older) - (TRACED_EPOCHS - 1))]:
         f.unlink(missing_ok=True)
-    return str(d / f"step{step + 1:07d}-rank{rank}.json")
+    return str(d / EPOCH_TRACE(step=step + 1, rank=rank))
 
 
 def _close_epoch(

@@ -59,6 +59,36 @@ def run_artifacts(tmp_path: Path, name: str) -> Path:
     return runs[0]
 
 
+def every_file_is_named_by_the_layout(root: Path, stdout: str) -> None:
+    """Each file the run wrote under the pipeline's artifact root is one the layout type
+    names, and what the CLI summary, the operators' outputs and the training page show
+    of them is found through it."""
+    from dagtrain.plugins import report
+    from dagtrain.stages.files import ArtifactLayout
+
+    layout = ArtifactLayout(root)
+    files = [f for f in root.rglob("*") if f.is_file()]
+    assert files
+    unnamed = [str(f.relative_to(root)) for f in files if layout.describe(f) is None]
+    assert not unnamed, unnamed
+    (run_dir,) = list(layout.runs.iterdir())
+    run = layout.run(run_dir.name)
+    assert run.dir == run_dir
+    assert f"artifacts: {run.dir}" in stdout, stdout
+    ev = json.loads(run.evaluation.read_text())
+    assert layout.describe(ev["checkpoint"]) in ("run train checkpoint", "round global checkpoint")
+    assert layout.describe(ev["manifest"]) == "prepared data"
+    stages = [{"task_id": "train", "state": "success", "try_number": 1}]
+    page = report.run_report(root, run_dir.name, stages, None, None)
+    assert page["evaluation"] == ev
+    assert page["epochs"] or page["rounds"]
+    if run.train.dir.exists():
+        assert f"step traces (open in https://ui.perfetto.dev): {run.train.traces}" in stdout
+        assert page["result"] and page["config"] and page["trace_steps"]
+        assert {r["rank"] for r in page["ranks"]} == set(run.train.rank_records())
+        assert [f["try"] for f in page["failures"]] == list(run.train.failures())
+
+
 TINY = """
 data: {source: digits}
 model: {name: mlp, args: {hidden: [32]}}
@@ -198,6 +228,7 @@ def test_round_based_training_maps_shards_and_syncs_each_round(tmp_path):
     ev = json.loads((run / "eval.json").read_text())
     assert ev["checkpoint"].endswith("ckpt-00000002.pt")
     assert ev["metrics"]["test_accuracy"] > 0.8
+    every_file_is_named_by_the_layout(tmp_path / "art" / "rnd", r.stdout)
 
 
 def test_a_training_task_that_fails_once_resumes_on_its_retry(tmp_path):
@@ -225,6 +256,9 @@ def test_a_training_task_that_fails_once_resumes_on_its_retry(tmp_path):
     assert result["resumed_from_step"] == 20  # the checkpoint of epoch 1
     assert result["epochs_trained_now"] == 2  # epoch 1 was not trained again
     assert len(result["epochs"]) == 3 and result["steps"] == 60
+    # the failed try's record too, beside the rest
+    assert (run_artifacts(tmp_path, "flaky") / "train" / "failure-try1.json").exists()
+    every_file_is_named_by_the_layout(tmp_path / "art" / "flaky", r.stdout)
 
 
 BAD_LABELS = "1.0,2.0,0.5\n3.0,4.0,1.5\n5.0,6.0,0.5\n"  # labels that are not classes

@@ -11,8 +11,8 @@ import torch
 from dagtrain.config import load_config
 from dagtrain.operators import DataPrepOperator, RoundAveragingOperator
 from dagtrain.operators._base import BadInput
-from dagtrain.stages.files import run_dir
-from dagtrain.stages.rounds import ShardError, global_dir, global_model, round_dir, write_delta
+from dagtrain.stages.files import ArtifactLayout
+from dagtrain.stages.rounds import ShardError, global_model, write_delta
 
 RUN = "manual__test"
 
@@ -30,13 +30,13 @@ def setup(tmp_path):
     cfg = load_config(cfg_path)
     manifest = json.loads(open(data["manifest"]).read())
     manifest["dir"] = data["dir"]
-    run = run_dir(cfg.artifact_root(), RUN)
+    run = ArtifactLayout.of(cfg).run(RUN)
     base, _, _ = global_model(cfg, manifest, run, 0)
     torch.manual_seed(1)
     locals_ = []
     for k in range(3):
         local = {n: v - 0.01 * (k + 1) * torch.ones_like(v) for n, v in base.items()}
-        write_delta(round_dir(run, 0) / f"shard-{k:02d}", k, base, local)
+        write_delta(run.shard(0, k), k, base, local)
         locals_.append(local)
     op = RoundAveragingOperator(task_id="sync", config=cfg_path, data=data, round=0)
     return SimpleNamespace(op=op, ctx=ctx, run=run, base=base, cfg=cfg, locals=locals_)
@@ -64,9 +64,9 @@ def _damage(path, how):
 @pytest.mark.parametrize("how", ["missing", "truncated", "misshaped", "nonfinite"])
 def test_a_bad_shard_fails_naming_it_and_nothing_is_written(setup, how):
     s = setup
-    shard = s.run / "rounds" / "round-00" / "shard-01"
+    shard = s.run.shard(0, 1)
     if how in ("missing", "truncated"):
-        _damage(shard / "delta.pt", how)
+        _damage(shard.delta, how)
     else:
         local = dict(s.locals[1])
         name = next(iter(local))
@@ -75,10 +75,10 @@ def test_a_bad_shard_fails_naming_it_and_nothing_is_written(setup, how):
             local[name] = torch.zeros(3, 3)
             write_delta(shard, 1, bad_base, local)
             # keep the base digest honest so only the shape is wrong
-            meta = json.loads((shard / "delta.pt.json").read_text())
-            good = json.loads((s.run / "rounds/round-00/shard-00/delta.pt.json").read_text())
+            meta = json.loads(shard.delta_sidecar.read_text())
+            good = json.loads((s.run.dir / "rounds/round-00/shard-00/delta.pt.json").read_text())
             meta["base_sha256"] = good["base_sha256"]
-            (shard / "delta.pt.json").write_text(json.dumps(meta))
+            shard.delta_sidecar.write_text(json.dumps(meta))
         else:
             local[name] = local[name].clone()
             local[name].view(-1)[0] = float("nan")
@@ -96,20 +96,20 @@ def test_a_bad_shard_fails_naming_it_and_nothing_is_written(setup, how):
         "nonfinite": "non-finite",
     }[how]
     assert why in str(info.value), str(info.value)
-    assert not global_dir(s.run).exists() or not any(global_dir(s.run).iterdir())
+    assert not s.run.globals.exists() or not any(s.run.globals.iterdir())
 
 
 def test_a_shard_trained_from_another_global_model_is_refused(setup):
     s = setup
     other = {n: v + 1 for n, v in s.base.items()}
-    write_delta(s.run / "rounds" / "round-00" / "shard-02", 2, other, s.locals[2])
+    write_delta(s.run.shard(0, 2), 2, other, s.locals[2])
     with pytest.raises(BadInput, match=r"shard 2: .*different global model"):
         s.op.execute(s.ctx)
 
 
 def test_contributions_can_be_given_and_a_missing_one_is_named(setup):
     s = setup
-    rd = s.run / "rounds" / "round-00"
+    rd = s.run.dir / "rounds" / "round-00"
     given = [{"shard": k, "dir": str(rd / f"shard-{k:02d}")} for k in (0, 2)]
     s.op.contributions = given  # shard 1's output is absent
     with pytest.raises(BadInput, match=r"^shard 1: no contribution"):
@@ -124,7 +124,7 @@ def test_a_round_records_its_global_model_and_the_page_shows_it_per_shard(setup)
     s = setup
     out = s.op.execute(s.ctx)
     assert 0 <= out["metrics"]["val_accuracy"] <= 1 and out["metrics"]["val_samples"] > 0
-    doc = json.loads((round_dir(s.run, 0) / "global.json").read_text())
+    doc = json.loads((s.run.dir / "rounds/round-00/global.json").read_text())
     assert doc["metrics"] == out["metrics"]
     stages = [
         {"task_id": "round_0_train", "map_index": k, "state": "success"} for k in range(3)

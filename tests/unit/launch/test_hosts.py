@@ -314,6 +314,7 @@ def test_a_missing_or_bad_connection_fails_the_stage_before_any_rank_starts(
 ):
     import dagtrain.training
     from dagtrain.config import TrainConfig
+    from dagtrain.stages.files import TrainFiles
     from dagtrain.stages.train import run_train
 
     monkeypatch.delenv("AIRFLOW_CONN_LAB_HOSTS", raising=False)
@@ -323,6 +324,6 @@ def test_a_missing_or_bad_connection_fails_the_stage_before_any_rank_starts(
     monkeypatch.setattr(dagtrain.training, "run_training", lambda *a, **k: started.append(a))
     tcfg = TrainConfig(backend="mpi", hosts_connection="lab_hosts")
     with pytest.raises(InputError) as info:
-        run_train(tcfg, tmp_path)
+        run_train(tcfg, TrainFiles(tmp_path))
     assert needle in str(info.value), str(info.value)
     assert not started and not list(tmp_path.iterdir())
