@@ -47,7 +47,7 @@ from .conftest import (
 pytestmark = [pytest.mark.multihost, pytest.mark.slow]
 
 DAG = "dagtrain_digits"
-LOST_WITHIN = 15.0  # seconds from a host's death to the try's failure (issue 11)
+LOST_WITHIN = 15.0  # seconds from a host's death to the try's failure (docs/deployment.md)
 
 
 def _leftovers(net: Net) -> list[str]:

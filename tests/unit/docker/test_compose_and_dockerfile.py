@@ -20,7 +20,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DOCKER = ROOT / "docker"
 COMPOSE = DOCKER / "docker-compose.yaml"
 DOCKERFILE = DOCKER / "Dockerfile"

@@ -129,14 +129,14 @@ def test_the_config_reference_in_docs_is_generated_from_the_schema():
 
     from dagtrain.docs import config_reference
 
-    doc = Path(__file__).parents[2] / "docs" / "config.md"
+    doc = Path(__file__).parents[3] / "docs" / "config.md"
     assert doc.read_text() == config_reference(), "run: dagtrain schema --markdown > docs/config.md"
 
 
 def test_every_example_config_validates():
     from pathlib import Path
 
-    for f in sorted((Path(__file__).parents[2] / "dags").glob("*.yaml")):
+    for f in sorted((Path(__file__).parents[3] / "dags").glob("*.yaml")):
         cfg = load_config(f)
         assert cfg.distributed.backend != "horovod", f"{f}: the quick start must not need Horovod"
 
