@@ -6,7 +6,9 @@ One lock guards all run state; a worker holds it only to pick a task and to reti
 one, so each task costs one acquire/release pair, a few attribute stores, and one
 decrement per successor. The thread that calls ``join`` (or ``taskwait``) is a member
 of the team, as OpenMP's encountering thread is: ``workers=1`` runs everything in the
-caller, with no thread started.
+caller, with no thread started. A worker's loop and that of a thread waiting in a task
+body differ in which tasks they start and how they wait; both call, time and retire a
+task by one path (``Run._run_ready``).
 
 State
 ~~~~~
@@ -297,49 +299,114 @@ class Run:
         lock = self.lock
         cond = self.cond
         ready = self.ready
-        heap = self.heap
-        pop = ready.popleft if not heap else None
         current = self.current
         prev = current[wid]
-        perf = perf_counter
-        joining = until == self._all_done  # join's predicate, inlined below (per task)
-        locked = False
+        joining = until == self._all_done  # join's predicate, inlined (per task)
         lock.acquire()
-        locked = True
         try:
-            while True:
-                if self.stopping:
-                    return
+            while not self._run_ready(wid, ready, prev, until, joining, 1):
                 if until is not None:
-                    if not self.outstanding if joining else until():
-                        return
-                elif self.closing:
-                    return
-                if not ready:
+                    self.watchers += 1
+                self.idle += 1
+                try:
+                    if deadline is None:
+                        cond.wait()
+                    else:
+                        left = deadline - monotonic()
+                        if left <= 0:
+                            raise _Timeout
+                        cond.wait(left)
+                finally:
+                    self.idle -= 1
                     if until is not None:
-                        self.watchers += 1
-                    self.idle += 1
-                    try:
-                        if deadline is None:
-                            cond.wait()
-                        else:
-                            left = deadline - monotonic()
-                            if left <= 0:
-                                raise _Timeout
-                            cond.wait(left)
-                    finally:
-                        self.idle -= 1
-                        if until is not None:
-                            self.watchers -= 1
+                        self.watchers -= 1
+        finally:
+            current[wid] = prev
+            if ready and self.idle and not self.stopping:  # we leave: others take it
+                cond.notify_all() if self.watchers else cond.notify(len(ready))
+            lock.release()
+
+    def _work_within(self, wid: int, parent: Task, until: Callable[[], bool]) -> None:
+        """Run ready descendants of ``parent`` until ``until()`` holds: the task
+        scheduling constraint of a thread waiting in ``parent``'s body (see the module
+        docstring). The lock is not held on entry."""
+        lock = self.lock
+        cond = self.cond
+        lock.acquire()
+        own = self.below.get(parent)
+        made = own is None  # it added no child: nothing below it can become ready
+        if made:
+            own = self.below[parent] = [] if self.heap else deque()
+        try:
+            # (it may start none of the other ready tasks: wake a thread for each)
+            while not self._run_ready(wid, own, parent, until, False, 0):
+                deadline = self.deadline
+                left = None if deadline is None else deadline - monotonic()
+                if left is not None and left <= 0:  # join's timeout: stop the run
+                    self.timed_out = True
+                    self.stopping = True
+                    cond.notify_all()
                     continue
-                task = heapq.heappop(ready)[2] if heap else pop()
-                x = task.x
-                if x is not None and task.run_state != READY:
-                    continue  # a thread waiting in its ancestor ran it (see below)
-                task.run_state = RUNNING
-                current[wid] = task
+                self.watchers += 1
+                self.idle += 1
+                try:
+                    cond.wait(left)
+                finally:
+                    self.idle -= 1
+                    self.watchers -= 1
+        finally:
+            self.current[wid] = parent
+            # (no hand-over of wake-ups: while it slept, watchers > 0 made every
+            # wake-up a notify_all, so it absorbed none meant for another thread)
+            if made:
+                self.below.pop(parent, None)
+            lock.release()
+
+    def _run_ready(
+        self,
+        wid: int,
+        own: Any,
+        back: Task | None,
+        until: Callable[[], bool] | None,
+        joining: bool,
+        takes: int,
+    ) -> bool:
+        """Run the tasks of ``own`` on worker ``wid``, one at a time: call each body,
+        time it, retire it (ready its successors), and wake idle threads for the ready
+        tasks beyond the ``takes`` that its loop starts itself.
+
+        The task path of both loops: ``own`` is the run's ready queue (``_work``) or the
+        ready descendants of the task the thread waits in (``_work_within``); ``back`` is
+        the task the thread runs between them (``current[wid]``). True when ``until()``
+        holds (``joining``: it is join's, read inline; no ``until``: the run closes) or
+        the run stops; False when ``own`` has no task to start, and the loop waits. The
+        lock is held on entry and on return, also when this raises; it is released
+        while a body runs."""
+        lock = self.lock
+        cond = self.cond
+        ready = self.ready
+        heap = self.heap
+        pop = own.popleft if not heap else None
+        current = self.current
+        perf = perf_counter
+        while True:
+            if self.stopping:
+                return True
+            if until is not None:
+                if not self.outstanding if joining else until():
+                    return True
+            elif self.closing:
+                return True
+            if not own:
+                return False
+            task = heapq.heappop(own)[2] if heap else pop()
+            x = task.x
+            if x is not None and task.run_state != READY:
+                continue  # another thread ran it (see "Task scheduling constraint")
+            task.run_state = RUNNING
+            current[wid] = task
+            try:
                 lock.release()
-                locked = False
                 t0 = perf()
                 try:
                     if x is None or x.reads is None:
@@ -352,129 +419,43 @@ class Run:
                     result = None
                     exc = e
                 t1 = perf()
-                lock.acquire()
-                locked = True
-                current[wid] = prev
-                task.t0 = t0
-                task.t1 = t1
-                task.worker = wid
-                if exc is not None:
-                    self._fail(task, exc)
-                    exc = None
-                    continue
-                if x is None:  # the common case, inlined: ready the successors
-                    task.run_state = DONE
-                    for s in task:  # (its successors)
-                        n = s.npred_left - 1
-                        s.npred_left = n
-                        if not n:
-                            if s.x is None or s.x.mutexes is None:
-                                s.run_state = READY
-                                if heap:
-                                    heapq.heappush(ready, (s.key, s.index, s))
-                                else:
-                                    ready.append(s)
-                            else:
-                                self._make_ready(s)
-                    self.outstanding -= 1
-                elif not self._retire(task, x, result):
-                    continue
-                result = None
-                if self.idle:
-                    if self.watchers:
-                        cond.notify_all()
-                    elif len(ready) > 1:
-                        cond.notify(len(ready) - 1)
-        finally:
-            current[wid] = prev
-            if locked:
-                if ready and self.idle and not self.stopping:  # we leave: others take it
-                    cond.notify_all() if self.watchers else cond.notify(len(ready))
-                lock.release()
-
-    def _work_within(self, wid: int, parent: Task, until: Callable[[], bool]) -> None:
-        """Run ready descendants of ``parent`` until ``until()`` holds: the task
-        scheduling constraint of a thread waiting in ``parent``'s body (see the module
-        docstring). The lock is not held on entry."""
-        lock = self.lock
-        cond = self.cond
-        heap = self.heap
-        current = self.current
-        perf = perf_counter
-        lock.acquire()
-        locked = True
-        own = self.below.get(parent)
-        made = own is None  # it added no child: nothing below it can become ready
-        if made:
-            own = self.below[parent] = [] if heap else deque()
-        try:
-            while True:
-                if self.stopping or until():
-                    return
-                task = None
-                while own:
-                    t = heapq.heappop(own)[2] if heap else own.popleft()
-                    if t.run_state == READY:  # else another thread took it
-                        task = t
-                        break
-                if task is None:
-                    deadline = self.deadline
-                    left = None if deadline is None else deadline - monotonic()
-                    if left is not None and left <= 0:  # join's timeout: stop the run
-                        self.timed_out = True
-                        self.stopping = True
-                        cond.notify_all()
-                        continue
-                    self.watchers += 1
-                    self.idle += 1
-                    try:
-                        cond.wait(left)
-                    finally:
-                        self.idle -= 1
-                        self.watchers -= 1
-                    continue
-                task.run_state = RUNNING
-                current[wid] = task
-                lock.release()
-                locked = False
-                x = task.x  # a descendant: never None
-                t0 = perf()
+            finally:
                 try:
-                    if x.reads is None:
-                        kw = task.kwargs
-                        result = task.fn(*task.args, **kw) if kw else task.fn(*task.args)
-                    else:
-                        result = _call_resolved(task)
-                    exc = None
-                except BaseException as e:
-                    result = None
-                    exc = e
-                t1 = perf()
-                lock.acquire()
-                locked = True
-                current[wid] = parent
-                task.t0 = t0
-                task.t1 = t1
-                task.worker = wid
-                if exc is not None:
-                    self._fail(task, exc)
-                    exc = None
-                    continue
-                done = self._retire(task, x, result)
-                result = None
-                if done and self.idle:
-                    cond.notify_all() if self.watchers else cond.notify(len(self.ready))
-        finally:
-            current[wid] = parent
-            if locked:
-                # (no hand-over of wake-ups: while it slept, watchers > 0 made every
-                # wake-up a notify_all, so it absorbed none meant for another thread)
-                if made:
-                    self.below.pop(parent, None)
-                lock.release()
-            elif made:
-                with lock:
-                    self.below.pop(parent, None)
+                    lock.acquire()
+                except BaseException:  # interrupted as it waited: raise holding the lock
+                    lock.acquire()
+                    raise
+            current[wid] = back
+            task.t0 = t0
+            task.t1 = t1
+            task.worker = wid
+            if exc is not None:
+                self._fail(task, exc)
+                exc = None
+                continue
+            if x is None:  # the common case, inlined: ready the successors
+                task.run_state = DONE
+                for s in task:  # (its successors)
+                    n = s.npred_left - 1
+                    s.npred_left = n
+                    if not n:
+                        if s.x is None or s.x.mutexes is None:
+                            s.run_state = READY
+                            if heap:
+                                heapq.heappush(ready, (s.key, s.index, s))
+                            else:
+                                ready.append(s)
+                        else:
+                            self._make_ready(s)
+                self.outstanding -= 1
+            elif not self._retire(task, x, result):
+                continue  # it waits for its detach event (or the event failed it)
+            result = None
+            if self.idle:
+                if self.watchers:
+                    cond.notify_all()
+                elif len(ready) > takes:
+                    cond.notify(len(ready) - takes)
 
     def _retire(self, task: Task, x: Any, result: Any) -> bool:
         """The function of a task with extras returned (lock held): release what it
