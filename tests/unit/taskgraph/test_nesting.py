@@ -1,4 +1,4 @@
-"""Recursion and incremental use, checked against OpenMP's rules (issue 12, items 1-4).
+"""Recursion and incremental use, checked against OpenMP's rules, in four parts:
 
 * the task scheduling constraint: a thread waiting in a task body starts only
   descendants of that task, so waits nest as deep as the program, not the task count;
@@ -94,7 +94,7 @@ def test_a_ten_thousand_task_tree_with_taskwaits_runs_under_a_low_limit(workers)
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("workers", [1, 2, 4])
-def test_the_issue_example_200_children_each_waiting_for_one(workers):
+def test_200_children_each_adding_one_task_and_waiting_for_it(workers):
     g = TaskGraph()
 
     def child() -> None:
@@ -114,8 +114,8 @@ def test_the_issue_example_200_children_each_waiting_for_one(workers):
 
 def test_a_waiting_thread_starts_only_descendants_of_the_task_it_waits_in():
     # one worker: while "parent" waits for its child, the ready top-level task "other"
-    # is not its descendant, so it runs only after parent (before the fix, the waiting
-    # thread took "other" first: it was ahead in the queue)
+    # is not its descendant, so it runs only after parent, although it is ahead of the
+    # children in the queue
     log: list = []
     g = TaskGraph()
 
@@ -208,7 +208,8 @@ def test_a_graph_whose_bodies_add_children_never_replays_inline():
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("delay", [0.0, 0.001])
 def test_a_ref_finds_its_value_whatever_the_timing(delay):
-    # the issue's snippet: with a 1 ms gap, half of the runs used to fail
+    # a reader added while the graph runs, right after its writer or 1 ms later (when
+    # the writer has often finished): it gets the writer's value every time
     for i in range(200):
         g = TaskGraph()
         got: list = []

@@ -1,10 +1,10 @@
-"""Review of the probed first run (dagtrain/taskgraph/inline.py, ``run_inline``): the
+"""The probed first run (dagtrain/taskgraph/inline.py, ``run_inline``): the
 interleavings of the calling thread and the helper around the hand-over, forced with
 events (a stalled hook in the helper's ``take_over``, or in the caller's clock reads),
 never with sleeps.
 
-Tests headed by a comment "Was a bug (fixed)" exposed a bug of the first version (the
-comment says which).
+The first tests pin the races of the hand-over itself (a comment above each says
+which); the others, runs handed over at chosen or at natural times.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ def workers_alive(g: TaskGraph) -> list[str]:
 
 
 def stop_leaked(g: TaskGraph) -> None:
-    """Stop and join the worker threads a run of ``g`` left behind (after a bug)."""
+    """Stop and join the worker threads a run of ``g`` left behind (were a run to
+    leave some, the test fails without hanging the others)."""
     for th in threading.enumerate():
         if not th.name.startswith(f"{g.name}-worker-"):
             continue
@@ -72,7 +73,7 @@ def look_now(g: TaskGraph) -> None:
         run.cond.notify_all()
 
 
-# --------------------------------------------------------------------- bugs
+# ------------------------------------------------------------ hand-over races
 
 
 class _StallInTakeOver(Task):
@@ -80,8 +81,8 @@ class _StallInTakeOver(Task):
     list) the helper's take_over iterates (counting it done) before it sets
     ``run.current[0]`` / ``run.wid_of[caller]`` and clears ``run.probe``. The first time,
     it stalls there until the task body in the caller is done with its add/taskwait, or
-    is blocked on the run's lock (a fixed take_over, which holds it throughout). Set as
-    the task's class: the same record, another ``__iter__``."""
+    is blocked on the run's lock (take_over holds it throughout). Set as the task's
+    class: the same record, another ``__iter__``."""
 
     __slots__ = ()
     caller = inside = resume = None
@@ -98,9 +99,10 @@ class _StallInTakeOver(Task):
         return super().__iter__()
 
 
-# Was a bug (fixed): take_over clears run.probe before it registers the caller
-# (wid_of/current): a body in the caller that adds or waits in that window skips
-# hand_over and Run._wid raises RuntimeError
+# take_over registers the caller (wid_of/current) before it clears run.probe: a body
+# in the caller that adds or waits while the helper takes over gets the running graph
+# (were run.probe cleared first, it would skip hand_over and Run._wid raise
+# RuntimeError)
 @pytest.mark.parametrize("call", ["add", "taskwait", "taskgroup"])
 def test_a_body_that_adds_while_the_helper_takes_over_gets_the_running_graph(call, monkeypatch):
     monkeypatch.setattr(inline, "PROBE_TICK", 60.0)  # the helper looks when woken
@@ -137,10 +139,9 @@ def test_a_body_that_adds_while_the_helper_takes_over_gets_the_running_graph(cal
     assert not [s for s in r.states if s in LIVE]
 
 
-# Was a bug (fixed): an exception raised in run_inline outside a task body
-# (KeyboardInterrupt at mark(perf()) or at the loop's jump) leaves the helper running:
-# it takes over a tick later and runs the rest of the graph after run() raised; no
-# thread joined, task states left pending
+# an exception raised in run_inline outside a task body (KeyboardInterrupt at
+# mark(perf()) or at the loop's jump) stops the helper and joins it before run()
+# raises: no task starts after that, no thread is left running, no task pending
 def test_an_interrupt_between_inline_tasks_stops_the_run(monkeypatch):
     real = inline.perf_counter
     caller = threading.get_ident()
@@ -175,9 +176,9 @@ def test_an_interrupt_between_inline_tasks_stops_the_run(monkeypatch):
     assert not late.is_set()
 
 
-# Was a bug (fixed): the helper may look before the caller has set probe.t0 (0.0): it
-# then takes over at once and runs tasks that start before run.t0 (negative starts in
-# the report and trace), and a first run of tiny tasks is not inline
+# the helper may look before the caller has set probe.t0 (still 0.0): it does not take
+# over then (that would run tasks that start before run.t0, negative starts in the
+# report and trace, and a first run of tiny tasks would not be inline)
 def test_no_task_starts_before_the_run_when_the_caller_is_preempted(monkeypatch):
     real = inline.perf_counter
     caller = threading.get_ident()
@@ -198,11 +199,10 @@ def test_no_task_starts_before_the_run_when_the_caller_is_preempted(monkeypatch)
     assert min(r.starts) >= 0, list(zip(r.names, r.starts, r.workers_of))
 
 
-# Was a bug (fixed): _watch's mean test `now - t0 >= n * inline_below` is vacuously true
-# at n == 0: a look before the first task ended hands over at once, whatever that task's
-# age (the docs: only when it has run a tick); it makes
-# test_first_run.py::test_a_long_task_hands_the_independent_ones_to_other_workers flaky
-# (the helper, not the caller, runs 'first')
+# a look before the first task ended hands over only once that task has run a tick (as
+# the docs say), not on _watch's mean test `now - t0 >= n * inline_below`, which holds
+# at n == 0 whatever the task's age (were it used, the helper, not the caller, could
+# run 'first' in test_first_run.py::test_a_long_task_hands_the_independent_ones_to_other_workers)
 def test_a_look_before_any_task_ended_waits_for_the_task_in_hand_to_run_a_tick(monkeypatch):
     monkeypatch.setattr(inline, "PROBE_TICK", 60.0)  # looks only when woken
     took = wrap_take_over(monkeypatch)

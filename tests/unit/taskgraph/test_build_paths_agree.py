@@ -1,5 +1,8 @@
-"""Review of c1218ed: a Task is the list of its successors; add's plain path wires
-without a kinds dict and takes back what it linked when it meets an unhashable item.
+"""The plain path of ``TaskGraph.add`` builds the graph the general path builds, and a
+task is the list of its successors: the same graph for any program, what the plain
+path linked taken back when it meets an unhashable item (or one whose hash raises), a
+wide add linear in its items, and a task that compares, orders and serialises as the
+Task docstring says.
 
 The reference is the general path, ``deps.build_task`` (``after=[]`` forces it): the
 same successors in the same order, the same npred, the same per-item state. Every
@@ -271,8 +274,8 @@ class HashFails:
 def test_an_add_whose_item_hash_raises_leaves_the_graph_as_it_was():
     # add() must raise and leave the graph as it was (build_task checks before it
     # changes anything). The plain path links predecessors and joins readers as it
-    # goes; it first took back only on TypeError (a bug of the first version): w kept
-    # a successor that is in no graph, x a phantom reader.
+    # goes, so it takes them back whatever the hash raises, not only TypeError: else
+    # w would keep a successor that is in no graph, and x a phantom reader.
     tw = Twin()
     tw.add(name="w", out="x")
     for g, general in ((tw.fast, False), (tw.ref, True)):
@@ -284,8 +287,8 @@ def test_an_add_whose_item_hash_raises_leaves_the_graph_as_it_was():
 
 
 def test_a_failed_add_leaves_no_phantom_reader_for_the_next_writer():
-    # (was the consequence: the next writer of x waited for the phantom reader, which
-    # never runs, not being in g.tasks; the run could only time out)
+    # (a phantom reader of x would make its next writer wait for a task that is not
+    # in g.tasks and never runs: the run could only time out)
     g = TaskGraph()
     g.add(noop, name="w", out="x")
     with pytest.raises(RuntimeError):
@@ -294,14 +297,14 @@ def test_a_failed_add_leaves_no_phantom_reader_for_the_next_writer():
     assert [p.name for p in g.tasks if w2 in p] == ["w"], "w2 waits for a task not in g"
     try:
         g.run(workers=1, timeout=3.0)
-    except TaskTimeoutError:  # pragma: no cover - the bug, were it back
+    except TaskTimeoutError:  # pragma: no cover - only with a phantom reader
         pytest.fail("w2 never ran: its predecessor is the failed add's task")
 
 
 def test_unwire_plain_takes_back_every_link_when_a_later_item_hash_raises():
     # out is wired first (y's writer gets the task), the list raises TypeError, and
     # unwire_plain meets the in_ item whose hash raises (it walks in_ first): it must
-    # go on and take back y's link (its first version caught only TypeError).
+    # go on and take back y's link, whatever that hash raised.
     tw = Twin()
     tw.add(name="w", out="y")
     for g, general in ((tw.fast, False), (tw.ref, True)):
@@ -320,9 +323,9 @@ def test_unwire_plain_takes_back_every_link_when_a_later_item_hash_raises():
 
 
 def test_a_wide_add_is_linear_in_its_items(monkeypatch):
-    # the written items are a set (identity): with a list, `st in more` for each item
-    # read was O(reads x writes) rich comparisons of Items per add (~90,000 here, in
-    # the first version), where build_task is O(items).
+    # the written items are a set (identity): `st in` a list of them for each item
+    # read would make O(reads x writes) rich comparisons of Items per add (~90,000
+    # here), where build_task is O(items).
     calls = [0]
 
     def eq(a, b):
@@ -376,7 +379,7 @@ def test_values_do_not_depend_on_the_path_that_built_the_graph():
 def test_a_task_never_equals_a_plain_list():
     # "Tasks compare and hash by identity" (Task docstring): object.__eq__ would
     # return NotImplemented for another object, and Python fall back to list.__eq__
-    # with the operands swapped, comparing contents (the first version did)
+    # with the operands swapped, comparing contents
     g = TaskGraph()
     a = g.add(noop, name="a", out="x")
     assert (a == []) is False, "a task with no successors equals []"
@@ -397,16 +400,16 @@ def test_a_task_does_not_order_against_a_list():
 
 
 def test_json_writes_a_task_as_its_successors():
-    # pinned: json.dumps(task) raised TypeError before a task was a list; it now writes
-    # nested lists of its successors (exponential in a diamond-rich graph). Nothing in
-    # dagtrain serialises tasks; docs/taskgraph.md says a task is its successor list.
+    # pinned: a task is a list, so json.dumps writes it as nested lists of its
+    # successors (exponential in a diamond-rich graph). Nothing in dagtrain serialises
+    # tasks; docs/taskgraph.md says a task is its successor list.
     g = TaskGraph()
     a = g.add(noop, name="a", out="x")
     g.add(noop, name="b", in_="x")
     assert json.dumps(a) == "[[]]"
 
 
-# -------------------------------------------------- things that are fine (kept)
+# --------------------------------- tasks as items and after= targets, runs, analysis
 
 
 def test_task_as_a_clause_item_and_after_target():
