@@ -107,4 +107,4 @@ class RestFollower:
             return []
         if lines:
             self.after = max(self.after, *(float(m.get("time") or 0) for m in lines))
-        return [(label_of(m.get("file", "train/metrics.jsonl")), m) for m in lines]
+        return [(label_of(m.get("file") or ""), m) for m in lines]
