@@ -150,6 +150,9 @@ def _raise_in_log(err: CollectiveTimeout) -> None:
     import os
     import sys
 
+    from dagtrain.rank_env import report_failure
+
+    report_failure(str(err.rank), err)  # the status record: the launcher learns why
     print(f"dagtrain rank {err.rank} failed: {err}", file=sys.stderr, flush=True)
     os._exit(70)  # a blocked collective cannot be interrupted: end the process
 

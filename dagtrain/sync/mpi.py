@@ -43,6 +43,9 @@ class MPIBackend(Backend):
     def _abort(self, err: Exception) -> None:
         import sys
 
+        from dagtrain.rank_env import report_failure
+
+        report_failure(str(self.rank), err)  # the status record: the launcher learns why
         print(f"dagtrain rank {self.rank} failed: {err}", file=sys.stderr, flush=True)
         self.comm.Abort(70)
 
