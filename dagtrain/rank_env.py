@@ -1,9 +1,27 @@
-"""Which rank this process is, as its launcher said in the environment, and why it
-failed, as data for the launcher.
+"""Which rank this process is, as its launcher said in the environment, and what it is
+doing, as data for the launcher: one status record per rank.
 
 The one module both ``dagtrain.launch`` (which sets these variables and reads the
-failures) and the ranks (which read them before any backend is initialised) import.
+records) and the ranks (which read them before any backend is initialised) import.
 Standard library only, and the project's base modules.
+
+The status record: ``<STATUS_DIR>/rank<N>.json``, one JSON object per rank, rewritten
+whole and atomically (``dagtrain.atomic``) each time, every write merging into what the
+rank wrote before:
+
+- as the rank starts (:func:`start_rank`): ``rank``, ``job`` (the launcher's
+  ``JOB_ID``, so that a launcher ignores the records an earlier job left in the same
+  folder), ``role`` (what the process is: ``train``), ``host``, ``pid``, ``status``
+  ``starting``, ``ready`` false, ``step`` null, ``started``, ``updated``;
+- as it reaches its first collective (:func:`mark_ready`): ``ready`` true;
+- while it trains (``dagtrain.training.progress.RankStatus``): ``status``
+  ``running``/``done``, ``step`` (steps completed; kept in memory every step, written
+  every few seconds), ``total_steps`` and its figures;
+- before it exits on an error (:func:`report_failure`): ``status`` ``failed``,
+  ``type`` and ``message`` of the error, ``fail_fast``, ``time``, ``traceback`` (its
+  tail), ``step`` (the step it was at: the steps it had completed).
+
+A death by signal writes nothing: the launcher knows it from the exit status.
 """
 
 from __future__ import annotations
@@ -11,7 +29,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -23,15 +43,22 @@ from dagtrain.errors import FAIL_FAST
 
 __all__ = [
     "CODE_PATH",
-    "ERROR_DIR",
     "FIRST_COLLECTIVE",
+    "JOB_ID",
     "ON_HOST",
     "RANK_VARIABLES",
+    "STATUS_DIR",
+    "StatusRecord",
     "die_with_parent",
     "env_rank",
+    "mark_ready",
     "parent_death_signal",
     "read_failures",
+    "read_records",
+    "record_path",
     "report_failure",
+    "start_rank",
+    "this_rank",
     "use_code_path",
 ]
 
@@ -42,21 +69,26 @@ __all__ = [
 # cuda) before any of our code ran
 CODE_PATH = "DAGTRAIN_CODE_PATH"
 
-# the folder where a rank that fails writes why, as data (``rank<N>.json``: its error's
-# type and message, when, and whether another try would fail the same way), for the
-# launcher to read: torchrun's error files, in dagtrain's own words
-ERROR_DIR = "DAGTRAIN_ERROR_DIR"
+# the job's status folder, where every rank keeps its status record (rank<N>.json)
+STATUS_DIR = "DAGTRAIN_STATUS_DIR"
 
-# what a rank prints (stderr) as it reaches its first collective: the launcher names a
-# rank that never printed it as the one the others waited for
+# the launcher's name for this job, written into every record: a launcher reads only
+# its own job's records from a folder that earlier tries wrote into too
+JOB_ID = "DAGTRAIN_JOB_ID"
+
+# what a rank prints (stderr) for people as it reaches its first collective (the
+# launcher reads the record's ``ready``, not this line)
 FIRST_COLLECTIVE = "reached its first collective"
 
-# what a rank prints (stderr) as it starts: "dagtrain rank N runs on host NAME"; the
-# launcher learns from it where each rank runs, to name the host of a failed rank
+# what a rank prints (stderr) for people as it starts: "dagtrain rank N runs on host
+# NAME" (the launcher reads the record's ``host``)
 ON_HOST = "runs on host"
 
 # torchrun and the direct launcher, mpirun (Open MPI), horovodrun
 RANK_VARIABLES = ("RANK", "OMPI_COMM_WORLD_RANK", "HOROVOD_RANK")
+
+# how much of a failed rank's traceback its record keeps (the end of it)
+TRACEBACK_CHARS = 6000
 
 
 def env_rank() -> str | None:
@@ -78,43 +110,149 @@ def use_code_path() -> list[str]:
     return folders
 
 
-def report_failure(rank: str, error: BaseException) -> None:
-    """Write why this rank failed into the launcher's ``ERROR_DIR`` (atomically; nothing
-    without one). ``fail_fast``: the error, or one it was raised from (a task of the
-    step graph wraps what its body raised), is bad input or a missing dependency
-    (``dagtrain.errors.FAIL_FAST``), which another try would meet again; that one is
-    then the error reported."""
-    folder = os.environ.get(ERROR_DIR)
-    if not folder:
-        return
+def record_path(folder: str | Path, rank: int) -> Path:
+    """Where rank ``rank`` keeps its status record in ``folder``."""
+    return Path(folder) / f"rank{rank}.json"
+
+
+class StatusRecord:
+    """One rank's status record: ``fields`` in memory, written whole to ``path`` (when
+    there is one) by every :meth:`write`, atomically. :meth:`update` changes the fields
+    in memory only (cheap enough for every step). A record once ``failed`` stays so (a
+    collective's watchdog thread may report the failure while the rank's own thread
+    still writes its figures)."""
+
+    def __init__(self, path: Path | None, **fields: Any) -> None:
+        self.path = path
+        self.fields: dict[str, Any] = dict(fields)
+        self._lock = threading.Lock()
+
+    def update(self, **fields: Any) -> None:
+        with self._lock:
+            self._merge(fields)
+
+    def write(self, **fields: Any) -> None:
+        with self._lock:
+            self._merge(fields)
+            if self.path is None:
+                return
+            self.fields["updated"] = time.time()
+            atomic_write(self.path, json.dumps(self.fields, default=str).encode())
+
+    def _merge(self, fields: dict[str, Any]) -> None:
+        if self.fields.get("status") == "failed":
+            fields.pop("status", None)
+        self.fields.update(fields)
+
+
+def _rank_number(rank: int | str | None) -> int | None:
+    if isinstance(rank, int):
+        return rank
+    return int(rank) if isinstance(rank, str) and rank.isdigit() else None
+
+
+def _new_record(rank: int | str | None, role: str | None) -> StatusRecord:
+    """This process's record, as rank ``rank`` (default: the launcher's), in the
+    launcher's ``STATUS_DIR`` (no file without one, or without a rank)."""
+    number = _rank_number(env_rank() if rank is None else rank)
+    folder = os.environ.get(STATUS_DIR)
+    path = record_path(folder, number) if folder and number is not None else None
+    return StatusRecord(
+        path,
+        rank=number,
+        job=os.environ.get(JOB_ID),
+        role=role,
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        status="starting",
+        ready=False,
+        step=None,
+        started=time.time(),
+    )
+
+
+_this: StatusRecord | None = None  # this process's record, once it has one
+
+
+def start_rank(role: str, rank: int | str | None = None) -> StatusRecord:
+    """Begin this process's status record and write it (``status`` ``starting``): what
+    the process is (``role``: ``train`` for a training rank), its rank (default: as its
+    launcher set it), host and pid. Returns the record (also :func:`this_rank`)."""
+    global _this
+    _this = _new_record(rank, role)
+    _this.write()
+    return _this
+
+
+def this_rank() -> StatusRecord:
+    """This process's status record: the one :func:`start_rank` began, else one begun
+    now without writing it."""
+    global _this
+    if _this is None:
+        _this = _new_record(None, None)
+    return _this
+
+
+def mark_ready() -> None:
+    """Record that this rank reached its first collective (``ready``): a rank that
+    never does is named as the one the others waited for."""
+    this_rank().write(ready=True)
+
+
+def report_failure(rank: int | str | None, error: BaseException) -> None:
+    """Write why this rank failed into its status record (atomically; no file without
+    the launcher's ``STATUS_DIR``). ``fail_fast``: the error, or one it was raised from
+    (a task of the step graph wraps what its body raised), is bad input or a missing
+    dependency (``dagtrain.errors.FAIL_FAST``), which another try would meet again; that
+    one is then the error reported. ``step`` stays what the rank last recorded: the
+    steps it had completed. Never raises for a record it cannot write (the caller is
+    on its way out: a collective's watchdog must still end the process)."""
+    record = this_rank()
+    number = _rank_number(rank)
+    if record.fields.get("rank") is None and number is not None:
+        folder = os.environ.get(STATUS_DIR)
+        record.fields["rank"] = number
+        record.path = record_path(folder, number) if folder else None
     cause: BaseException | None = error
     while cause is not None and not isinstance(cause, FAIL_FAST):
         cause = cause.__cause__
     shown = cause or error
-    record = {
-        "rank": int(rank) if rank.isdigit() else None,
-        "type": type(shown).__name__,
-        "message": str(shown),
-        "time": time.time(),
-        "fail_fast": cause is not None,
-        "traceback": "".join(traceback.format_exception(error))[-6000:],
-    }
-    atomic_write(Path(folder) / f"rank{rank}.json", json.dumps(record).encode())
+    try:
+        record.write(
+            status="failed",
+            type=type(shown).__name__,
+            message=str(shown),
+            fail_fast=cause is not None,
+            time=time.time(),
+            traceback="".join(traceback.format_exception(error))[-TRACEBACK_CHARS:],
+        )
+    except OSError as e:  # the rank is failing anyway: its exit status still tells
+        print(f"dagtrain: cannot write the status record {record.path}: {e}", file=sys.stderr)
 
 
-def read_failures(folder: str | Path | None) -> list[dict[str, Any]]:
-    """The failures ranks reported in ``folder``, the earliest first."""
+def read_records(folder: str | Path | None, job: str | None = None) -> dict[int, dict[str, Any]]:
+    """The status records in ``folder`` by rank (those of job ``job`` only, when given);
+    a file that is not one (half a copy, another tool's) is skipped."""
+    found: dict[int, dict[str, Any]] = {}
     if folder is None:
-        return []
-    found = []
+        return found
     for path in Path(folder).glob("rank*.json"):
         try:
             record = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        if isinstance(record, dict) and isinstance(record.get("rank"), int):
-            found.append(record)
-    return sorted(found, key=lambda r: float(r.get("time") or 0))
+        if not isinstance(record, dict) or not isinstance(record.get("rank"), int):
+            continue
+        if job is None or record.get("job") == job:
+            found[record["rank"]] = record
+    return found
+
+
+def read_failures(folder: str | Path | None, job: str | None = None) -> list[dict[str, Any]]:
+    """The records of the ranks that reported a failure in ``folder`` (of job ``job``
+    only, when given), the earliest failure first."""
+    failed = [r for r in read_records(folder, job).values() if r.get("status") == "failed"]
+    return sorted(failed, key=lambda r: float(r.get("time") or 0))
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:

@@ -42,7 +42,8 @@ def run_training(
     exchanged (a temporary folder in it); ranks on other hosts need it on storage they
     share (default: the system's temporary folder). ``env``: variables every rank gets
     (``dagtrain.rank_env.CODE_PATH``: folders the ranks import a model factory from).
-    An ``nprocs`` that differs is
+    The ranks keep their status records (``dagtrain.rank_env``) in ``cfg.status_dir``
+    when it is set, else in the temporary folder. An ``nprocs`` that differs is
     set as ``distributed.ranks`` (and validated) so that every rank receives it. Raises
     MissingDependency before anything starts if the backend is not installed,
     RankFailure if a rank fails, TimeoutError after ``timeout`` seconds.
@@ -68,8 +69,9 @@ def run_training(
             timeout=timeout,
             on_line=on_line,
             on_start=on_start,
-            # beside the exchanged files: on storage every host shares when work_dir is
-            error_dir=Path(tmp) / "errors",
+            # the status records: where the training page reads them, else beside the
+            # exchanged files (on storage every host shares when work_dir is)
+            status_dir=cfg.status_dir or Path(tmp) / "ranks",
         )
         if not out.exists():
             raise RankFailure(0, 0, None, [], " without writing its result")

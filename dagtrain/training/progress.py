@@ -2,9 +2,10 @@
 
 ``Progress``: rank 0's JSON lines (``metrics_file``), one per event — what ``dagtrain
 run`` and the training page tail for each epoch. ``RankStatus``: every rank's own small
-JSON file (``status_dir/rank<N>.json``), rewritten atomically every few seconds and at
-each epoch's end: its host and pid, the step it is at, samples/s, median and p95 step
-time — the training page's ranks table, live.
+JSON file (``status_dir/rank<N>.json``: its status record, ``dagtrain.rank_env``),
+rewritten atomically every few seconds and at each epoch's end: its host and pid, the
+step it is at, samples/s, median and p95 step time — the training page's ranks table,
+live.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dagtrain.atomic import atomic_write
+from dagtrain.rank_env import StatusRecord, record_path, this_rank
 
 __all__ = ["Progress", "RankStatus", "percentile"]
 
@@ -87,17 +88,28 @@ class Progress:
 
 
 class RankStatus:
-    """One rank's live figures in ``<status_dir>/rank<N>.json`` (nothing without a
-    ``status_dir``). ``step(seconds, samples)`` after every step costs a list append;
-    the file is rewritten at most every ``every`` seconds, at each ``flush()`` (an
-    epoch's end) and by ``done()``.
+    """One rank's live figures, in its status record (``dagtrain.rank_env``: the file in
+    the launcher's status folder, whose failure fields the rank adds if it fails) and,
+    when ``status_dir`` names another file, in ``<status_dir>/rank<N>.json`` too
+    (nothing without either). ``step(seconds, samples)`` after every step costs a list
+    append and the record's step, in memory; the files are rewritten at most every
+    ``every`` seconds, at each ``flush()`` (an epoch's end) and by ``done()``.
 
-    The file: ``rank``, ``host``, ``pid``, ``status`` (``running``/``done``), ``step``,
-    ``total_steps``, ``steps_timed``, ``samples_per_second`` (this rank's samples over
-    its step time, this try), ``median_step_ms``, ``p95_step_ms``, ``updated`` (unix)."""
+    The file: ``rank``, ``host``, ``pid``, ``status`` (``running``/``done``; the
+    launcher's record also ``starting``/``failed``), ``step``, ``total_steps``,
+    ``steps_timed``, ``samples_per_second`` (this rank's samples over its step time,
+    this try), ``median_step_ms``, ``p95_step_ms``, ``updated`` (unix)."""
 
     def __init__(self, status_dir: str | None, rank: int, every: float = 2.0) -> None:
-        self.path = None if status_dir is None else Path(status_dir) / f"rank{rank}.json"
+        self.own = this_rank()  # the launcher's record of this process
+        self.records = [self.own]
+        if status_dir is not None:
+            path = record_path(status_dir, rank)
+            if self.own.path is None or os.path.abspath(self.own.path) != os.path.abspath(path):
+                self.records.append(
+                    StatusRecord(path, rank=rank, host=socket.gethostname(), pid=os.getpid())
+                )
+        self.path = self.records[-1].path  # the status_dir's file, else the launcher's
         self.rank = rank
         self.every = every
         self.seconds: list[float] = []
@@ -114,7 +126,8 @@ class RankStatus:
         self.seconds.append(seconds)
         self.samples += samples
         self.step_now += 1
-        if self.path is not None and time.monotonic() - self.last_write >= self.every:
+        self.own.update(step=self.step_now)  # the step a failure record names
+        if time.monotonic() - self.last_write >= self.every:
             self._write("running")
 
     def flush(self) -> None:
@@ -135,17 +148,8 @@ class RankStatus:
         }
 
     def _write(self, status: str) -> None:
-        if self.path is None:
-            return
         self.last_write = time.monotonic()
-        doc = {
-            "rank": self.rank,
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "status": status,
-            "step": self.step_now,
-            "total_steps": self.total,
-            **self.figures(),
-            "updated": time.time(),
-        }
-        atomic_write(self.path, json.dumps(doc).encode())
+        for record in self.records:
+            record.write(
+                status=status, step=self.step_now, total_steps=self.total, **self.figures()
+            )

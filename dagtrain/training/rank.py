@@ -5,7 +5,9 @@
 Under mpirun it runs as ``python -m mpi4py -m dagtrain.training.rank ...`` so that an
 uncaught exception on one rank aborts the whole job instead of leaving the others
 blocked in a collective. Rank 0 writes the TrainResult (atomically); its ``config`` is
-the TrainConfig this rank received.
+the TrainConfig this rank received. Every rank keeps its status record
+(``dagtrain.rank_env``, role ``train``) for the launcher, and writes why it failed
+there before it exits on an error; what it prints on stderr is for people.
 """
 
 from __future__ import annotations
@@ -15,13 +17,19 @@ import os
 import signal
 import socket
 import sys
-import time
 import traceback
 from pathlib import Path
 
 from dagtrain.atomic import atomic_write
 from dagtrain.config import TrainConfig
-from dagtrain.rank_env import ON_HOST, die_with_parent, env_rank, report_failure, use_code_path
+from dagtrain.rank_env import (
+    ON_HOST,
+    die_with_parent,
+    env_rank,
+    report_failure,
+    start_rank,
+    use_code_path,
+)
 
 from .trainer import train
 
@@ -40,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = TrainConfig.model_validate_json(Path(args[0]).read_text())
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     rank = env_rank() or "?"
-    # where this rank runs: the launcher names the host of a rank that fails
+    # the status record, for the launcher: this rank, where it runs, what it is
+    start_rank("train")
     print(f"dagtrain rank {rank} {ON_HOST} {socket.gethostname()}", file=sys.stderr, flush=True)
     pid_dir = os.environ.get("DAGTRAIN_PID_DIR")  # tests and tools find the ranks here
     if pid_dir:
@@ -49,16 +58,11 @@ def main(argv: list[str] | None = None) -> int:
         result = train(cfg)
         rank = str(result.rank)
     except BaseException as e:
-        report_failure(rank, e)  # for the launcher: why, as data
-        traceback.print_exc()
-        # the time tells the launcher which rank failed first: the others often fail
-        # after it, because of it ("connection closed by peer"), and the launchers'
-        # pipes do not keep the order of lines across ranks
-        print(
-            f"dagtrain rank {rank} failed [t={time.time():.6f}]: {type(e).__name__}: {e}",
-            file=sys.stderr,
-            flush=True,
-        )
+        # for the launcher: why, as data, in the status record (its time tells which
+        # rank failed first: the others often fail after it, because of it)
+        report_failure(rank, e)
+        traceback.print_exc()  # for people, as the last line below
+        print(f"dagtrain rank {rank} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         raise
     if result.rank == 0:
         atomic_write(Path(args[1]), result.to_json().encode())

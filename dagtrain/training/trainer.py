@@ -25,7 +25,7 @@ import torch
 from dagtrain.config import TrainConfig
 from dagtrain.errors import InputError
 from dagtrain.names import EPOCH_TRACE, LAST_TRACE
-from dagtrain.rank_env import FIRST_COLLECTIVE
+from dagtrain.rank_env import FIRST_COLLECTIVE, mark_ready
 from dagtrain.sync import Backend, get_backend
 
 from . import checkpoint
@@ -184,6 +184,7 @@ def _train(cfg: TrainConfig, backend: Backend) -> TrainResult:
     sg = StepGraph(cfg, model, backend, snapshot if cfg.checkpoint_dir else None)
     try:
         if world > 1:  # the launcher names a rank that never gets here as the one waited for
+            mark_ready()  # in its status record, for the launcher
             print(f"dagtrain rank {rank} {FIRST_COLLECTIVE}", file=sys.stderr, flush=True)
         start = _resume(cfg, backend, model, sg, state, result)
         if start == 0:

@@ -7,8 +7,7 @@ import sys
 
 import pytest
 
-from dagtrain.launch import build_argv
-from dagtrain.launch.launcher import RankFailure
+from dagtrain.launch import RankFailure, build_argv
 
 MOD = ["dagtrain.training.rank", "c.json", "r.json"]
 

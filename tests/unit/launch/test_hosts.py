@@ -17,7 +17,8 @@ import pytest
 from dagtrain.config import PipelineConfig, load_config, merge_conf
 from dagtrain.errors import InputError
 from dagtrain.launch import Hosts, RankFailure, build_argv, from_extra, node_argvs
-from dagtrain.launch.launcher import Job, _diagnose, _reader
+from dagtrain.launch.diagnose import diagnose
+from dagtrain.launch.supervise import Ending, Job, reader
 
 MOD = ["dagtrain.training.rank", "c.json", "r.json"]
 AGENT = ("/opt/agent", "--map", "/etc/map.json")
@@ -161,18 +162,34 @@ def test_the_direct_launcher_refuses_other_hosts():
         launch(MOD, 2, "direct", hosts=["10.9.0.3:2"])
 
 
-def _job(lines: list[str], hosts: Hosts, node: int | None = None, node_hosts=()) -> Job:
-    """A Job that read ``lines`` as a launcher's output (its own lines, untagged)."""
+def _job(
+    lines: list[str],
+    hosts: Hosts,
+    node: int | None = None,
+    node_hosts=(),
+    records=(),
+    tmp=None,
+) -> Job:
+    """A Job that read ``lines`` as a launcher's output (its own lines, untagged) and
+    whose ranks wrote ``records`` (status records: rank_env's fields) in ``tmp``."""
     job = Job([], direct=False, hosts=hosts, nprocs=2, node_hosts=list(node_hosts))
+    job.status_dir, job.job_id = tmp, "job-1"
+    for rec in records:
+        (tmp / f"rank{rec['rank']}.json").write_text(json.dumps({"job": "job-1", **rec}))
+    # a record of an earlier job in the same folder is not this job's
+    if tmp is not None:
+        (tmp / "rank7.json").write_text(json.dumps({"job": "old", "rank": 7, "host": "x"}))
     r, w = os.pipe()
     with os.fdopen(w, "w") as f:
         f.write("\n".join(lines) + "\n")
-    _reader(job, os.fdopen(r), None, lambda line: None, node)
+    reader(job, os.fdopen(r), None, lambda line: None, node)
+    job.refresh()
     return job
 
 
-def test_open_mpi_losing_a_hosts_daemon_names_the_rank_and_the_host():
-    # what Open MPI 5 prints (and then it exits 0) when a host's daemon is gone
+def test_open_mpi_losing_a_hosts_daemon_names_the_rank_and_the_host(tmp_path):
+    # what Open MPI 5 prints (and then it exits 0) when a host's daemon is gone; where
+    # the ranks ran, and that rank 1 reached its first collective, their records say
     lines = [
         "[1,0]<stderr>: dagtrain rank 0 runs on host node-a",
         "[1,1]<stderr>: dagtrain rank 1 runs on host node-b",
@@ -181,33 +198,51 @@ def test_open_mpi_losing_a_hosts_daemon_names_the_rank_and_the_host():
         "  HNP daemon   : [prterun-node-a-17996@0,0] on node node-a",
         "  Remote daemon: [prterun-node-a-17996@0,1] on node node-b",
     ]
-    job = _job(lines, Hosts(("10.0.0.2:1", "10.0.0.3:1")))
+    records = [
+        {"rank": 0, "host": "node-a", "status": "running", "step": 4},
+        {"rank": 1, "host": "node-b", "status": "running", "step": 3, "ready": True},
+    ]
+    job = _job(lines, Hosts(("10.0.0.2:1", "10.0.0.3:1")), records=records, tmp=tmp_path)
     assert job.placement == {0: "node-a", 1: "node-b"} and job.lost == ["node-b"]
-    err = _diagnose(job, None, 2, [0])
+    assert job.ready == {1}
+    err = diagnose(job, Ending([], [0]))
     assert isinstance(err, RankFailure) and (err.rank, err.host) == (1, "node-b (10.0.0.3)")
     assert str(err).startswith("rank 1 on host node-b (10.0.0.3) was lost with its host")
     assert "reached its first collective" in "\n".join(err.log_tail)
+    assert err.step == 3 and err.to_dict()["host"] == "node-b (10.0.0.3)"
 
 
-def test_a_torchrun_node_whose_agent_lost_its_connection_names_its_ranks_host():
+def test_a_torchrun_node_whose_agent_lost_its_connection_names_its_ranks_host(tmp_path):
     hosts = Hosts(("10.0.0.2:1", "10.0.0.3:1"))
-    job = _job(["[default1]:dagtrain rank 1 runs on host node-b"], hosts, 1, hosts.names)
+    records = [{"rank": 1, "host": "node-b", "status": "running"}]
+    job = _job(["[default1]:x"], hosts, 1, hosts.names, records, tmp_path)
     assert job.node_of_rank == {1: 1}
-    err = _diagnose(job, (1, 255), 2, [None, 255])
+    err = diagnose(job, Ending([(1, 255)], [None, 255]))
     assert (err.rank, err.host) == (1, "node-b (10.0.0.3)")
     assert "rsh agent exited with code 255" in str(err)
-    # a rank that failed by itself is named as before, with its host
-    job = _job(
-        [
-            "[default0]:dagtrain rank 0 runs on host node-a",
-            "[default0]:dagtrain rank 0 failed [t=1.0]: ValueError: bad",
-        ],
-        hosts,
-        0,
-        hosts.names,
-    )
-    err = _diagnose(job, (0, 1), 2, [1, None])
+    # a rank that failed by itself is named as before, with its host and its error, as
+    # its record says (what it printed is only shown)
+    failed = {
+        "rank": 0,
+        "host": "node-a",
+        "status": "failed",
+        "type": "ValueError",
+        "message": "bad",
+        "time": 1.0,
+        "step": 5,
+        "role": "train",
+        "fail_fast": False,
+    }
+    job = _job(["[default0]:Traceback ..."], hosts, 0, hosts.names, [failed], tmp_path)
+    err = diagnose(job, Ending([(0, 1)], [1, None]))
     assert err.rank == 0 and err.host == "node-a (10.0.0.2)" and "ValueError: bad" in str(err)
+    assert (err.error_type, err.error_message, err.step, err.role) == (
+        "ValueError",
+        "bad",
+        5,
+        "train",
+    )
+    assert err.to_dict()["error"] == "ValueError: bad" and err.last_lines == ["Traceback ..."]
 
 
 def _alive(pid: int) -> bool:
