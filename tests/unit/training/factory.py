@@ -125,3 +125,33 @@ def slow_to_evaluate(in_shape, classes, seconds=60.0):
     if os.environ.get("AIRFLOW_CTX_TASK_ID") == "evaluate":
         time.sleep(seconds)
     return tiny(in_shape, classes)
+
+
+class _FailAtStep(nn.Module):
+    def __init__(self, n, classes, rank, step, how):
+        super().__init__()
+        self.lin = nn.Linear(n, classes)
+        self.rank, self.step, self.how, self.calls = str(rank), step, how, 0
+
+    def forward(self, x):
+        import os
+        import signal
+
+        from dagtrain.errors import InputError
+        from dagtrain.rank_env import env_rank
+
+        self.calls += 1  # one forward a step: call k + 1 is step k
+        if env_rank() == self.rank and self.calls == self.step + 1:
+            if self.how == "sigkill":
+                os.kill(os.getpid(), signal.SIGKILL)  # no record: nothing runs after it
+            raise InputError(f"rank {self.rank} met a bad batch at step {self.step}")
+        return self.lin(x.reshape(x.shape[0], -1))
+
+
+def fail_at_step(in_shape, classes, rank=1, step=3, how="raise"):
+    """Rank ``rank`` fails in step ``step`` (counted from 0, so after ``step`` steps):
+    ``how`` ``raise`` raises an InputError (a project error), ``sigkill`` kills itself
+    with SIGKILL."""
+    import math
+
+    return _FailAtStep(math.prod(in_shape), classes, rank, step, how)
