@@ -205,17 +205,11 @@ def train_paths(out: TrainFiles) -> dict[str, str]:
 
 
 def failure_record(e: Any) -> dict[str, Any]:
-    """What a try's failure record keeps of a RankFailure: the training page reads it."""
-    return {
-        "rank": e.rank,
-        "how": e.summary,
-        "error": e.error,
-        "bad_input": isinstance(e, InputError),
-        "exit_code": e.exit_code,
-        "signal": e.signal,
-        "host": getattr(e, "host", None),
-        "log_tail": e.log_tail,
-    }
+    """A try's failure record (``TrainFiles.failure``), which the training page and the
+    tools read: the RankFailure's fields (``to_dict``), with ``how`` the whole first
+    sentence as the page shows it (``rank 1 on host b was killed by SIGKILL``) and
+    ``ended`` the RankFailure's own ``how`` (``was killed by SIGKILL``)."""
+    return e.to_dict() | {"how": e.summary, "ended": e.how}
 
 
 def run_train(
