@@ -40,6 +40,7 @@ from typing import Any
 
 from dagtrain.atomic import atomic_write
 from dagtrain.errors import FAIL_FAST
+from dagtrain.names import RANK_RECORD
 
 __all__ = [
     "CODE_PATH",
@@ -112,7 +113,7 @@ def use_code_path() -> list[str]:
 
 def record_path(folder: str | Path, rank: int) -> Path:
     """Where rank ``rank`` keeps its status record in ``folder``."""
-    return Path(folder) / f"rank{rank}.json"
+    return Path(folder) / RANK_RECORD(rank=rank)
 
 
 class StatusRecord:
@@ -236,7 +237,9 @@ def read_records(folder: str | Path | None, job: str | None = None) -> dict[int,
     found: dict[int, dict[str, Any]] = {}
     if folder is None:
         return found
-    for path in Path(folder).glob("rank*.json"):
+    for path in Path(folder).glob("*"):
+        if RANK_RECORD.match(path.name) is None:
+            continue
         try:
             record = json.loads(path.read_text())
         except (OSError, ValueError):
