@@ -44,8 +44,6 @@ def main(argv: list[str] | None = None) -> int:
     die_with_parent(signal.SIGKILL)
     if os.getppid() == 1:
         return 1
-    use_code_path()  # the DAG author's modules (a model factory), after torch and ours
-    cfg = TrainConfig.model_validate_json(Path(args[0]).read_text())
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     rank = env_rank() or "?"
     # the status record, for the launcher: this rank, where it runs, what it is
@@ -55,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     if pid_dir:
         Path(pid_dir, f"rank{rank}.pid").write_text(str(os.getpid()))
     try:
+        use_code_path()  # the DAG author's modules (a model factory), after torch and ours
+        cfg = TrainConfig.model_validate_json(Path(args[0]).read_text())
         result = train(cfg)
         rank = str(result.rank)
     except BaseException as e:
