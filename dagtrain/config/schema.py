@@ -290,8 +290,9 @@ class TrainConfig(_RunSections):
     )
     status_dir: str | None = Field(
         None,
-        description="every rank rewrites rank<N>.json here every few seconds: host, step, "
-        "samples/s, median and p95 step time",
+        description="every rank keeps its record rank<N>.json here, rewritten every few "
+        "seconds: host, pid, step, samples/s, median and p95 step time, and, when it fails, "
+        "its error's type, message and traceback",
     )
     metrics_file: str | None = Field(
         None,

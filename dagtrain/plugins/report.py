@@ -265,7 +265,7 @@ def _ranks(
             status = "failed"
         elif failure is not None:
             status = "stopped"  # the launcher stops the others when one rank fails
-        elif st.get("status") == "running" and train_state not in ("running", None):
+        elif st.get("status") in ("starting", "running") and train_state not in ("running", None):
             status = "stopped"
         else:
             status = st.get("status") or ("waiting" if train_state == "running" else "unknown")

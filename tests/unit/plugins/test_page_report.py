@@ -211,3 +211,17 @@ def test_a_try_line_is_one_whole_line_appended_after_what_is_there(tmp_path):
     recs = [json.loads(line) for line in m.read_text().splitlines()]
     assert [(r["kind"], r["try"]) for r in recs] == [("try", 3), ("try", 4)]
     assert m.read_text().endswith("\n") and all(isinstance(r["time"], float) for r in recs)
+
+
+@pytest.mark.parametrize("left", ["starting", "running"])
+def test_a_rank_whose_try_ended_without_its_record_saying_so_shows_as_stopped(tmp_path, left):
+    root, data = make_run(tmp_path)
+    train = report.run_dir_of(root, "manual__1") / "train"
+    (train / "failure-try1.json").unlink()
+    (train / "ranks").mkdir()
+    (train / "ranks" / "rank0.json").write_text(json.dumps({"rank": 0, "status": left}))
+    stages = [{"task_id": "train", "state": "up_for_retry", "try_number": 1}]
+    r = report.run_report(root, "manual__1", stages, None, data)
+    assert r["ranks"][0]["status"] == "stopped", r["ranks"][0]
+    stages[0]["state"] = "running"  # while the try runs, the record says where it is
+    assert report.run_report(root, "manual__1", stages, None, data)["ranks"][0]["status"] == left
