@@ -4,7 +4,9 @@ Everything comes from files the stages wrote under the pipeline's artifact root 
 through the run's ``prepare_data`` XCom, whose ``dir`` is a prepared data folder), each
 found through ``dagtrain.stages.files.ArtifactLayout``: the run's training folder (its
 config, result, metrics, traces, rank records and failure records), its evaluation, its
-rounds (round-based pipelines) and the registry. Every path is resolved and must stay
+rounds (round-based pipelines) and the registry. A pipeline-parallel run (its result's
+``pipeline``, its rank records' ``stage`` and ``replica``) also gets each stage rank's
+bubble, measured from its step trace (``pipeline_of``). Every path is resolved and must stay
 inside that root. Plain functions of plain data (no
 FastAPI, no Airflow): ``dagtrain.plugins.app`` feeds them what it reads through
 Airflow's ORM, and tests call them directly.
@@ -13,6 +15,7 @@ Airflow's ORM, and tests call them directly.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +29,13 @@ from dagtrain.stages.files import (
 
 __all__ = [
     "artifact_root",
+    "bubble_of",
     "config_diff",
     "critical_path",
     "curves_of",
     "epochs_of",
     "merged_trace",
+    "pipeline_of",
     "progress_of",
     "registry_of",
     "run_dir_of",
@@ -158,11 +163,18 @@ def critical_path(events: list[dict[str, Any]]) -> list[int]:
     return path[::-1]
 
 
+# a pipeline-parallel step's compute ops: forward F{m}, backward B{m} (the input
+# gradient, or the whole backward), weight gradient W{m}, m the microbatch
+_COMPUTE = re.compile(r"[FBW]\d+")
+_BACKWARD = re.compile(r"forward-backward|[BW]\d+")
+
+
 def _hidden_share(events: list[dict[str, Any]]) -> tuple[float, float | None]:
-    """(allreduce milliseconds, the share of it that ran while forward-backward did)."""
+    """(allreduce milliseconds, the share of it that ran while backward did: the
+    data-parallel step's forward-backward, a pipeline stage's B and W ops)."""
     spans = _spans(events)
     ar = [e for e in spans if str(e.get("name", "")).startswith("allreduce")]
-    fb = [e for e in spans if e.get("name") == "forward-backward"]
+    fb = [e for e in spans if _BACKWARD.fullmatch(str(e.get("name", "")))]
     total = sum(float(e.get("dur", 0)) for e in ar)
     hidden = 0.0
     for b in fb:
@@ -182,6 +194,93 @@ def _sync_figures(events: list[dict[str, Any]], result: dict | None) -> dict[str
         "allreduce_ms": ms,
         "hidden_share": share,
         "skipped_steps": (result or {}).get("skipped_steps"),
+    }
+
+
+def _busy(intervals: list[tuple[float, float]]) -> float:
+    """The length of the union of ``intervals`` (overlaps counted once)."""
+    total, reach = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b > reach:
+            total += b - max(a, reach)
+            reach = b
+    return total
+
+
+def bubble_of(events: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """One stage rank's bubble in one traced step: 1 - (time its F/B/W ops ran, their
+    durations summed, overlaps counted once) / (its step's span: first op's start to
+    last op's end, every op). None for a trace without F/B/W ops."""
+    spans = _spans(events)
+    compute = [e for e in spans if _COMPUTE.fullmatch(str(e.get("name", "")))]
+    if not compute:
+        return None
+    span = max(_end(e) for e in spans) - min(float(e["ts"]) for e in spans)
+    busy = _busy([(float(e["ts"]), _end(e)) for e in compute])
+    return {
+        "bubble": max(0.0, 1 - busy / span) if span > 0 else None,
+        "busy_ms": busy / 1000,
+        "span_ms": span / 1000,
+    }
+
+
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def pipeline_of(
+    traces: dict[int, list[dict[str, Any]]],
+    statuses: dict[int, dict[str, Any]],
+    result: dict[str, Any] | None,
+) -> dict[str, Any] | None:
+    """A pipeline-parallel run's figures for one traced step, or None for a
+    data-parallel run (no ``pipeline`` in its result, no ``stage`` in a rank record).
+
+    From the result's ``pipeline``: ``stages``, ``replicas``, ``microbatches``,
+    ``order``, ``split``, ``blocks``, ``peak_activation_bytes`` and the result's own
+    ``bubble`` (as ``reported_bubble``); ``reference_bubble`` is (S-1)/(M+S-1), GPipe's
+    and 1F1B's bubble, when the result says the order. ``ranks``: each rank's stage and
+    replica (its record's; rank 0's from the result if its record has none) and its
+    measured ``bubble`` (``bubble_of``); ``mean_bubble`` their mean."""
+    p = (result or {}).get("pipeline")
+    p = p if isinstance(p, dict) else None
+    stage_of = {r: _int(st.get("stage")) for r, st in statuses.items()}
+    replica_of = {r: _int(st.get("replica")) for r, st in statuses.items()}
+    if p is None and all(s is None for s in stage_of.values()):
+        return None
+    p = p or {}
+    if stage_of.get(0) is None and _int(p.get("stage")) is not None:
+        stage_of[0] = p["stage"]
+    ranks = []
+    for r in sorted(set(traces) | {r for r, s in stage_of.items() if s is not None}):
+        figures = bubble_of(traces.get(r, [])) or {
+            "bubble": None,
+            "busy_ms": None,
+            "span_ms": None,
+        }
+        ranks.append({"rank": r, "stage": stage_of.get(r), "replica": replica_of.get(r)} | figures)
+    known = [s for s in stage_of.values() if s is not None]
+    stages = _int(p.get("stages")) or (max(known) + 1 if known else None)
+    replicas = _int(p.get("replicas")) or (
+        len({d for d in replica_of.values() if d is not None}) or None
+    )
+    m = _int(p.get("microbatches"))
+    measured = [x["bubble"] for x in ranks if x["bubble"] is not None]
+    reference = None
+    if p.get("order") and stages and m:
+        reference = (stages - 1) / (m + stages - 1)
+    return {
+        "stages": stages,
+        "replicas": replicas,
+        "microbatches": m,
+        "order": p.get("order"),
+        "split": p.get("split"),
+        "blocks": p.get("blocks"),
+        "peak_activation_bytes": p.get("peak_activation_bytes"),
+        "reported_bubble": p.get("bubble"),
+        "reference_bubble": reference,
+        "ranks": ranks,
+        "mean_bubble": sum(measured) / len(measured) if measured else None,
     }
 
 
@@ -214,18 +313,46 @@ def _step_list(files: dict, result: dict | None) -> list[dict[str, Any]]:
 def merged_trace(root: Path, run_id: str, step: int | None = None) -> dict[str, Any]:
     """Every rank's trace of one traced step (default: the run's last) as one
     Perfetto/Chrome trace: each rank a process, the ops on each rank's critical path
-    marked ``args.critical``."""
-    files = _run(root, run_id).train.trace_files()
+    marked ``args.critical``. A pipeline-parallel run's processes are named
+    ``rank N · stage s``, and ``otherData.pipeline`` holds that step's
+    ``pipeline_of`` (each stage rank's bubble)."""
+    train = _run(root, run_id).train
+    files = train.trace_files()
     if step is not None and step not in files:
         raise LookupError(f"step {step} was not traced; traced: {sorted(k for k in files if k)}")
+    traces = _step_traces(root, files.get(step, {}))
+    pipeline = pipeline_of(traces, _statuses(root, train), _json(root, train.result))
+    stage_of = {x["rank"]: x["stage"] for x in (pipeline or {}).get("ranks", [])}
     events = []
-    for evs in _step_traces(root, files.get(step, {})).values():
+    for rank, evs in traces.items():
         crit = set(critical_path(evs))
+        named = False
         for e in evs:
             if e.get("ph") == "X" and e.get("args", {}).get("index") in crit:
                 e = {**e, "args": {**e["args"], "critical": True}}
+            if e.get("ph") == "M" and e.get("name") == "process_name":
+                named = True
+                if stage_of.get(e.get("pid")) is not None:
+                    e = {**e, "args": {**e.get("args", {}), "name": _lane(e["pid"], stage_of)}}
             events.append(e)
-    return {"traceEvents": events, "displayTimeUnit": "ms"}
+        if not named and stage_of.get(rank) is not None:
+            events.append(
+                {
+                    "ph": "M",
+                    "name": "process_name",
+                    "pid": rank,
+                    "tid": 0,
+                    "args": {"name": _lane(rank, stage_of)},
+                }
+            )
+    out: dict[str, Any] = {"traceEvents": events, "displayTimeUnit": "ms"}
+    if pipeline is not None:
+        out["otherData"] = {"pipeline": pipeline}
+    return out
+
+
+def _lane(rank: int, stage_of: dict[int, int | None]) -> str:
+    return f"rank {rank} · stage {stage_of[rank]}"
 
 
 def _statuses(root: Path, train: TrainFiles) -> dict[int, dict[str, Any]]:
@@ -274,6 +401,8 @@ def _ranks(
                 "rank": r,
                 "status": status,
                 "host": ((failure or {}).get("host") if failed else None) or st.get("host"),
+                "stage": _int(st.get("stage")),  # a pipeline-parallel run's; else None
+                "replica": _int(st.get("replica")),
                 "step": st.get("step"),
                 "total_steps": st.get("total_steps"),
                 "samples_per_second": st.get("samples_per_second"),
@@ -420,6 +549,7 @@ def run_report(
     train_try = next((s.get("try_number") for s in stages if s["task_id"] == TRAIN_TASK), None)
     tries = tries_of(metrics, failures, train_try)
     hidden = {r: _hidden_share(evs) for r, evs in last.items()}
+    statuses = _statuses(root, train)
     return {
         "run_id": run_id,
         "stages": stages,
@@ -439,7 +569,8 @@ def run_report(
             {"rank": r, "allreduce_ms": ms, "hidden_share": share}
             for r, (ms, share) in sorted(hidden.items())
         ],
-        "ranks": _ranks(result, last, _statuses(root, train), failures, train_state),
+        "ranks": _ranks(result, last, statuses, failures, train_state),
+        "pipeline": pipeline_of(last, statuses, result),
         "failures": failures,
         "trace_steps": _step_list(files, result),
         "rounds": _rounds(root, run, stages),

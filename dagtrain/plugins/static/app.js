@@ -17,10 +17,11 @@ async function get(path) {
   return r.json();
 }
 
+// A table in a box of its own that scrolls sideways when the window is narrower.
 function table(head, rows, cls = "") {
-  return `<table class="${cls}"><tr>${head.map((h) => `<th>${esc(h)}</th>`).join("")}</tr>${rows
+  return `<div class="scroll"><table class="${cls}"><tr>${head.map((h) => `<th>${esc(h)}</th>`).join("")}</tr>${rows
     .map((r) => `<tr>${r.map((c) => `<td>${c}</td>`).join("")}</tr>`)
-    .join("")}</table>`;
+    .join("")}</table></div>`;
 }
 
 // One chart: `lines` are [label, epochs, key, {dash, width}]; x is the epoch (from 1).
@@ -84,6 +85,7 @@ function diff(rows, other) {
 function timeline(trace) {
   const spans = trace.traceEvents.filter((e) => e.ph === "X");
   if (!spans.length) return `<p class="muted">No step trace (executor.trace is off, or the run did not get that far).</p>`;
+  if (isPipelined(trace, spans)) return pipelineTimeline(trace, spans);
   const names = {};
   for (const e of trace.traceEvents) if (e.ph === "M" && e.name === "thread_name") names[`${e.pid}:${e.tid}`] = e.args.name;
   const lanes = [...new Set([...Object.keys(names), ...spans.map((e) => `${e.pid}:${e.tid}`)])].sort((a, b) => a.split(":")[0] - b.split(":")[0] || a.split(":")[1] - b.split(":")[1]);
@@ -96,14 +98,68 @@ function timeline(trace) {
   }).join("");
   const labels = lanes.map((l, i) => { const [p, t] = l.split(":"); return `<text class="lane" x="0" y="${i * H + 14}">rank ${p} · ${esc(names[l] ?? `thread ${t}`)}</text>`; }).join("");
   const seps = lanes.map((l, i) => i && l.split(":")[0] !== lanes[i - 1].split(":")[0] ? `<line x1="0" x2="${W}" y1="${i * H}" y2="${i * H}" stroke="#cbd2d9"/>` : "").join("");
-  return `<svg class="timeline" width="${W}" height="${lanes.length * H}" data-lanes="${lanes.length}" data-ranks="${new Set(spans.map((e) => e.pid)).size}">${seps}${labels}${rects}</svg>
+  return `<div class="scroll"><svg class="timeline" width="${W}" height="${lanes.length * H}" data-lanes="${lanes.length}" data-ranks="${new Set(spans.map((e) => e.pid)).size}">${seps}${labels}${rects}</svg></div>
     <p class="muted">${((t1 - t0) / 1000).toFixed(1)} ms. <span style="color:#0b69a3">■</span> forward/backward <span style="color:#e0a96d">■</span> bucket ready <span style="color:#c8571e">■</span> allreduce <span style="color:#0e7c3a">■</span> update <span style="color:#9aa5b1">■</span> other (prefetch, snapshot); outlined: the critical path.</p>`;
 }
 
+// A pipelined step's ops: F{m} forward, B{m} backward (input gradient), W{m} weight
+// gradient, send-/recv-act{m} and send-/recv-grad{m} between stages, allreduce[k]
+// between replicas, update, load-next; m is the microbatch.
+const PIPE_OP = /^([FBW])(\d+)$|^(send|recv)-(act|grad)(\d+)$/;
+const PIPE_COLOURS = { F: "#0b69a3", B: "#c8571e", W: "#0e7c3a", send: "#7b3fbf", recv: "#b794e6", allreduce: "#4c2a85", update: "#b8860b", other: "#9aa5b1" };
+function pipeOp(name) {
+  const m = PIPE_OP.exec(name);
+  if (m) return m[1] ? { kind: m[1], mb: m[2] } : { kind: m[3], mb: m[5], what: m[4] };
+  return { kind: name.startsWith("allreduce") ? "allreduce" : name.startsWith("update") ? "update" : "other" };
+}
+const isPipelined = (trace, spans) => trace.otherData?.pipeline != null || spans.some((e) => /^[FBW]\d+$/.test(e.name));
+
+// A pipelined step: a lane per stage rank (a row per thread it ran ops on), ordered by
+// replica and stage; each bar labelled by its microbatch; each rank's bubble (the
+// server's, otherData.pipeline) at the lane's end, their mean and (S-1)/(M+S-1) below.
+function pipelineTimeline(trace, spans) {
+  const p = trace.otherData?.pipeline ?? { ranks: [] };
+  const info = Object.fromEntries(p.ranks.map((x) => [x.rank, x]));
+  const names = {};
+  for (const e of trace.traceEvents) if (e.ph === "M" && e.name === "thread_name") names[`${e.pid}:${e.tid}`] = e.args.name;
+  const key = (l) => { const [pid, tid] = l.split(":").map(Number), x = info[pid] ?? {}; return [x.replica ?? 0, x.stage ?? pid, pid, tid]; };
+  const cmp = (a, b) => { const ka = key(a), kb = key(b); for (let i = 0; i < ka.length; i++) if (ka[i] !== kb[i]) return ka[i] - kb[i]; return 0; };
+  const lanes = [...new Set(spans.map((e) => `${e.pid}:${e.tid}`))].sort(cmp);
+  const t0 = Math.min(...spans.map((e) => e.ts)), t1 = Math.max(...spans.map((e) => e.ts + e.dur));
+  const W = 960, L = 130, R = 84, H = 22, scale = (W - L - R - 4) / Math.max(t1 - t0, 1);
+  const first = (l, i) => !i || l.split(":")[0] !== lanes[i - 1].split(":")[0];
+  const rankLabel = (pid) => `rank ${pid}${info[pid]?.stage != null ? ` · stage ${info[pid].stage}` : ""}`;
+  const bars = spans.map((e) => {
+    const y = lanes.indexOf(`${e.pid}:${e.tid}`) * H, crit = e.args?.critical, op = pipeOp(e.name);
+    const x = L + (e.ts - t0) * scale, w = Math.max(e.dur * scale, 1);
+    const fits = (t) => w >= t.length * 6 + 2;  // 10px digits are about 6px wide
+    const text = op.mb == null ? "" : "FBW".includes(op.kind) && fits(e.name) ? e.name : fits(op.mb) ? op.mb : "";
+    return `<g class="op ${op.kind}${crit ? " critical" : ""}" data-name="${esc(e.name)}"${op.mb != null ? ` data-microbatch="${op.mb}"` : ""}><rect x="${x}" y="${y + 3}" width="${w}" height="${H - 6}" fill="${PIPE_COLOURS[op.kind]}"${crit ? ' stroke="#111" stroke-width="2"' : ""}><title>${esc(rankLabel(e.pid))} · ${esc(e.name)}: ${(e.dur / 1000).toFixed(2)} ms${crit ? " (critical path)" : ""}</title></rect>${text ? `<text class="mb${op.kind === "recv" ? " dark" : ""}" x="${x + w / 2}" y="${y + H / 2 + 4}">${esc(text)}</text>` : ""}</g>`;
+  }).join("");
+  const labels = lanes.map((l, i) => {
+    const [pid, tid] = l.split(":");
+    if (!first(l, i)) return `<text class="lane sub" x="12" y="${i * H + 15}">${esc(names[l] ?? `thread ${tid}`)}</text>`;
+    const b = info[pid]?.bubble;
+    return `<text class="lane rank" x="0" y="${i * H + 15}">${esc(rankLabel(pid))}</text>` +
+      (b != null ? `<text class="lane bubble" x="${W - R + 6}" y="${i * H + 15}">bubble ${pct(b)}</text>` : "");
+  }).join("");
+  const seps = lanes.map((l, i) => i && first(l, i) ? `<line x1="0" x2="${W}" y1="${i * H}" y2="${i * H}" stroke="#cbd2d9"/>` : "").join("");
+  const sw = (k, what) => `<span class="swatch" style="background:${PIPE_COLOURS[k]}"></span>${what}`;
+  const S = p.stages, M = p.microbatches;
+  const formula = p.reference_bubble != null
+    ? ` · for reference, (S−1)/(M+S−1) = (${S}−1)/(${M}+${S}−1) = <b>${pct(p.reference_bubble)}</b>, ${p.order === "zero-bubble" ? "1F1B's and GPipe's bubble (zero-bubble aims below it)" : `${esc(p.order)}'s bubble in theory`}` : "";
+  const mean = p.mean_bubble != null
+    ? `<p class="bubble-summary">bubble, this step: ${p.ranks.filter((x) => x.bubble != null).map((x) => `${esc(rankLabel(x.rank))} ${pct(x.bubble)}`).join(", ")}; mean <b>${pct(p.mean_bubble)}</b>${formula}${p.reported_bubble != null ? ` · the run's result says ${pct(p.reported_bubble)}` : ""}.<br><span class="muted">measured per stage rank: 1 − (time its F, B and W ops ran) ÷ (its step: first op's start to last op's end)</span></p>` : "";
+  return `<div class="scroll"><svg class="timeline pipelined" width="${W}" height="${lanes.length * H}" data-lanes="${lanes.length}" data-ranks="${new Set(spans.map((e) => e.pid)).size}">${seps}${labels}${bars}</svg></div>
+    <p class="legend muted">${((t1 - t0) / 1000).toFixed(1)} ms. ${sw("F", "F forward")} ${sw("B", "B backward (input gradient)")} ${sw("W", "W weight gradient")} ${sw("send", "send")} ${sw("recv", "recv")} (activations and gradients between stages) ${sw("allreduce", "allreduce")} ${sw("update", "update")} ${sw("other", "other (load-next)")}; the number on a bar is its microbatch; outlined: the critical path.</p>${mean}`;
+}
+
+// A pipelined run's ranks (their records say their stage) get a stage and a replica column.
 function ranksTable(ranks) {
   if (!ranks.length) return '<p class="muted">No rank has reported yet.</p>';
-  return table(["rank", "host", "status", "step", "samples/s", "median step (ms)", "p95 step (ms)", "exit", "how", "last lines"], ranks.map((k) => [
-    esc(k.rank) + (k.slowest ? ' <span class="warn">slowest</span>' : ""), esc(k.host),
+  const staged = ranks.some((k) => k.stage != null);
+  return table(["rank", ...(staged ? ["stage", "replica"] : []), "host", "status", "step", "samples/s", "median step (ms)", "p95 step (ms)", "exit", "how", "last lines"], ranks.map((k) => [
+    esc(k.rank) + (k.slowest ? ' <span class="warn">slowest</span>' : ""), ...(staged ? [esc(k.stage), esc(k.replica)] : []), esc(k.host),
     `<span class="${stateCls(k.status)}">${esc(k.status)}</span>`,
     k.step == null ? "" : `${esc(k.step)}${k.total_steps ? ` / ${esc(k.total_steps)}` : ""}`,
     `<span class="num">${num(k.samples_per_second, 0)}</span>`, `<span class="num">${num(k.median_step_ms, 1)}</span>`, `<span class="num">${num(k.p95_step_ms, 1)}</span>`,
@@ -117,6 +173,18 @@ function failureOf(f) {
   const what = f.rank != null ? `rank ${esc(f.rank)} ${esc(howOf(f.how))}` : esc(f.how ?? f.error ?? "failed");
   const why = f.error && f.rank != null && !String(f.how ?? "").includes(f.error) ? `<br><span class="muted">${esc(f.error)}</span>` : "";
   return `<span class="bad">${what}</span>${f.bad_input ? " (bad input: not retried)" : ""}${why}`;
+}
+
+// result.json's pipeline: S stages x D replicas, M microbatches, the order, the split
+// (the first block of each stage after the first) and the blocks each stage got.
+function pipelineSummary(p) {
+  if (!p) return "";
+  const n = Array.isArray(p.blocks) ? p.blocks.length : typeof p.blocks === "number" ? p.blocks : null;
+  const edges = Array.isArray(p.split) && n ? [0, ...p.split, n] : null;
+  const ranges = edges ? ` (blocks ${edges.slice(1).map((b, i) => (b - 1 > edges[i] ? `${edges[i]}–${b - 1}` : `${edges[i]}`)).join(" | ")})` : "";
+  const plural = (v, w) => `${esc(v)} ${w}${v === 1 ? "" : "s"}`;
+  return `<p class="pipeline"><b>pipeline</b>: ${plural(p.stages, "stage")} × ${plural(p.replicas, "replica")}, ${plural(p.microbatches, "microbatch").replace(/hs$/, "hes")}, order ${esc(p.order)}, split ${esc(JSON.stringify(p.split))}${ranges}` +
+    `${typeof p.peak_activation_bytes === "number" ? ` · peak activations ${bytes(p.peak_activation_bytes)}${p.stage != null ? ` (stage ${esc(p.stage)})` : ""}` : ""}</p>`;
 }
 
 function roundsView(rounds) {
@@ -143,6 +211,7 @@ async function run(dagId, runId) {
     <h2>Curves</h2><div class="charts" id="charts"></div>
     ${r.epochs.length ? (curves.length > 1 ? `<p class="muted">dashed: validation of the pipeline's ${curves.length - 1} other newest run(s), for comparison</p>` : "") : '<p class="muted">No epoch has ended yet.</p>'}
     <h2>Result</h2>${res ? table(["validation accuracy", "test accuracy", "samples/s", "median step (s)", "skipped steps"], [[num(res.val_accuracy), num(ev?.metrics?.test_accuracy), num(res.samples_per_second, 0), num(res.median_step_seconds, 4), esc(res.skipped_steps)]]) : '<p class="muted">No result yet.</p>'}
+    ${pipelineSummary(res?.pipeline)}
     ${ev ? `<p class="verdict">${ev.better ? "promoted" : "not promoted"}: ${esc(ev.reason)}</p>` : ""}
     <h2 id="ranks">Ranks</h2>${ranksTable(r.ranks)}
     <h2>Tries and resumes</h2>${r.tries.length ? table(["try", "resumed from step", "epochs already done", "failure"], r.tries.map((t) => {

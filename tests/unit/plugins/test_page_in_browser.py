@@ -1,0 +1,133 @@
+"""The training page's own script in headless Chromium over hand-made run folders
+(``browser.serve``: no Airflow): a pipelined run's lanes, microbatch bars, bubbles,
+legend, stage columns and pipeline line; a data-parallel run's page without them; and
+neither wider than a narrow window."""
+
+from __future__ import annotations
+
+import pytest
+
+from dagtrain.plugins import report
+
+from . import browser
+from .pipeline_fixture import make_pipeline_run
+from .test_page_report import make_run
+
+pytestmark = pytest.mark.slow
+MINUS, TIMES = "\u2212", "\u00d7"  # what the page writes: (S\u22121)/(M+S\u22121), S \u00d7 D
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    path = browser.chromium()
+    if path is None:
+        pytest.skip("no chromium on this machine (make browser installs it where apt can)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright not installed")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=path, args=["--no-sandbox"])
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def open_run(chromium, root, data, run_id, width=1280):
+    page = chromium.new_page(viewport={"width": width, "height": 900})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    browser.serve(page, root, data, run_id)
+    page.goto(browser.page_url(run_id))
+    page.wait_for_selector("#ranks", timeout=15_000)
+    page.wait_for_selector("svg.timeline", timeout=15_000)
+    return page, errors
+
+
+def texts(page, selector):
+    return [t.strip() for t in page.locator(selector).all_text_contents()]
+
+
+@pytest.mark.parametrize("order", ["zero-bubble", "1f1b"])
+def test_a_pipelined_runs_page_has_a_lane_per_stage_rank_and_its_bubble(chromium, tmp_path, order):
+    root, data = make_pipeline_run(tmp_path, order=order, steps=(None, 20))
+    page, errors = open_run(chromium, root, data, "manual__pp")
+    try:
+        svg = page.locator("svg.timeline.pipelined")
+        assert svg.count() == 1
+        # a lane per stage rank, named by its stage, and its bubble at the lane's end
+        assert texts(page, "svg.timeline text.lane.rank") == [
+            "rank 0 · stage 0",
+            "rank 1 · stage 1",
+        ]
+        want = report.run_report(root, "manual__pp", [], None, data)["pipeline"]
+        bubbles = [f"bubble {round(100 * x['bubble'])}%" for x in want["ranks"]]
+        assert texts(page, "svg.timeline text.lane.bubble") == bubbles
+        # bars labelled by microbatch, each kind its own colour
+        for kind in ["F", "B", *(["W"] if order == "zero-bubble" else []), "send", "recv"]:
+            assert page.locator(f"svg.timeline g.op.{kind}[data-microbatch='3']").count() >= 1
+        assert "F2" in texts(page, "svg.timeline g.op.F text.mb")
+        fills = {
+            k: page.locator(f"svg.timeline g.op.{k} rect").first.get_attribute("fill")
+            for k in ("F", "B", "send", "update")
+        }
+        assert len(set(fills.values())) == 4, fills
+        legend = page.locator("p.legend").inner_text()
+        assert "F forward" in legend and "B backward" in legend and "W weight gradient" in legend
+        # the mean, next to (S-1)/(M+S-1) = 1/5 for 2 stages and 4 microbatches
+        summary = page.locator("p.bubble-summary").inner_text()
+        assert f"mean {round(100 * want['mean_bubble'])}%" in summary, summary
+        formula = "(S-1)/(M+S-1) = (2-1)/(4+2-1) = 20%".replace("-", MINUS)
+        assert formula in summary, summary
+        # the ranks table: stage and replica columns
+        head = texts(page, "table.ranks th")
+        assert head[:3] == ["rank", "stage", "replica"], head
+        cells = page.locator("table.ranks tr").evaluate_all(
+            "rows => rows.slice(1).map((r) => [...r.cells].slice(0, 3).map((c) => c.innerText))"
+        )
+        assert cells == [["0", "0", "0"], ["1 slowest", "1", "0"]], cells
+        line = page.locator("p.pipeline").inner_text()
+        assert f"2 stages {TIMES} 1 replica, 4 microbatches, order {order}, split [3]" in line, line
+        # another traced step: still a lane per stage rank, with its bubbles
+        page.select_option("#step", index=0)
+        page.wait_for_function("new URLSearchParams(location.search).get('step') === '20'")
+        page.wait_for_selector("svg.timeline.pipelined text.lane.bubble")
+        assert texts(page, "svg.timeline text.lane.rank") == [
+            "rank 0 · stage 0",
+            "rank 1 · stage 1",
+        ]
+        page.screenshot(path=str(tmp_path / f"pipelined-{order}.png"), full_page=True)
+        assert errors == []
+    finally:
+        page.close()
+
+
+def test_a_data_parallel_runs_page_has_no_stage_columns_or_bubbles(chromium, tmp_path):
+    root, data = make_run(tmp_path)
+    page, errors = open_run(chromium, root, data, "manual__1")
+    try:
+        assert page.locator("svg.timeline").count() == 1
+        assert page.locator("svg.timeline.pipelined, p.bubble-summary, p.pipeline").count() == 0
+        assert texts(page, "table.ranks th")[:2] == ["rank", "host"]
+        assert "forward/backward" in page.locator("div.scroll:has(svg.timeline) + p").inner_text()
+        assert texts(page, "svg.timeline text.lane")[0] == "rank 0 · thread 0"
+        assert errors == []
+    finally:
+        page.close()
+
+
+@pytest.mark.parametrize("pipelined", [True, False])
+def test_in_a_narrow_window_the_page_scrolls_its_wide_parts_not_itself(
+    chromium, tmp_path, pipelined
+):
+    if pipelined:
+        root, data = make_pipeline_run(tmp_path, stages=2, replicas=2, order="zero-bubble")
+        run_id = "manual__pp"
+    else:
+        (root, data), run_id = make_run(tmp_path), "manual__1"
+    page, errors = open_run(chromium, root, data, run_id, width=420)
+    try:
+        page.screenshot(path=str(tmp_path / "narrow.png"), full_page=True)
+        width = page.evaluate("document.documentElement.scrollWidth")
+        assert width <= 420, width  # the timeline and the tables scroll in their boxes
+        assert errors == []
+    finally:
+        page.close()
