@@ -22,6 +22,8 @@ BuiltinModel = Literal["mlp", "cnn", "rescnn", "transformer"]
 Backend = Literal["mpi", "torch", "horovod", "local"]
 Launcher = Literal["mpirun", "horovodrun", "torchrun", "direct"]
 _BUILTINS: tuple[str, ...] = get_args(BuiltinModel)
+# the backends whose point-to-point transfers a pipeline's stages use
+PIPELINE_BACKENDS = ("torch", "mpi")
 # the launcher a backend gets when distributed.launcher is not set
 DEFAULT_LAUNCHER: dict[str, str] = {
     "mpi": "mpirun",
@@ -30,7 +32,10 @@ DEFAULT_LAUNCHER: dict[str, str] = {
     "local": "direct",
 }
 # the sections every rank of a training run receives as they are
-RUN_SECTIONS = ("model", "training", "distributed", "executor")
+RUN_SECTIONS = ("model", "training", "distributed", "parallel", "executor")
+# the orders a pipeline-parallel step can run in (dagtrain.training.pipeline): the same
+# graph under other priorities and another bound on live microbatches
+Order = Literal["auto", "gpipe", "1f1b", "zero-bubble"]
 # fields only a config file may set, and why: a run's conf may repeat the file's value,
 # no other (model.name too, unless the conf names a built-in). The DAG's Params pin them,
 # so the trigger form and the REST API refuse a conf that changes one.
@@ -211,6 +216,69 @@ class DistributedConfig(_Section):
         return self.launcher or DEFAULT_LAUNCHER[self.backend]
 
 
+class ParallelConfig(_Section):
+    """Pipeline parallelism: the model's blocks split into stages, each step's batch cut
+    into microbatches. ``distributed.ranks`` is stages x replicas (each stage's
+    replicas average their gradients, data-parallel). One stage: data parallelism only.
+    """
+
+    stages: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="pipeline stages S the model's blocks are split into; "
+        "distributed.ranks = S x replicas; 1: no pipeline",
+    )
+    microbatches: int = Field(
+        1,
+        ge=1,
+        le=4096,
+        description="microbatches M each replica's share of a step's batch is cut into "
+        "(training.batch_size must divide by M x replicas)",
+    )
+    order: Order = Field(
+        "auto",
+        description="gpipe (every forward first: M microbatches alive), 1f1b (a backward "
+        "as soon as it can: about S - s alive on stage s), zero-bubble (backward split into "
+        "input and weight gradients, weights late: fills the bubble at 1f1b's memory); "
+        "auto: zero-bubble",
+    )
+    split: Literal["auto"] | list[int] = Field(
+        "auto",
+        description="auto: by each block's measured forward+backward time; or S - 1 "
+        "block indices, the first block of each stage after the first (e.g. [3] for 2 "
+        "stages: blocks 0-2, then 3 on)",
+    )
+
+    @model_validator(mode="after")
+    def _split_fits(self) -> ParallelConfig:
+        if self.stages == 1 and self.microbatches > 1:
+            raise ValueError(
+                f"parallel.microbatches is {self.microbatches} with parallel.stages 1: "
+                "microbatches are a pipeline's; set parallel.stages to 2 or more, or "
+                "parallel.microbatches to 1"
+            )
+        if isinstance(self.split, list):
+            cuts = self.split
+            if len(cuts) != self.stages - 1:
+                raise ValueError(
+                    f"parallel.split {cuts} has {len(cuts)} boundaries; {self.stages} stages "
+                    f"need {self.stages - 1} (the first block of each stage after the "
+                    "first), or split: auto"
+                )
+            if any(c < 1 for c in cuts) or any(b <= a for a, b in zip(cuts, cuts[1:])):
+                raise ValueError(
+                    f"parallel.split {cuts}: boundaries must be increasing block indices "
+                    "of at least 1 (stage 0 keeps the blocks before the first)"
+                )
+        return self
+
+    @property
+    def order_used(self) -> str:
+        """``order``, with ``auto`` resolved."""
+        return "zero-bubble" if self.order == "auto" else self.order
+
+
 class ExecutorConfig(_Section):
     """Each rank's op-level executor: its threads, torch's threads, the step trace."""
 
@@ -229,16 +297,45 @@ class _RunSections(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
 
     @model_validator(mode="after")
     def _batch_covers_the_ranks(self) -> _RunSections:
-        if self.training.batch_size < self.distributed.ranks:
+        p, d, bs = self.parallel, self.distributed, self.training.batch_size
+        if p.stages == 1 and bs < d.ranks:
             raise ValueError(
-                f"training.batch_size {self.training.batch_size} is smaller than "
-                f"distributed.ranks {self.distributed.ranks}: each rank needs a sample per step"
+                f"training.batch_size {bs} is smaller than "
+                f"distributed.ranks {d.ranks}: each rank needs a sample per step"
+            )
+        if p.stages == 1:
+            return self
+        if d.backend not in PIPELINE_BACKENDS:
+            raise ValueError(
+                f"parallel.stages is {p.stages} but distributed.backend {d.backend!r} has no "
+                "point-to-point transfers dagtrain uses: choose distributed.backend torch "
+                "or mpi for a pipeline"
+            )
+        if d.ranks % p.stages:
+            raise ValueError(
+                f"distributed.ranks {d.ranks} is not a multiple of parallel.stages "
+                f"{p.stages}: the ranks are stages x replicas (e.g. ranks: "
+                f"{p.stages * max(1, d.ranks // p.stages)})"
+            )
+        replicas = d.ranks // p.stages
+        if bs % (replicas * p.microbatches):
+            raise ValueError(
+                f"training.batch_size {bs} does not divide into parallel.microbatches "
+                f"{p.microbatches} on each of {replicas} replica(s) (distributed.ranks "
+                f"{d.ranks} / parallel.stages {p.stages}): make it a multiple of "
+                f"{replicas * p.microbatches}"
             )
         return self
+
+    @property
+    def replicas(self) -> int:
+        """D: the data-parallel copies of each pipeline stage (ranks / stages)."""
+        return self.distributed.ranks // self.parallel.stages
 
 
 class TrainConfig(_RunSections):

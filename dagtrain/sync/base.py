@@ -197,6 +197,22 @@ class Backend:
         """Leave the process group (idempotent). ``failed``: this rank is leaving on an
         error, so it must not wait for its peers on the way out."""
 
+    # -- point to point and subgroups (a pipeline's stages; torch and mpi only)
+    def send_async(self, t: torch.Tensor, peer: int, tag: int, what: str) -> Handle:
+        """Start sending ``t`` (contiguous, kept alive until done) to rank ``peer``; a
+        receive with the same ``tag`` matches it, whatever the order they were posted in."""
+        raise NotImplementedError(f"backend {self.name} has no point-to-point transfers")
+
+    def recv_async(self, t: torch.Tensor, peer: int, tag: int, what: str) -> Handle:
+        """Start receiving into ``t`` from rank ``peer`` (the send with ``tag``)."""
+        raise NotImplementedError(f"backend {self.name} has no point-to-point transfers")
+
+    def subgroups(self, groups: Sequence[Sequence[int]]) -> Backend:
+        """The process group of the one of ``groups`` (disjoint lists of ranks, the same
+        on every rank, which all call this together) that holds this rank; its
+        collectives involve those ranks only, its ``rank`` is the index in the list."""
+        raise NotImplementedError(f"backend {self.name} has no subgroups")
+
     # -- derived
     def allreduce(self, flat: torch.Tensor, what: str, average: bool = True) -> None:
         self.allreduce_async(flat, what, average).wait(self.rank, self.timeout)

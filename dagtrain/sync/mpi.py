@@ -18,13 +18,13 @@ __all__ = ["MPIBackend"]
 class MPIBackend(Backend):
     name = "mpi"
 
-    def __init__(self, timeout: float = 60.0, device: str = "cpu") -> None:
+    def __init__(self, timeout: float = 60.0, device: str = "cpu", comm=None) -> None:
         super().__init__(timeout)
         self.device = device
         from mpi4py import MPI
 
         self._MPI = MPI
-        self.comm = MPI.COMM_WORLD
+        self.comm = MPI.COMM_WORLD if comm is None else comm
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
 
@@ -65,9 +65,31 @@ class MPIBackend(Backend):
             if buf.data_ptr() != t.data_ptr():
                 t.data.copy_(buf)
 
+    def send_async(self, t: torch.Tensor, peer: int, tag: int, what: str) -> Handle:
+        req = self.comm.Isend(_view(t, what), dest=peer, tag=tag)
+        return Handle(what, block=req.Wait, on_timeout=self._abort)
+
+    def recv_async(self, t: torch.Tensor, peer: int, tag: int, what: str) -> Handle:
+        req = self.comm.Irecv(_view(t, what), source=peer, tag=tag)
+        return Handle(what, block=req.Wait, on_timeout=self._abort)
+
+    def subgroups(self, groups: Sequence[Sequence[int]]) -> Backend:
+        color = next((i for i, g in enumerate(groups) if self.rank in g), None)
+        if color is None:
+            raise ValueError(f"rank {self.rank} is in none of the groups {groups}")
+        sub = self.comm.Split(color, key=list(groups[color]).index(self.rank))
+        return MPIBackend(self.timeout, self.device, comm=sub)
+
     def barrier(self) -> None:
         req = self.comm.Ibarrier()
         Handle("barrier", block=req.Wait, on_timeout=self._abort).wait(self.rank, self.timeout)
+
+
+def _view(t: torch.Tensor, what: str):
+    """A numpy view of ``t``'s memory, for MPI to read or write in place."""
+    if not t.is_contiguous() or t.device.type != "cpu":
+        raise ValueError(f"{what}: MPI transfers need a contiguous tensor in host memory")
+    return t.detach().numpy()
 
 
 def _host(t: torch.Tensor) -> torch.Tensor:

@@ -22,10 +22,17 @@ __all__ = ["TorchBackend"]
 class TorchBackend(Backend):
     name = "torch"
 
-    def __init__(self, timeout: float = 60.0, device: str = "cpu") -> None:
+    def __init__(
+        self, timeout: float = 60.0, device: str = "cpu", group: dist.ProcessGroup | None = None
+    ) -> None:
         super().__init__(timeout)
         self.device = device
+        self.group = group  # a subgroup's (None: the world)
         cuda = device.startswith("cuda")
+        if group is not None:
+            self.rank = dist.get_rank(group)
+            self.size = dist.get_world_size(group)
+            return
         if not dist.is_initialized():
             extra = {}
             if cuda:  # NCCL binds the process group to this rank's one GPU
@@ -48,7 +55,7 @@ class TorchBackend(Backend):
 
     def allreduce_async(self, flat: torch.Tensor, what: str, average: bool = True) -> Handle:
         buf = self._staged(flat)
-        work = dist.all_reduce(buf, op=dist.ReduceOp.SUM, async_op=True)
+        work = dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
         finish = copy_back_and_divide(flat, buf, self.size if average else 1)
         # gloo progresses in its own thread; its wait takes the process group's timeout
         return Handle(what, block=work.wait, finish=finish)
@@ -56,14 +63,34 @@ class TorchBackend(Backend):
     def broadcast(self, tensors: Sequence[torch.Tensor], root: int = 0) -> None:
         for t in tensors:
             buf = self._staged(t)
-            dist.broadcast(buf, src=root)
+            dist.broadcast(buf, group=self.group, group_src=root)
             if buf is not t:
                 t.copy_(buf)
 
     def barrier(self) -> None:
-        dist.barrier()
+        dist.barrier(group=self.group)
+
+    def send_async(self, t: torch.Tensor, peer: int, tag: int, what: str) -> Handle:
+        work = dist.isend(t, dst=peer, tag=tag)
+        return Handle(what, block=work.wait)
+
+    def recv_async(self, t: torch.Tensor, peer: int, tag: int, what: str) -> Handle:
+        work = dist.irecv(t, src=peer, tag=tag)
+        return Handle(what, block=work.wait)
+
+    def subgroups(self, groups: Sequence[Sequence[int]]) -> Backend:
+        mine = None
+        for g in groups:  # every rank creates every group, in the same order
+            pg = dist.new_group(list(g), timeout=datetime.timedelta(seconds=self.timeout))
+            if self.rank in g:
+                mine = pg
+        if mine is None:
+            raise ValueError(f"rank {self.rank} is in none of the groups {groups}")
+        return TorchBackend(self.timeout, self.device, group=mine)
 
     def close(self, failed: bool = False) -> None:
+        if self.group is not None:  # a subgroup: the world's close ends it
+            return
         if dist.is_initialized():
             # leave together: a rank that tears gloo down while its peer still talks to
             # it (rank 0 also hosts the rendezvous store) dies in a C++ destructor with

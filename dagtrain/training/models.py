@@ -4,7 +4,8 @@ Built-ins take the input shape and the number of classes: ``mlp`` (hidden layers
 ``cnn`` (two conv layers), ``rescnn`` (a small residual CNN), ``transformer`` (a
 small transformer encoder classifier over rows of the input). A user model is
 ``"package.module:function"``; the function gets ``in_shape``, ``classes`` and the
-config's ``model_args`` and returns a ``torch.nn.Module``.
+config's ``model_args`` and returns a ``torch.nn.Module``, or a list of modules run in
+sequence (an ``nn.Sequential`` of them, which a pipeline can split).
 """
 
 from __future__ import annotations
@@ -113,6 +114,33 @@ class _Encoder(nn.Module):
         t = self.embed(x.reshape(x.shape[0], self.rows, self.cols)) + self.pos
         return self.head(self.encoder(t).mean(dim=1))
 
+    def blocks(self) -> list[nn.Module]:
+        """The blocks a pipeline splits it into, run in sequence: the embedding, each
+        encoder layer, the pooling head. They share this model's parameters."""
+        return [
+            _Embed(self.embed, self.pos, self.rows, self.cols),
+            *self.encoder.layers,
+            _Pool(self.head),
+        ]
+
+
+class _Embed(nn.Module):
+    def __init__(self, embed: nn.Linear, pos: nn.Parameter, rows: int, cols: int) -> None:
+        super().__init__()
+        self.embed, self.pos, self.rows, self.cols = embed, pos, rows, cols
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.embed(x.reshape(x.shape[0], self.rows, self.cols)) + self.pos
+
+
+class _Pool(nn.Module):
+    def __init__(self, head: nn.Linear) -> None:
+        super().__init__()
+        self.head = head
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        return self.head(t.mean(dim=1))
+
 
 def transformer(
     in_shape: Sequence[int], classes: int, dim: int = 64, heads: int = 4, layers: int = 2
@@ -177,6 +205,8 @@ def build_model(name: str, in_shape: Sequence[int], classes: int, **args) -> nn.
         model = factory(in_shape, classes, **args)
     except (TypeError, ValueError, RuntimeError) as e:  # torch: "negative dimension -8"
         raise InputError(f"model.args {args}: bad model_args for model {name!r}: {e}") from e
+    if isinstance(model, (list, tuple)) and model and all(isinstance(m, nn.Module) for m in model):
+        model = nn.Sequential(*model)  # blocks in sequence: a pipeline can split them
     if not isinstance(model, nn.Module):
         raise InputError(
             f"model {name!r}: the factory returned {type(model).__name__}, not a torch.nn.Module"

@@ -118,8 +118,12 @@ class RankStatus:
         self.total = 0
         self.last_write = 0.0
 
-    def start(self, step: int, total: int) -> None:
+    def start(self, step: int, total: int, **placed: Any) -> None:
+        """``placed``: where in the run this rank is (a pipeline's ``stage`` and
+        ``replica``), kept in the records from now on."""
         self.step_now, self.total = step, total
+        for r in self.records:
+            r.update(**placed)
         self._write("running")
 
     def step(self, seconds: float, samples: int) -> None:

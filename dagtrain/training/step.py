@@ -373,6 +373,10 @@ class StepGraph:
         self.step += 1
         return self.out
 
+    def gather(self) -> None:
+        """Every rank already holds the whole model: nothing to gather (a pipeline's
+        step brings its stages together here)."""
+
     def optimizer_states(self) -> list[dict[str, Any]]:
         """Per bucket, the ``state_dict`` an optimizer over the bucket's parameters one
         by one would have (the checkpoint format does not depend on the flat buffers).

@@ -32,6 +32,7 @@ from . import checkpoint
 from .data import Dataset, load_dataset, shard_batches
 from .device import choose_device
 from .models import build_model, evaluate
+from .pipeline import PipelineStep
 from .progress import Progress, RankStatus
 from .step import StepGraph
 
@@ -57,6 +58,9 @@ class TrainResult:
     params_sha256: str = ""  # checkpoint.state_digest of the final model
     config: dict[str, Any] = field(default_factory=dict)  # the TrainConfig received
     bucket_bytes: list[int] = field(default_factory=list)  # gradient buckets, in sync order
+    # a pipeline-parallel run's stages, replicas, microbatches, order, split, this rank's
+    # stage and replica, its peak activation bytes and measured bubble (None otherwise)
+    pipeline: dict[str, Any] | None = None
 
     @property
     def test_accuracy(self) -> float | None:
@@ -181,7 +185,14 @@ def _train(cfg: TrainConfig, backend: Backend) -> TrainResult:
             )
         ]
 
-    sg = StepGraph(cfg, model, backend, snapshot if cfg.checkpoint_dir else None)
+    snap = snapshot if cfg.checkpoint_dir else None
+    if cfg.parallel.stages > 1:
+        # a stage's ranks of one replica read the same share of each batch
+        sg = PipelineStep(cfg, model, backend, ds.x_train, snap)
+        share, shares = sg.replica, sg.replicas
+    else:
+        sg = StepGraph(cfg, model, backend, snap)
+        share, shares = rank, world
     try:
         if world > 1:  # the launcher names a rank that never gets here as the one waited for
             mark_ready()  # in its status record, for the launcher
@@ -195,14 +206,15 @@ def _train(cfg: TrainConfig, backend: Backend) -> TrainResult:
         total = t.epochs * per_epoch
         if t.max_steps is not None:
             total = min(total, t.max_steps)
-        batches = _batches(ds, cfg, rank, world, start)
+        batches = _batches(ds, cfg, share, shares, start)
         upcoming = next(batches, None)
         sg.fetch = lambda: next(batches, None)
         sums = state["sums"]
         progress = Progress(cfg.metrics_file if rank == 0 else None, t.batch_size)
         progress.start(start, total, per_epoch, result.resumed_from_step)
         status = RankStatus(cfg.status_dir, rank)
-        status.start(start, total)
+        placed = {"stage": sg.stage, "replica": sg.replica} if isinstance(sg, PipelineStep) else {}
+        status.start(start, total, **placed)
         while upcoming is not None and sg.step < total:
             epoch, k, batch = upcoming
             last_in_epoch = k == per_epoch - 1
@@ -223,6 +235,7 @@ def _train(cfg: TrainConfig, backend: Backend) -> TrainResult:
             sums[2] += seen
             status.step(time.perf_counter() - t0, len(batch[1]))
             if last_in_epoch:
+                sg.gather()  # a pipeline's stages onto every rank: evaluation and checkpoint
                 _close_epoch(cfg, backend, model, ds, state, epoch)
                 progress.epoch(state["epochs"][-1], sg.step)
                 status.flush()
@@ -232,12 +245,15 @@ def _train(cfg: TrainConfig, backend: Backend) -> TrainResult:
                 commit()
             result.step_seconds.append(time.perf_counter() - t0)
             upcoming = sg.prefetched
+        sg.gather()
         for f in pending:
             result.checkpoint = str(f.result())  # the newest write, rank 0
         result.steps = sg.step
         result.skipped_steps = sg.skipped
         result.bucket_bytes = [b.flat.numel() * b.flat.element_size() for b in sg.buckets]
         result.epochs = state["epochs"]
+        if isinstance(sg, PipelineStep):
+            result.pipeline = sg.describe()
         result.params_sha256 = checkpoint.state_digest(model.state_dict())
         times = sorted(result.step_seconds)
         if times:

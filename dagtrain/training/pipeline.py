@@ -1,0 +1,631 @@
+"""A pipeline-parallel step: one rank's stage as a TaskGraph, built once, replayed.
+
+Ranks are stages x replicas, stage-major: rank ``s * D + d`` runs stage ``s`` of
+replica ``d``. A replica's stages pass each microbatch's activation forward and its
+gradient back; a stage's D replicas average their gradients. On the rank of stage s,
+for each microbatch m of the step::
+
+    recv-act{m} ─ F{m} ─ send-act{m}                    (from stage s-1 / to s+1)
+    recv-grad{m} ─ B{m} ─ send-grad{m}                  (from stage s+1 / to s-1)
+                     └─ W{m} ─ ... W{M-1} ─ allreduce[k] ─ update[k]
+
+``F`` is the forward (on the last stage, with the loss), ``B`` the backward: the input
+gradient alone where the order splits it (``W`` then computes the weight gradient,
+from the intermediates ``B`` kept), else the whole backward. The first stage has no
+input gradient to send, so its backward is one task. Sends and receives are detached
+tasks: their body posts the transfer (``isend``/``irecv`` on gloo or nccl, ``Isend``/
+``Irecv`` under mpirun) and the transfer's completion, awaited with a deadline by a
+thread per direction, completes them. Every transfer has the tag of its microbatch and
+direction, so a send matches its receive whatever order the two ranks post them in.
+
+The orders are not tables. They are priorities among ready tasks and a token that
+bounds how many microbatches' activations are alive: ``F{m}`` (and the receive that
+feeds it) waits for the task that frees microbatch ``m - T``'s activations:
+
+============  =========================  ============================================
+order         priorities (first first)   T (microbatches alive on stage s)
+============  =========================  ============================================
+gpipe         F, B                       M
+1f1b          B, F                       S - s (the backward frees them)
+zero-bubble   B, F, W                    S - s (W frees them: it fills the bubbles)
+============  =========================  ============================================
+
+Activations are values of the graph: ``F{m}``'s result is dropped as its last reader
+(the send and ``B{m}``, or ``W{m}``) ends. Weight gradients accumulate in microbatch
+order (the ``W`` tasks, or fused backwards, are chained), so a step is deterministic.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from time import perf_counter
+from typing import Any
+
+import torch
+from torch import nn
+
+from dagtrain.config import TrainConfig
+from dagtrain.errors import InputError
+from dagtrain.sync import Backend, CollectiveTimeout, Handle
+from dagtrain.taskgraph import Event, Ref, TaskGraph, TraceFile
+
+from .split import Split, blocks_of, choose_split
+from .step import (
+    NonFiniteGradients,
+    _average_checked,
+    _flat_state,
+    _per_parameter,
+    _step_seed,
+    make_buckets,
+    make_optimizer,
+)
+
+__all__ = ["PipelineStep", "stage_of"]
+
+log = logging.getLogger(__name__)
+
+# how many microbatches' activations the order lets a stage hold (the token count)
+_SPLIT_ORDERS = ("zero-bubble",)
+
+
+def stage_of(rank: int, replicas: int) -> tuple[int, int]:
+    """(stage, replica) of ``rank``: stage-major, rank = stage * replicas + replica."""
+    return divmod(rank, replicas)
+
+
+class _Transfers:
+    """A thread that waits, in the order they were posted, for the transfers of one
+    direction, and completes each one's detached task (or fails it)."""
+
+    def __init__(self, name: str, rank: int, timeout: float) -> None:
+        self.rank, self.timeout = rank, timeout
+        self.q: queue.SimpleQueue = queue.SimpleQueue()
+        self.done: list[tuple[str, float, float]] = []  # (name, posted, completed)
+        self.thread = threading.Thread(target=self._wait, name=name, daemon=True)
+        self.thread.start()
+
+    def post(self, handle: Handle, event: Event, keep: Any, name: str) -> None:
+        self.q.put((handle, event, keep, name, perf_counter()))
+
+    def _wait(self) -> None:
+        while True:
+            item = self.q.get()
+            if item is None:
+                return
+            handle, event, keep, name, posted = item
+            try:
+                handle.wait(self.rank, self.timeout)
+            except BaseException as e:  # a gloo timeout, a peer gone
+                if not isinstance(e, CollectiveTimeout):
+                    e = CollectiveTimeout(handle.what, self.rank, self.timeout)
+                event.fail(e)
+                continue
+            self.done.append((name, posted, perf_counter()))
+            del keep
+            event.fulfill()
+
+    def close(self) -> None:
+        self.q.put(None)
+        self.thread.join(timeout=self.timeout)
+
+
+class PipelineStep:
+    """One rank's pipeline step, with :class:`~.step.StepGraph`'s interface:
+    ``run(batch, snapshot, trace)`` -> (loss sum / world, correct, samples here).
+
+    Every rank holds the whole model (built from the same seed), trains its stage's
+    blocks, and :meth:`gather` brings the other stages' parameters, buffers and optimizer
+    state to every rank (collective), for evaluation and checkpoints.
+    """
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        model: nn.Module,
+        backend: Backend,
+        sample: torch.Tensor,
+        snapshot: Callable[..., None] | None = None,
+    ) -> None:
+        p = cfg.parallel
+        self.cfg, self.model, self.backend = cfg, model, backend
+        self.S, self.M = p.stages, p.microbatches
+        self.D = backend.size // self.S
+        self.order = p.order_used
+        self.stage, self.replica = stage_of(backend.rank, self.D)
+        self.replicas = self.D
+        self.first, self.last = self.stage == 0, self.stage == self.S - 1
+        blocks = blocks_of(model)
+        self.split = self._choose(blocks, sample)
+        a, b = self.split.ranges[self.stage]
+        self.blocks = blocks
+        self.module = nn.Sequential(*blocks[a:b])
+        first = next(model.parameters(), None)
+        self.device = first.device if first is not None else torch.device("cpu")
+        self.shapes = self._boundary_shapes(blocks, sample)
+        # the global order of the trainable parameters (the data-parallel step's bucket
+        # order: reversed), which the checkpoint's optimizer state follows
+        self.global_params = [q for _, q in reversed(list(model.named_parameters()))]
+        self.global_params = [q for q in self.global_params if q.requires_grad]
+        self.index = {id(q): i for i, q in enumerate(self.global_params)}
+        self.buckets = make_buckets(self.module, cfg.distributed.bucket_mb)
+        for bk in self.buckets:
+            bk.optimizer = make_optimizer(cfg, [bk.param])
+        self.peers_prev = backend.rank - self.D if not self.first else None
+        self.peers_next = backend.rank + self.D if not self.last else None
+        # every rank takes part in creating every stage's replica group
+        self.group = (
+            backend.subgroups([[s * self.D + d for d in range(self.D)] for s in range(self.S)])
+            if self.D > 1
+            else None
+        )
+        t = cfg.distributed.collective_timeout
+        self._waiters = {
+            k: _Transfers(f"pipeline-{k}", backend.rank, t)
+            for k, needed in (
+                ("recv-act", not self.first),
+                ("send-act", not self.last),
+                ("recv-grad", not self.last),
+                ("send-grad", not self.first),
+                ("allreduce", self.D > 1),
+            )
+            if needed
+        }
+        self.loss_fn = nn.CrossEntropyLoss(reduction="sum")
+        self.step = 0
+        self.skipped = 0
+        self.out = (0.0, 0, 0)
+        self.fetch: Callable[[], Any] = lambda: None
+        self.prefetched = None
+        self.snapshot = snapshot
+        self.want_snapshot = False
+        self.finite = True
+        self._gathered_optim: list[dict[str, Any]] | None = None
+        self.live = 0  # activation bytes alive now, and the most in any step
+        self.peak_bytes = 0
+        self._lock = threading.Lock()
+        self.bubble: float | None = None
+        self.graph = self._build()
+
+    # ------------------------------------------------------------------ setup
+    def _choose(self, blocks: list[nn.Module], sample: torch.Tensor) -> Split:
+        p = self.cfg.parallel
+        mb = max(1, self.cfg.training.batch_size // (self.D * self.M))
+        split = None
+        if self.backend.rank == 0:  # rank 0 measures; every rank uses what it chose
+            try:
+                split = choose_split(blocks, self.S, p.split, sample[:mb])
+            except InputError as e:
+                split = str(e)
+        chosen = self.backend.broadcast_object(
+            split.to_dict() if isinstance(split, Split) else {"error": split}
+        )
+        if "error" in chosen:
+            raise InputError(chosen["error"])
+        if self.backend.rank == 0:
+            log.info("pipeline %s", split.describe())
+            return split
+        return Split(chosen["bounds"], chosen["blocks"], chosen["how"])
+
+    def _boundary_shapes(self, blocks, sample) -> list[tuple[tuple[int, ...], torch.dtype]]:
+        """The shape (per sample) and dtype of each stage's output."""
+        was = self.model.training
+        self.model.eval()
+        out = []
+        with torch.no_grad():
+            h = sample[:1].to(self.device)
+            for a, b in self.split.ranges:
+                for blk in blocks[a:b]:
+                    h = blk(h)
+                out.append((tuple(h.shape[1:]), h.dtype))
+        self.model.train(was)
+        return out
+
+    # ------------------------------------------------------------------ graph
+    def _build(self) -> TaskGraph:
+        g = TaskGraph(f"pipeline-stage{self.stage}")
+        M, s = self.M, self.stage
+        split = self.order in _SPLIT_ORDERS and not self.first
+        alive = M if self.order == "gpipe" else max(1, min(M, self.S - s))
+        frees = "W" if split else "B"  # the task after which a microbatch's activations go
+        back_first = self.order != "gpipe"
+        pf, pb, pw, pc = (2 * M, 3 * M, M, 4 * M) if back_first else (3 * M, 2 * M, M, 4 * M)
+        g.add(self._load_next, name="load-next", out="next-batch")
+        for m in range(M):
+            token = (f"{frees}{m - alive}",) if m >= alive else ()
+            if not self.first:
+                ev = Event()
+                g.add(
+                    self._recv_act, m, ev, name=f"recv-act{m}", out=f"in{m}",
+                    detach=ev, after=token, priority=pc - m,
+                )  # fmt: skip
+            g.add(
+                self._forward, m, Ref(f"in{m}") if not self.first else None,
+                name=f"F{m}", out=f"act{m}", in_="params", after=token, priority=pf - m,
+            )  # fmt: skip
+            if not self.last:
+                ev = Event()
+                g.add(
+                    self._send_act, m, Ref(f"act{m}"), ev, name=f"send-act{m}",
+                    detach=ev, priority=pc - m,
+                )  # fmt: skip
+                ev = Event()
+                g.add(
+                    self._recv_grad, m, ev, name=f"recv-grad{m}", out=f"dout{m}",
+                    detach=ev, after=f"F{m}", priority=pc - m,
+                )  # fmt: skip
+        for m in range(M):
+            dout = Ref(f"dout{m}") if not self.last else None
+            if split:
+                g.add(
+                    self._backward_input, m, Ref(f"act{m}"), dout, name=f"B{m}",
+                    out=f"dx{m}", priority=pb - m,
+                )  # fmt: skip
+                g.add(
+                    self._backward_weight, m, Ref(f"dx{m}"), name=f"W{m}",
+                    inout="grads", priority=pw - m,
+                )  # fmt: skip
+            else:
+                g.add(
+                    self._backward, m, Ref(f"act{m}"), dout, name=f"B{m}",
+                    out=f"dx{m}", inout="grads", priority=pb - m,
+                )  # fmt: skip
+            if not self.first:
+                ev = Event()
+                g.add(
+                    self._send_grad, m, Ref(f"dx{m}"), ev, name=f"send-grad{m}",
+                    detach=ev, priority=pc - m,
+                )  # fmt: skip
+        reduced = ["grads"]
+        if self.D > 1:  # posted in bucket order on every replica (priorities), overlapped
+            for bk in self.buckets:
+                ev = Event()
+                g.add(
+                    self._allreduce, bk, ev, name=f"allreduce[{bk.index}]", in_="grads",
+                    out=f"g{bk.index}", detach=ev, priority=pc - bk.index,
+                )  # fmt: skip
+                reduced.append(f"g{bk.index}")
+        g.add(self._check, name="check-finite", in_=reduced, out="finite")
+        for bk in self.buckets:
+            g.add(self._update, bk, name=f"update[{bk.index}]", in_="finite", inout="params")
+        return g
+
+    # ------------------------------------------------------------------ tasks
+    def _load_next(self) -> None:
+        self.prefetched = self.fetch()
+
+    def _mb(self, m: int) -> tuple[int, int]:
+        """Microbatch ``m``'s rows of this step's batch: (start, stop)."""
+        return self.cuts[m], self.cuts[m + 1]
+
+    def _recv_act(self, m: int, event: Event) -> torch.Tensor:
+        a, b = self._mb(m)
+        shape, dtype = self.shapes[self.stage - 1]
+        buf = torch.empty((b - a, *shape), dtype=dtype, device=self.device)
+        if b == a:
+            event.fulfill()
+            return buf
+        what = (
+            f"rank {self.backend.rank} (stage {self.stage}): receiving microbatch {m}'s "
+            f"activation from rank {self.peers_prev} (stage {self.stage - 1})"
+        )
+        h = self.backend.recv_async(buf, self.peers_prev, m, what)
+        self._waiters["recv-act"].post(h, event, buf, f"recv-act{m}")
+        return buf
+
+    def _send_act(self, m: int, act: tuple, event: Event) -> None:
+        out = act[1].detach().contiguous()
+        if not len(out):
+            event.fulfill()
+            return
+        what = (
+            f"rank {self.backend.rank} (stage {self.stage}): sending microbatch {m}'s "
+            f"activation to rank {self.peers_next} (stage {self.stage + 1})"
+        )
+        h = self.backend.send_async(out, self.peers_next, m, what)
+        self._waiters["send-act"].post(h, event, out, f"send-act{m}")
+
+    def _recv_grad(self, m: int, event: Event) -> torch.Tensor:
+        a, b = self._mb(m)
+        shape, dtype = self.shapes[self.stage]
+        buf = torch.empty((b - a, *shape), dtype=dtype, device=self.device)
+        if b == a:
+            event.fulfill()
+            return buf
+        what = (
+            f"rank {self.backend.rank} (stage {self.stage}): receiving microbatch {m}'s "
+            f"gradient from rank {self.peers_next} (stage {self.stage + 1})"
+        )
+        h = self.backend.recv_async(buf, self.peers_next, self.M + m, what)
+        self._waiters["recv-grad"].post(h, event, buf, f"recv-grad{m}")
+        return buf
+
+    def _send_grad(self, m: int, dx: torch.Tensor | None, event: Event) -> None:
+        if dx is None or not len(dx):
+            event.fulfill()
+            return
+        what = (
+            f"rank {self.backend.rank} (stage {self.stage}): sending microbatch {m}'s "
+            f"gradient to rank {self.peers_prev} (stage {self.stage - 1})"
+        )
+        dx = dx.contiguous()
+        h = self.backend.send_async(dx, self.peers_prev, self.M + m, what)
+        self._waiters["send-grad"].post(h, event, dx, f"send-grad{m}")
+
+    def _saved_bytes(self) -> Any:
+        """Autograd's saved tensors of a forward, counted by storage while they live."""
+        seen: dict[int, int] = {}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            if t.device.type != "meta" and not isinstance(t, nn.Parameter):
+                try:
+                    st = t.untyped_storage()
+                    seen.setdefault(st.data_ptr(), st.nbytes())
+                except (RuntimeError, NotImplementedError):
+                    pass
+            return t
+
+        return seen, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+
+    def _forward(self, m: int, inp: torch.Tensor | None) -> tuple:
+        a, b = self._mb(m)
+        if self.first:
+            inp = self.x[a:b]
+            if self.device.type != "cpu":
+                inp = inp.to(self.device, non_blocking=True)
+        else:
+            inp.requires_grad_(inp.is_floating_point())
+        if b == a:
+            return (inp, None, 0)
+        torch.default_generator.manual_seed(
+            _step_seed(self.cfg.training.seed, self.backend.rank, self.step * self.M + m)
+        )
+        seen, hooks = self._saved_bytes()
+        with hooks:
+            out = self.module(inp)
+            if self.last:
+                y = self.y[a:b].to(out.device)
+                loss = self.loss_fn(out, y) * (self.D / self.count)
+                correct = int((out.argmax(dim=1) == y).sum())
+                self.sums[0] += loss.item() * self.count / self.D  # the sum of the losses
+                self.sums[1] += correct
+                self.sums[2] += b - a
+                out = loss
+        nbytes = sum(seen.values())
+        with self._lock:
+            self.live += nbytes
+            self.peak_bytes = max(self.peak_bytes, self.live)
+        return (inp, out, nbytes)
+
+    def _freed(self, nbytes: int) -> None:
+        with self._lock:
+            self.live -= nbytes
+
+    def _backward(self, m: int, act: tuple, dout: torch.Tensor | None) -> torch.Tensor | None:
+        inp, out, nbytes = act
+        if out is None:
+            return None
+        torch.autograd.backward(out, None if self.last else dout)
+        self._freed(nbytes)
+        return None if self.first else inp.grad
+
+    def _backward_input(self, m: int, act: tuple, dout: torch.Tensor | None) -> Any:
+        from torch.distributed.pipelining._backward import stage_backward_input
+
+        inp, out, nbytes = act
+        if out is None:
+            return None
+        dinputs, groups = stage_backward_input(
+            [out], None if self.last else [dout], [inp], self.module.parameters()
+        )
+        self._pending_w[m] = (groups, nbytes)
+        return dinputs[0]
+
+    def _backward_weight(self, m: int, dx: Any) -> None:
+        from torch.distributed.pipelining._backward import stage_backward_weight
+
+        got = self._pending_w.pop(m, None)
+        if got is None:
+            return
+        groups, nbytes = got
+        stage_backward_weight(self.module.parameters(), groups)
+        self._freed(nbytes)
+
+    def _allreduce(self, bk: Any, event: Event) -> None:
+        what = (
+            f"rank {self.backend.rank} (stage {self.stage}): averaging gradient bucket "
+            f"{bk.index} over the stage's {self.D} replicas"
+        )
+        h = self.group.allreduce_async(bk.flat, what, average=True)
+        self._waiters["allreduce"].post(h, event, None, f"allreduce[{bk.index}]")
+
+    def _check(self) -> None:
+        self.finite = True
+        for bk in self.buckets:
+            bk.finite = _average_checked(bk, 1, 1.0)  # (averaged already: a check)
+            if not bk.finite:
+                if self.cfg.training.nonfinite == "fail":
+                    raise NonFiniteGradients(self.step, bk.index, bk.names)
+                self.finite = False
+        if self.cfg.training.nonfinite == "skip":  # every rank decides alike
+            flag = torch.tensor([0.0 if self.finite else 1.0])
+            self.backend.allreduce(flag, "non-finite check", average=False)
+            self.finite = not flag.item()
+            if not self.finite:
+                self.skipped += 1
+
+    def _update(self, bk: Any) -> None:
+        if self.finite:
+            bk.optimizer.step()
+
+    # ------------------------------------------------------------------ driving
+    def run(
+        self,
+        batch: tuple[torch.Tensor, torch.Tensor, int],
+        snapshot: bool = False,
+        trace: str | None = None,
+    ) -> tuple[float, int, int]:
+        """Run one step on ``batch`` (this replica's share of the global batch)."""
+        self.x, self.y, self.count = batch
+        n = len(self.x)
+        sizes = [len(c) for c in torch.tensor_split(torch.arange(n), self.M)]
+        self.cuts = [0]
+        for k in sizes:
+            self.cuts.append(self.cuts[-1] + k)
+        self.sums = [0.0, 0, 0]
+        self._pending_w: dict[int, Any] = {}
+        self.live = 0
+        for bk in self.buckets:
+            bk.flat.zero_()
+            for q, view in zip(bk.params, bk.grads):
+                q.grad = view
+        if not self.model.training:
+            self.model.train()
+        rank = self.backend.rank
+        self.graph.run(
+            workers=1,
+            trace=None
+            if trace is None
+            else TraceFile(trace, rank, f"rank {rank} · stage {self.stage}"),
+            timeout=self.cfg.distributed.collective_timeout * (2 * self.M + 4),
+        )
+        if trace is not None:
+            self.bubble = self._bubble()
+        self.step += 1
+        if snapshot:
+            self.gather()
+            if self.snapshot is not None:
+                self.snapshot(self.step)
+        return (self.sums[0], self.sums[1], self.sums[2]) if self.last else (0.0, 0, 0)
+
+    def _bubble(self) -> float | None:
+        """1 - (time in F, B, W) / (the step's span), from the last run's tasks."""
+        tasks = [t for t in self.graph.tasks if t.t1 > 0]
+        if not tasks:
+            return None
+        span = max(t.t1 for t in tasks) - min(t.t0 for t in tasks)
+        busy = sum(t.t1 - t.t0 for t in tasks if t.name[:1] in "FBW" and t.name[1:].isdigit())
+        return max(0.0, 1.0 - busy / span) if span > 0 else None
+
+    # ------------------------------------------------------------------ state
+    def gather(self) -> None:
+        """Every stage's parameters, buffers and optimizer state onto every rank (all
+        ranks call it): broadcast from each stage's first replica."""
+        optim: list[tuple[int, dict[str, Any]]] = []
+        probe = make_optimizer(self.cfg, [nn.Parameter(torch.zeros(1))])
+        hyper = {k: v for k, v in probe.state_dict()["param_groups"][0].items() if k != "params"}
+        for s, (a, b) in enumerate(self.split.ranges):
+            root = s * self.D
+            stage = nn.Sequential(*self.blocks[a:b])
+            tensors = [t for t in stage.state_dict(keep_vars=True).values()]
+            self.backend.broadcast([t.data for t in tensors], root=root)
+            states = self._stage_states() if s == self.stage and self.replica == 0 else None
+            layout = self.backend.broadcast_object(
+                None
+                if states is None
+                else [[i, {k: _describe(v) for k, v in st.items()}] for i, st in states],
+                root=root,
+            )
+            got: list[tuple[int, dict[str, Any]]] = []
+            for i, desc in layout:
+                st = {}
+                for k, d in desc.items():
+                    if isinstance(d, dict) and "shape" in d:
+                        t = (
+                            dict(states)[i][k].contiguous()
+                            if states is not None
+                            else torch.empty(d["shape"], dtype=getattr(torch, d["dtype"]))
+                        )
+                        st[k] = t
+                    else:
+                        st[k] = d
+                got.append((i, st))
+            tensors = [
+                v for _, st in got for k, v in sorted(st.items()) if isinstance(v, torch.Tensor)
+            ]
+            self.backend.broadcast(tensors, root=root)
+            optim.extend(got)
+        per = dict(optim)
+        n = len(self.global_params)
+        self._gathered_optim = [
+            {
+                "state": {i: per[i] for i in range(n) if per.get(i)},
+                "param_groups": [{**hyper, "params": list(range(n))}],
+            }
+        ]
+
+    def _stage_states(self) -> list[tuple[int, dict[str, Any]]]:
+        """This stage's optimizer state per parameter, by global parameter index."""
+        out = []
+        for bk in self.buckets:
+            sd = _per_parameter(bk)
+            for j, q in enumerate(bk.params):
+                st = sd["state"].get(j, {})
+                out.append(
+                    (
+                        self.index[id(q)],
+                        {
+                            k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v)
+                            for k, v in st.items()
+                        },
+                    )
+                )
+        return out
+
+    def optimizer_states(self) -> list[dict[str, Any]]:
+        """The whole model's optimizer state, as the data-parallel step saves it (one
+        entry over every parameter, in its order); valid after :meth:`gather`."""
+        if self._gathered_optim is None:
+            raise RuntimeError("PipelineStep.optimizer_states() before gather()")
+        return self._gathered_optim
+
+    def load_optimizer_states(self, states: list[dict[str, Any]]) -> None:
+        """Load a checkpoint's optimizer state (any step's, any split's): this stage's
+        parameters' part of it."""
+        per_param: list[dict[str, Any]] = []
+        for st in states:
+            for group in st["param_groups"]:
+                per_param += [
+                    st["state"].get(i, st["state"].get(str(i), {})) for i in group["params"]
+                ]
+        if len(per_param) != len(self.global_params):
+            raise ValueError(
+                f"the checkpoint's optimizer state has {len(per_param)} parameters, this "
+                f"model {len(self.global_params)}: resume with the same model"
+            )
+        hyper = {k: v for k, v in states[0]["param_groups"][0].items() if k != "params"}
+        for bk in self.buckets:
+            mine = [per_param[self.index[id(q)]] for q in bk.params]
+            bk.optimizer.load_state_dict(
+                {"state": _flat_state(bk, mine), "param_groups": [{**hyper, "params": [0]}]}
+            )
+
+    def describe(self) -> dict[str, Any]:
+        """What the result and the page show of this rank's pipeline."""
+        return {
+            "stages": self.S,
+            "replicas": self.D,
+            "microbatches": self.M,
+            "order": self.order,
+            "split": self.split.bounds,
+            "blocks": self.split.blocks,
+            "ranges": self.split.ranges,
+            "how": self.split.how,
+            "stage_costs": [round(x * 1e3, 4) for x in self.split.stage_seconds],
+            "stage": self.stage,
+            "replica": self.replica,
+            "peak_activation_bytes": self.peak_bytes,
+            "bubble": self.bubble,
+        }
+
+    def close(self) -> None:
+        for w in self._waiters.values():
+            w.close()
+
+
+def _describe(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        return {"shape": list(v.shape), "dtype": str(v.dtype).removeprefix("torch.")}
+    return v

@@ -1,0 +1,198 @@
+"""Splitting a model into pipeline stages: its sequential blocks, their measured cost,
+and the contiguous split that makes the slowest stage as fast as it can be.
+
+A model is splittable when its blocks run in sequence, each reading only the output of
+the one before: an ``nn.Sequential`` (its children; the built-in ``mlp``, ``cnn`` and
+``rescnn`` are ones), a list of modules a user factory returned (it becomes an
+``nn.Sequential``), or a model with a ``blocks()`` method returning such a list (the
+built-in ``transformer``: embedding, each encoder layer, head). The blocks share the
+model's parameters, so the whole model's ``state_dict`` is the checkpoint's, whatever
+the split.
+
+``split: auto`` times each block's forward and backward on a few microbatches and its
+output's size (:func:`profile_blocks`), then :func:`balanced_split` picks the
+boundaries that minimise the slowest stage (a linear-partition dynamic programme, with
+the bytes sent between stages as the tie-breaker).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from dagtrain.errors import InputError
+
+__all__ = ["BlockCost", "Split", "balanced_split", "blocks_of", "choose_split", "profile_blocks"]
+
+
+def blocks_of(model: nn.Module) -> list[nn.Module]:
+    """The blocks ``model`` runs in sequence; InputError if it has none to split."""
+    if hasattr(model, "blocks") and callable(model.blocks):
+        blocks = list(model.blocks())
+    elif isinstance(model, nn.Sequential):
+        blocks = list(model.children())
+    else:
+        raise InputError(
+            f"parallel.stages needs a model whose blocks run in sequence: {type(model).__name__} "
+            "is not an nn.Sequential and has no blocks() method; return an nn.Sequential "
+            "(or a list of modules) from the model factory"
+        )
+    if not all(isinstance(b, nn.Module) for b in blocks):
+        raise InputError("parallel.stages: every block of the model must be a torch.nn.Module")
+    return blocks
+
+
+@dataclass
+class BlockCost:
+    """One block's measured forward and backward seconds and its output's bytes per
+    sample (what a stage boundary after it sends)."""
+
+    forward: float
+    backward: float
+    out_bytes: int
+
+    @property
+    def total(self) -> float:
+        return self.forward + self.backward
+
+
+@dataclass
+class Split:
+    """Where a model is cut: ``bounds`` (S - 1 block indices, the first block of each
+    stage after the first) and, for each stage, its blocks' range and measured cost."""
+
+    bounds: list[int]
+    blocks: int
+    how: str  # "auto" (measured) or "explicit"
+    costs: list[BlockCost] = field(default_factory=list)
+
+    @property
+    def ranges(self) -> list[tuple[int, int]]:
+        edges = [0, *self.bounds, self.blocks]
+        return list(zip(edges, edges[1:]))
+
+    @property
+    def stage_seconds(self) -> list[float]:
+        if not self.costs:
+            return []
+        return [sum(c.total for c in self.costs[a:b]) for a, b in self.ranges]
+
+    def describe(self) -> str:
+        """One line: what each stage holds, and its measured share."""
+        parts = []
+        secs = self.stage_seconds
+        for s, (a, b) in enumerate(self.ranges):
+            held = f"block {a}" if b - a == 1 else f"blocks {a}-{b - 1}"
+            cost = f" {secs[s] * 1e3:.2f} ms" if secs else ""
+            parts.append(f"stage {s}: {held}{cost}")
+        return f"split ({self.how}, {self.blocks} blocks): " + "; ".join(parts)
+
+    def to_dict(self) -> dict:
+        return {
+            "bounds": self.bounds,
+            "blocks": self.blocks,
+            "how": self.how,
+            "ranges": self.ranges,
+            "stage_ms": [round(s * 1e3, 4) for s in self.stage_seconds],
+        }
+
+
+def profile_blocks(
+    blocks: Sequence[nn.Module], x: torch.Tensor, repeats: int = 3
+) -> list[BlockCost]:
+    """Each block's median forward and backward seconds on input ``x`` (a microbatch),
+    and its output's bytes per sample. The parameters' gradients are left as they were."""
+    saved = [[p.grad for p in b.parameters()] for b in blocks]
+    fwd = [[] for _ in blocks]
+    bwd = [[] for _ in blocks]
+    out_bytes = [0] * len(blocks)
+    for _ in range(repeats + 1):  # the first pass warms up
+        h = x
+        for i, b in enumerate(blocks):
+            inp = h.detach().requires_grad_(h.is_floating_point())
+            t0 = time.perf_counter()
+            out = b(inp)
+            t1 = time.perf_counter()
+            grad = torch.ones_like(out)
+            t2 = time.perf_counter()
+            if out.requires_grad:
+                out.backward(grad)
+            t3 = time.perf_counter()
+            fwd[i].append(t1 - t0)
+            bwd[i].append(t3 - t2)
+            out_bytes[i] = out[:1].numel() * out.element_size()
+            h = out.detach()
+    for b, grads in zip(blocks, saved):
+        for p, g in zip(b.parameters(), grads):
+            p.grad = g
+    return [BlockCost(_median(f[1:]), _median(k[1:]), n) for f, k, n in zip(fwd, bwd, out_bytes)]
+
+
+def balanced_split(costs: Sequence[float], stages: int, sizes: Sequence[int] = ()) -> list[int]:
+    """The S - 1 boundaries that cut ``costs`` (one per block) into ``stages``
+    contiguous, non-empty parts whose largest sum is smallest; among equal ones, the
+    one sending the fewest bytes (``sizes``: each block's output bytes)."""
+    n = len(costs)
+    if not 1 <= stages <= n:
+        raise ValueError(f"cannot cut {n} blocks into {stages} stages")
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+    sent = list(sizes) or [0] * n
+    inf = (math.inf, math.inf)
+    # best[k][i]: (slowest stage, bytes sent) cutting blocks[:i] into k stages
+    best = [[inf] * (n + 1) for _ in range(stages + 1)]
+    cut = [[0] * (n + 1) for _ in range(stages + 1)]
+    best[0][0] = (0.0, 0)
+    for k in range(1, stages + 1):
+        for i in range(k, n - (stages - k) + 1):
+            for j in range(k - 1, i):
+                prev = best[k - 1][j]
+                if prev is inf:
+                    continue
+                here = (
+                    max(prev[0], prefix[i] - prefix[j]),
+                    prev[1] + (sent[j - 1] if j else 0),
+                )
+                if here < best[k][i]:
+                    best[k][i] = here
+                    cut[k][i] = j
+    bounds, i = [], n
+    for k in range(stages, 1, -1):
+        i = cut[k][i]
+        bounds.append(i)
+    return bounds[::-1]
+
+
+def choose_split(
+    blocks: Sequence[nn.Module], stages: int, split: str | list[int], sample: torch.Tensor
+) -> Split:
+    """The split ``parallel.split`` asks for: its boundaries checked against the model,
+    or (``auto``) the balanced one measured on ``sample``. InputError names the field."""
+    n = len(blocks)
+    if stages > n:
+        raise InputError(
+            f"parallel.stages is {stages} but the model has {n} blocks to split: use at "
+            f"most {n} stages, or a deeper model"
+        )
+    if split != "auto":
+        bounds = list(split)
+        if bounds and bounds[-1] >= n:
+            raise InputError(
+                f"parallel.split {bounds}: the model has {n} blocks (0-{n - 1}), so each "
+                f"boundary must be between 1 and {n - 1}"
+            )
+        return Split(bounds, n, "explicit")
+    costs = profile_blocks(blocks, sample)
+    bounds = balanced_split([c.total for c in costs], stages, [c.out_bytes for c in costs])
+    return Split(bounds, n, "auto", costs)
+
+
+def _median(xs: list[float]) -> float:
+    s = sorted(xs)
+    return s[len(s) // 2] if s else 0.0
