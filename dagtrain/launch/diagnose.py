@@ -55,7 +55,8 @@ class RankFailure(RuntimeError):
     with its host: ...``), ``exit_code``, ``signal`` (``SIGKILL``), ``step`` (the steps
     it had completed, from its record), ``last_lines`` (of its own log; ``log_tail``
     too), ``error`` (what the rank reported: ``Type: message``; ``error_type``,
-    ``error_message``, ``traceback``), ``role`` (what the process was: ``train``) and
+    ``error_message``, ``traceback``), ``role`` (what the process was: ``train``),
+    ``stage`` (a pipeline rank's stage, from its record; None otherwise) and
     ``summary``, the message's first sentence (``rank 1 on host b exited with code 1
     (ValueError: ...)``). The message names the host for ranks on several hosts only
     (``host_in_message``). :meth:`to_dict` gives the fields as JSON."""
@@ -77,10 +78,13 @@ class RankFailure(RuntimeError):
         traceback: str | None = None,
         role: str | None = None,
         host_in_message: bool = True,
+        stage: int | None = None,
     ) -> None:
         if how is None:
             how = f"was killed by {signal_name}" if signal_name else f"exited with code {exit_code}"
         who = f"rank {rank}" if rank is not None else "a rank"
+        if stage is not None:  # a pipeline's: which part of the model it held
+            who += f" (pipeline stage {stage})"
         if host and host_in_message:
             who += f" on host {host}"
         tail = "\n".join(f"    {line}" for line in log_tail[-12:]) or "    (no output)"
@@ -98,6 +102,7 @@ class RankFailure(RuntimeError):
         self.error_message = error_message
         self.traceback = traceback
         self.role = role
+        self.stage = stage
 
     @property
     def log_tail(self) -> list[str]:
@@ -118,6 +123,7 @@ class RankFailure(RuntimeError):
             "signal": self.signal,
             "step": self.step,
             "role": self.role,
+            "stage": self.stage,
             "bad_input": isinstance(self, InputError),
             "last_lines": list(self.last_lines),
             "log_tail": list(self.last_lines),
@@ -228,6 +234,7 @@ def diagnose(job: Job, ending: Ending) -> RankFailure:
         traceback=(failure or {}).get("traceback"),
         role=record.get("role"),
         host_in_message=job.hosts is not None,
+        stage=record.get("stage"),
     )
 
 

@@ -155,3 +155,32 @@ def fail_at_step(in_shape, classes, rank=1, step=3, how="raise"):
     import math
 
     return _FailAtStep(math.prod(in_shape), classes, rank, step, how)
+
+
+class _Sleep(nn.Module):
+    def __init__(self, seconds):
+        super().__init__()
+        self.seconds = seconds
+
+    def forward(self, x):
+        import time
+
+        time.sleep(self.seconds)
+        return x
+
+
+def slow_blocks(in_shape, classes, seconds=0.005, width=16):
+    """Blocks in sequence (a list: a pipeline can split it), each step slow enough for a
+    test to kill a stage's rank mid-run."""
+    import math
+
+    return [
+        nn.Flatten(),
+        nn.Linear(math.prod(in_shape), width),
+        _Sleep(seconds),
+        nn.ReLU(),
+        nn.Linear(width, width),
+        _Sleep(seconds),
+        nn.ReLU(),
+        nn.Linear(width, classes),
+    ]

@@ -1,0 +1,215 @@
+"""Pipeline parallelism in real processes (gloo, and mpi4py under mpirun): every order
+trains the same parameters as one process on the same global batch, resumes bitwise
+after a kill (and with another number of stages), and a stage rank that dies or stalls
+fails the job in time, named. Nothing is mocked.
+
+The whole equivalence grid (every order, S in {2, 4}, M in {1, 4, 8}, D in {1, 2}) runs
+with ``-m pipeline_grid``; the default run takes a subset of it."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from dagtrain.launch import RankFailure
+from dagtrain.training import TrainConfig, run_training
+from dagtrain.training import checkpoint as ckpt
+
+pytestmark = pytest.mark.slow
+QUIET = {"on_line": lambda line: None}
+ORDERS = ("gpipe", "1f1b", "zero-bubble")
+BASE = {
+    "epochs": 1,
+    "max_steps": 4,
+    "batch_size": 32,
+    "model_args": {"hidden": [32, 32, 32]},  # 8 blocks: Flatten, then Linear/ReLU pairs
+    "bucket_mb": 0.01,
+    "collective_timeout": 30,
+}
+GRID = list(itertools.product(ORDERS, (2, 4), (1, 4, 8), (1, 2)))
+# the default run's part of the grid: each order, both S, M and D, two backends
+DEFAULT = {
+    ("gpipe", 2, 4, 1),
+    ("1f1b", 4, 8, 1),
+    ("1f1b", 2, 1, 2),
+    ("zero-bubble", 2, 8, 2),
+    ("zero-bubble", 4, 4, 1),
+}
+
+
+def final_params(directory: Path) -> dict[str, torch.Tensor]:
+    return ckpt.latest(directory)[1]["model"]
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory) -> dict[str, torch.Tensor]:
+    d = tmp_path_factory.mktemp("single")
+    run_training(TrainConfig(**BASE, checkpoint_dir=str(d)), 1, **QUIET)
+    return final_params(d)
+
+
+def _grid():
+    for case in GRID:
+        marks = [] if case in DEFAULT else [pytest.mark.pipeline_grid]
+        yield pytest.param(*case, marks=marks, id="-".join(map(str, case)))
+
+
+@pytest.mark.parametrize(("order", "stages", "micro", "replicas"), list(_grid()))
+def test_every_order_trains_what_one_process_trains(
+    tmp_path, single, order, stages, micro, replicas
+):
+    backend = "mpi" if (stages + micro + replicas) % 2 else "torch"
+    cfg = TrainConfig(
+        **BASE,
+        backend=backend,
+        ranks=stages * replicas,
+        parallel={"stages": stages, "microbatches": micro, "order": order},
+        checkpoint_dir=str(tmp_path),
+    )
+    r = run_training(cfg, **QUIET)
+    p = r.pipeline
+    assert (p["stages"], p["replicas"], p["microbatches"], p["order"]) == (
+        stages,
+        replicas,
+        micro,
+        order,
+    )
+    assert r.steps == 4
+    got = final_params(tmp_path)
+    worst = max(float((got[k] - v).abs().max()) for k, v in single.items())
+    print(f"{order} S={stages} M={micro} D={replicas} on {backend}: max |diff| {worst:.3g}")
+    for k, v in single.items():
+        assert torch.allclose(got[k], v, rtol=1e-5, atol=1e-6), (k, worst)
+
+
+def test_the_orders_hold_the_activations_they_promise(tmp_path):
+    # stage 0 of 2 with 8 microbatches: gpipe keeps all 8 alive, 1f1b and zero-bubble 2
+    peak = {}
+    for order in ORDERS:
+        cfg = TrainConfig(
+            **{**BASE, "max_steps": 2},
+            backend="torch",
+            ranks=2,
+            parallel={"stages": 2, "microbatches": 8, "order": order, "split": [4]},
+        )
+        peak[order] = run_training(cfg, **QUIET).pipeline["peak_activation_bytes"]
+    assert peak["1f1b"] * 4 == peak["gpipe"], peak
+    assert peak["zero-bubble"] == peak["1f1b"], peak
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+SLOW = dict(
+    model="tests.unit.training.factory:slow_blocks",
+    model_args={"seconds": 0.004},
+    epochs=2,
+    max_steps=60,
+    checkpoint_every=10,
+    batch_size=32,
+    collective_timeout=20,
+)
+
+
+def _signal_rank(job_dir: Path, pids: Path, rank: int, sig: int, after: str, box: dict):
+    def on_start(job):
+        def go():
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline:
+                if (job_dir / after).exists() and (pids / f"rank{rank}.pid").exists():
+                    box["at"] = time.monotonic()
+                    box["pid"] = int((pids / f"rank{rank}.pid").read_text())
+                    os.kill(box["pid"], sig)
+                    return
+                time.sleep(0.01)
+
+        threading.Thread(target=go, daemon=True).start()
+
+    return on_start
+
+
+@pytest.mark.parametrize("backend", ["torch", "mpi"])
+def test_a_killed_stage_rank_fails_named_and_the_run_resumes_bitwise(
+    tmp_path, backend, monkeypatch
+):
+    par = {"stages": 2, "microbatches": 4, "order": "1f1b", "split": [4]}
+    cfg = dict(SLOW, backend=backend, ranks=2, parallel=par)
+    whole = run_training(TrainConfig(**cfg, checkpoint_dir=str(tmp_path / "a")), **QUIET)
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    monkeypatch.setenv("DAGTRAIN_PID_DIR", str(pids))
+    d = tmp_path / "b"
+    box: dict = {}
+    kill = _signal_rank(d, pids, 1, signal.SIGKILL, "ckpt-00000020.pt.json", box)
+    with pytest.raises(RankFailure) as info:
+        run_training(TrainConfig(**cfg, checkpoint_dir=str(d)), on_start=kill, **QUIET)
+    took = time.monotonic() - box["at"]
+    assert took < 15, took
+    err = info.value
+    assert err.rank == 1 and err.signal == "SIGKILL" and err.stage == 1, str(err)
+    assert "rank 1 (pipeline stage 1)" in str(err), str(err)
+    time.sleep(0.5)
+    assert not [p for p in pids.iterdir() if _alive(int(p.read_text()))], "orphaned ranks"
+    monkeypatch.delenv("DAGTRAIN_PID_DIR")
+    resumed = run_training(TrainConfig(**cfg, checkpoint_dir=str(d)), **QUIET)
+    assert resumed.resumed_from_step is not None and resumed.resumed_from_step >= 20
+    assert resumed.steps == whole.steps == 60
+    assert resumed.params_sha256 == whole.params_sha256  # bitwise
+    assert [e["train_loss"] for e in resumed.epochs] == [e["train_loss"] for e in whole.epochs]
+
+
+def test_a_pipeline_checkpoint_resumes_with_another_number_of_stages(tmp_path):
+    # 20 steps on 2 stages, then on to 40 on 4 stages, against 40 steps in one process
+    cfg = dict(SLOW, model_args={"seconds": 0.0}, max_steps=40, backend="torch")
+    one = run_training(TrainConfig(**cfg, checkpoint_dir=str(tmp_path / "one")), 1, **QUIET)
+    d = str(tmp_path / "pp")
+    two = {"stages": 2, "microbatches": 4, "order": "zero-bubble"}
+    run_training(TrainConfig(**{**cfg, "max_steps": 20}, ranks=2, parallel=two, checkpoint_dir=d), **QUIET)
+    four = {"stages": 4, "microbatches": 2, "order": "gpipe"}
+    r = run_training(TrainConfig(**cfg, ranks=4, parallel=four, checkpoint_dir=d), **QUIET)
+    assert r.resumed_from_step == 20 and r.steps == 40
+    assert one.steps == 40
+    a, b = final_params(tmp_path / "one"), final_params(Path(d))
+    for k in a:
+        assert torch.allclose(a[k], b[k], rtol=1e-5, atol=1e-6), k
+
+
+def test_a_stalled_stage_rank_fails_the_job_within_the_collective_timeout(tmp_path, monkeypatch):
+    par = {"stages": 2, "microbatches": 4, "order": "1f1b", "split": [4]}
+    cfg = dict(SLOW, backend="torch", ranks=2, parallel=par, collective_timeout=5, max_steps=400)
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    monkeypatch.setenv("DAGTRAIN_PID_DIR", str(pids))
+    d = tmp_path / "b"
+    box: dict = {}
+    stop = _signal_rank(d, pids, 1, signal.SIGSTOP, "ckpt-00000020.pt.json", box)
+    try:
+        with pytest.raises(RankFailure) as info:
+            run_training(
+                TrainConfig(**cfg, checkpoint_dir=str(d)), on_start=stop, timeout=120, **QUIET
+            )
+        took = time.monotonic() - box["at"]
+    finally:
+        if "pid" in box and _alive(box["pid"]):
+            os.kill(box["pid"], signal.SIGCONT)
+    assert took < 5 + 15, took
+    msg = str(info.value)
+    assert "rank 1 (stage 1)" in msg and "did not finish within 5 s" in msg, msg
+    time.sleep(0.5)
+    assert not [p for p in pids.iterdir() if _alive(int(p.read_text()))], "orphaned ranks"
