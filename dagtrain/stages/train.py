@@ -157,6 +157,10 @@ def train_stage(
         init_from=init_from,
         **train_paths(out),
     )
+    if tcfg.parallel.stages > 1:  # a split the model cannot have: refused before the ranks
+        from dagtrain.training.split import check_stages
+
+        check_stages(tcfg, manifest["in_shape"], manifest["classes"])
     if log is not None:
         log.info(
             "training %s on %d %s rank(s); checkpoints in %s",

@@ -407,7 +407,8 @@ class PipelineStep:
         inp, out, nbytes = act
         if out is None:
             return None
-        torch.autograd.backward(out, None if self.last else dout)
+        if out.requires_grad:  # (not where the stage has no parameters and no input grad)
+            torch.autograd.backward(out, None if self.last else dout)
         self._freed(nbytes)
         return None if self.first else inp.grad
 

@@ -27,7 +27,15 @@ from torch import nn
 
 from dagtrain.errors import InputError
 
-__all__ = ["BlockCost", "Split", "balanced_split", "blocks_of", "choose_split", "profile_blocks"]
+__all__ = [
+    "BlockCost",
+    "Split",
+    "balanced_split",
+    "blocks_of",
+    "check_stages",
+    "choose_split",
+    "profile_blocks",
+]
 
 
 def blocks_of(model: nn.Module) -> list[nn.Module]:
@@ -191,6 +199,24 @@ def choose_split(
     costs = profile_blocks(blocks, sample)
     bounds = balanced_split([c.total for c in costs], stages, [c.out_bytes for c in costs])
     return Split(bounds, n, "auto", costs)
+
+
+def check_stages(cfg, in_shape: Sequence[int], classes: int) -> int | None:
+    """Refuse, before any rank starts, a pipeline the model cannot be split into (more
+    stages than blocks, a boundary past the last block, a model with no blocks): the
+    model built on the meta device (no memory, no time). A user factory is left to the
+    ranks (it may import only where they run). Returns the model's block count."""
+    from .models import MODELS, build_model
+
+    p = cfg.parallel
+    if p.stages == 1 or cfg.model.name not in MODELS:
+        return None
+    with torch.device("meta"):
+        model = build_model(cfg.model.name, in_shape, classes, **cfg.model.args)
+    blocks = blocks_of(model)
+    if p.stages > len(blocks) or p.split != "auto":
+        choose_split(blocks, p.stages, p.split, None)  # raises InputError naming the field
+    return len(blocks)
 
 
 def _median(xs: list[float]) -> float:
