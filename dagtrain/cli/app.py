@@ -66,7 +66,14 @@ def validate(config: ConfigArg, sets: Sets = None, home: HomeOpt = Path(".dagtra
             f" {config}: pipeline ",
             (eff.name, "bold"),
             f" ({eff.pipeline}), model {eff.model.name}, {eff.distributed.ranks} "
-            f"{eff.distributed.backend} rank(s), {eff.training.epochs} epoch(s); artifacts in "
+            f"{eff.distributed.backend} rank(s)"
+            + (
+                f" ({eff.parallel.stages} pipeline stages x {eff.replicas} replica(s), "
+                f"{eff.parallel.microbatches} microbatches, {eff.parallel.order_used})"
+                if eff.parallel.stages > 1
+                else ""
+            )
+            + f", {eff.training.epochs} epoch(s); artifacts in "
             f"{eff.artifact_root(home)}",  # as `dagtrain run --home` would
         )
     )

@@ -65,7 +65,8 @@ def preflight(cfg: PipelineConfig, home: Path | None = None) -> None:
     """What a run of ``cfg`` would fail on at once, checked here and now: the data file,
     the backend's library, and, in a process that imports as the ranks will
     (``dagtrain.training.preflight``), the data's labels, the model factory, the model
-    built with ``model.args`` on the meta device, ``distributed.device``. Exits 2
+    built with ``model.args`` on the meta device (and cut as ``parallel`` says),
+    ``distributed.device``. Exits 2
     naming the field."""
     from dagtrain.errors import InputError, MissingDependency
     from dagtrain.stages.files import check_source
@@ -99,6 +100,7 @@ def _check_model(cfg: PipelineConfig, home: Path | None) -> None:
     plugins = (home or Path(".dagtrain")).resolve() / "airflow" / "plugins"
     spec = {
         "model": cfg.model.model_dump(mode="json"),
+        "parallel": cfg.parallel.model_dump(mode="json"),
         "data": cfg.data_source(),
         # the ranks of a host list run elsewhere: their devices are theirs to check
         "device": "cpu"

@@ -162,11 +162,16 @@ def train_stage(
 
         check_stages(tcfg, manifest["in_shape"], manifest["classes"])
     if log is not None:
+        p = tcfg.parallel
         log.info(
-            "training %s on %d %s rank(s); checkpoints in %s",
+            "training %s on %d %s rank(s)%s; checkpoints in %s",
             cfg.model.name,
             tcfg.distributed.ranks,
             tcfg.distributed.backend,
+            f" as {p.stages} pipeline stages x {tcfg.replicas} replica(s), "
+            f"{p.microbatches} microbatches a step, order {p.order_used}, split {p.split}"
+            if p.stages > 1
+            else "",
             tcfg.checkpoint_dir,
         )
     record_try(out.metrics, try_number)

@@ -56,6 +56,11 @@ def check(spec: dict[str, Any]) -> dict[str, Any]:
                 f"a batch of samples of shape {tuple(in_shape)} does not pass through the "
                 f"model: {type(e).__name__}: {e}"
             ) from None
+    parallel = spec.get("parallel") or {}
+    if parallel.get("stages", 1) > 1:  # the blocks a pipeline splits it into
+        from .split import check_blocks
+
+        check_blocks(model, parallel["stages"], parallel.get("split", "auto"))
     if out is not None and tuple(out.shape) != (2, classes):
         raise InputError(
             f"model.name {model_spec['name']!r}: the model gives {tuple(out.shape[1:])} per "

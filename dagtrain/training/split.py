@@ -32,6 +32,7 @@ __all__ = [
     "Split",
     "balanced_split",
     "blocks_of",
+    "check_blocks",
     "check_stages",
     "choose_split",
     "profile_blocks",
@@ -213,9 +214,15 @@ def check_stages(cfg, in_shape: Sequence[int], classes: int) -> int | None:
         return None
     with torch.device("meta"):
         model = build_model(cfg.model.name, in_shape, classes, **cfg.model.args)
+    return check_blocks(model, p.stages, p.split)
+
+
+def check_blocks(model: nn.Module, stages: int, split: str | list[int]) -> int:
+    """InputError naming the field if ``model`` cannot be cut into ``stages`` as
+    ``split`` says; its block count otherwise."""
     blocks = blocks_of(model)
-    if p.stages > len(blocks) or p.split != "auto":
-        choose_split(blocks, p.stages, p.split, None)  # raises InputError naming the field
+    if stages > len(blocks) or split != "auto":
+        choose_split(blocks, stages, split, None)  # (measures nothing: it refuses)
     return len(blocks)
 
 

@@ -326,3 +326,30 @@ def test_a_model_module_beside_the_config_trains_and_each_tries_log_is_named(tmp
     logs = re.findall(r"^  (\w+) try (\d+): (\S+)$", r.stdout, re.M)
     assert [t for t, _, _ in logs] == ["prepare_data", "train", "evaluate", "promote"], r.stdout
     assert all(Path(p).exists() for _, _, p in logs)
+
+
+def test_the_pipeline_parallel_example_trains_evaluates_and_promotes(tmp_path):
+    # the example's own file, shortened: 2 stages x 1 replica, 4 microbatches a step
+    text = (REPO / "dags" / "transformer_pipeline.yaml").read_text()
+    cfg = stage(tmp_path, "transformer_pipeline", text)
+    r = dagtrain_run(tmp_path, cfg, "training.epochs=2", "evaluation.min_accuracy=0.3")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.search(r"^promoted v1 \([\d.]+\), the first champion$", r.stdout, re.M), r.stdout
+    run = run_artifacts(tmp_path, "transformer_pipeline")
+    result = json.loads((run / "train" / "result.json").read_text())
+    p = result["pipeline"]
+    assert (p["stages"], p["replicas"], p["microbatches"], p["order"]) == (2, 1, 4, "zero-bubble")
+    assert p["how"] == "auto" and len(p["split"]) == 1 and p["stage"] == 0
+    # each rank's record says its stage; each trace shows every op of its stage
+    for rank in (0, 1):
+        rec = json.loads((run / "train" / "ranks" / f"rank{rank}.json").read_text())
+        assert (rec["stage"], rec["replica"], rec["status"]) == (rank, 0, "done"), rec
+        events = json.loads((run / "train" / "traces" / f"step-rank{rank}.json").read_text())
+        names = {e["name"] for e in events["traceEvents"] if e.get("ph") == "X"}
+        want = {f"F{m}" for m in range(4)} | {f"B{m}" for m in range(4)}
+        want |= {f"send-act{m}" for m in range(4)} if rank == 0 else {f"W{m}" for m in range(4)}
+        assert want <= names, (rank, sorted(names))
+    # the page's report and the existing evaluate stage read the whole model
+    ev = json.loads((run / "eval.json").read_text())
+    assert ev["metrics"]["test_accuracy"] > 0.3
+    every_file_is_named_by_the_layout(tmp_path / "art" / "transformer_pipeline", r.stdout)

@@ -1,4 +1,5 @@
-"""The training examples in README.md and docs/training.md run as written (real ranks)."""
+"""The training examples in README.md, docs/training.md and docs/parallelism.md run as
+written (real ranks)."""
 
 from __future__ import annotations
 
@@ -31,3 +32,22 @@ def test_the_training_example_runs(doc, heading, tmp_path, monkeypatch):
     assert result.world == 2 and result.test_accuracy > 0.9
     assert result.config == ns["cfg"].model_dump(mode="json")  # what the ranks received
     assert list((tmp_path / "ckpt").glob("ckpt-*.pt"))
+
+
+def test_the_pipeline_example_runs_and_its_yaml_is_the_example_dags(tmp_path, monkeypatch):
+    import yaml
+
+    from dagtrain.config import load_config, validate
+
+    monkeypatch.chdir(tmp_path)
+    ns: dict = {"__name__": "__example__"}
+    exec(compile(first_block("docs/parallelism.md"), "docs/parallelism.md", "exec"), ns)
+    result = ns["result"]
+    p = result.pipeline
+    assert (p["stages"], p["microbatches"], p["order"], p["stage"]) == (2, 4, "1f1b", 0)
+    assert result.world == 2 and result.test_accuracy > 0.5
+    text = (ROOT / "docs/parallelism.md").read_text(encoding="utf-8")
+    block = re.search(r"^```yaml\n(.*?)^```$", text, re.S | re.M).group(1)
+    shown = validate({"name": "example", **yaml.safe_load(block)})
+    dag = load_config(ROOT / "dags/transformer_pipeline.yaml")
+    assert shown.parallel == dag.parallel and shown.model == dag.model

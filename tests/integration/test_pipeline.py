@@ -180,7 +180,9 @@ def test_a_pipeline_checkpoint_resumes_with_another_number_of_stages(tmp_path):
     one = run_training(TrainConfig(**cfg, checkpoint_dir=str(tmp_path / "one")), 1, **QUIET)
     d = str(tmp_path / "pp")
     two = {"stages": 2, "microbatches": 4, "order": "zero-bubble"}
-    run_training(TrainConfig(**{**cfg, "max_steps": 20}, ranks=2, parallel=two, checkpoint_dir=d), **QUIET)
+    run_training(
+        TrainConfig(**{**cfg, "max_steps": 20}, ranks=2, parallel=two, checkpoint_dir=d), **QUIET
+    )
     four = {"stages": 4, "microbatches": 2, "order": "gpipe"}
     r = run_training(TrainConfig(**cfg, ranks=4, parallel=four, checkpoint_dir=d), **QUIET)
     assert r.resumed_from_step == 20 and r.steps == 40
