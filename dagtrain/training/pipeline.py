@@ -108,8 +108,9 @@ class _Transfers:
             event.fulfill()
 
     def close(self) -> None:
+        """Stop after the transfers posted; never waits for them (a failing rank must
+        not wait for the peer it may be failing because of: the thread is a daemon)."""
         self.q.put(None)
-        self.thread.join(timeout=self.timeout)
 
 
 class PipelineStep:
