@@ -317,6 +317,9 @@ class PipelineStep:
         return buf
 
     def _send_act(self, m: int, act: tuple, event: Event) -> None:
+        if act[1] is None:  # an empty microbatch (a short last batch): nothing to send
+            event.fulfill()
+            return
         out = act[1].detach().contiguous()
         if not len(out):
             event.fulfill()

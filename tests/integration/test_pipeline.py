@@ -215,3 +215,21 @@ def test_a_stalled_stage_rank_fails_the_job_within_the_collective_timeout(tmp_pa
     assert "rank 1 (stage 1)" in msg and "did not finish within 5 s" in msg, msg
     time.sleep(0.5)
     assert not [p for p in pids.iterdir() if _alive(int(p.read_text()))], "orphaned ranks"
+
+
+def test_a_short_last_batch_with_empty_microbatches_still_equals_one_process(tmp_path):
+    # 1437 training samples in batches of 64: the last has 29, 15 and 14 for the two
+    # replicas, cut into 16 microbatches each (some of them empty)
+    base = dict(BASE, max_steps=None, batch_size=64, model_args={"hidden": [32, 32]})
+    run_training(TrainConfig(**base, checkpoint_dir=str(tmp_path / "one")), 1, **QUIET)
+    par = {"stages": 2, "microbatches": 16, "order": "zero-bubble"}
+    r = run_training(
+        TrainConfig(
+            **base, backend="torch", ranks=4, parallel=par, checkpoint_dir=str(tmp_path / "pp")
+        ),
+        **QUIET,
+    )
+    assert r.steps == 23
+    a, b = final_params(tmp_path / "one"), final_params(tmp_path / "pp")
+    for k in a:
+        assert torch.allclose(a[k], b[k], rtol=1e-5, atol=1e-6), k
