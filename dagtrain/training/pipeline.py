@@ -38,10 +38,8 @@ order (the ``W`` tasks, or fused backwards, are chained), so a step is determini
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 from collections.abc import Callable
-from time import perf_counter
 from typing import Any
 
 import torch
@@ -49,68 +47,25 @@ from torch import nn
 
 from dagtrain.config import TrainConfig
 from dagtrain.errors import InputError
-from dagtrain.sync import Backend, CollectiveTimeout, Handle
+from dagtrain.sync import Backend
 from dagtrain.taskgraph import Event, Ref, TaskGraph, TraceFile
 
 from .split import Split, blocks_of, choose_split
-from .step import (
-    NonFiniteGradients,
-    _average_checked,
-    _flat_state,
-    _per_parameter,
-    _step_seed,
-    make_buckets,
-    make_optimizer,
-)
+from .stage_state import gather_stages, load_stage_states
+from .step import NonFiniteGradients, _average_checked, _step_seed, make_buckets, make_optimizer
+from .transfers import Transfers
 
 __all__ = ["PipelineStep", "stage_of"]
 
 log = logging.getLogger(__name__)
 
-# how many microbatches' activations the order lets a stage hold (the token count)
+# the orders whose backward is two tasks: B (the input gradient) and W (the weights')
 _SPLIT_ORDERS = ("zero-bubble",)
 
 
 def stage_of(rank: int, replicas: int) -> tuple[int, int]:
     """(stage, replica) of ``rank``: stage-major, rank = stage * replicas + replica."""
     return divmod(rank, replicas)
-
-
-class _Transfers:
-    """A thread that waits, in the order they were posted, for the transfers of one
-    direction, and completes each one's detached task (or fails it)."""
-
-    def __init__(self, name: str, rank: int, timeout: float) -> None:
-        self.rank, self.timeout = rank, timeout
-        self.q: queue.SimpleQueue = queue.SimpleQueue()
-        self.done: list[tuple[str, float, float]] = []  # (name, posted, completed)
-        self.thread = threading.Thread(target=self._wait, name=name, daemon=True)
-        self.thread.start()
-
-    def post(self, handle: Handle, event: Event, keep: Any, name: str) -> None:
-        self.q.put((handle, event, keep, name, perf_counter()))
-
-    def _wait(self) -> None:
-        while True:
-            item = self.q.get()
-            if item is None:
-                return
-            handle, event, keep, name, posted = item
-            try:
-                handle.wait(self.rank, self.timeout)
-            except BaseException as e:  # a gloo timeout, a peer gone
-                if not isinstance(e, CollectiveTimeout):
-                    e = CollectiveTimeout(handle.what, self.rank, self.timeout)
-                event.fail(e)
-                continue
-            self.done.append((name, posted, perf_counter()))
-            del keep
-            event.fulfill()
-
-    def close(self) -> None:
-        """Stop after the transfers posted; never waits for them (a failing rank must
-        not wait for the peer it may be failing because of: the thread is a daemon)."""
-        self.q.put(None)
 
 
 class PipelineStep:
@@ -164,7 +119,7 @@ class PipelineStep:
         )
         t = cfg.distributed.collective_timeout
         self._waiters = {
-            k: _Transfers(f"pipeline-{k}", backend.rank, t)
+            k: Transfers(f"pipeline-{k}", backend.rank, t)
             for k, needed in (
                 ("recv-act", not self.first),
                 ("send-act", not self.last),
@@ -518,66 +473,7 @@ class PipelineStep:
     def gather(self) -> None:
         """Every stage's parameters, buffers and optimizer state onto every rank (all
         ranks call it): broadcast from each stage's first replica."""
-        optim: list[tuple[int, dict[str, Any]]] = []
-        probe = make_optimizer(self.cfg, [nn.Parameter(torch.zeros(1))])
-        hyper = {k: v for k, v in probe.state_dict()["param_groups"][0].items() if k != "params"}
-        for s, (a, b) in enumerate(self.split.ranges):
-            root = s * self.D
-            stage = nn.Sequential(*self.blocks[a:b])
-            tensors = [t for t in stage.state_dict(keep_vars=True).values()]
-            self.backend.broadcast([t.data for t in tensors], root=root)
-            states = self._stage_states() if s == self.stage and self.replica == 0 else None
-            layout = self.backend.broadcast_object(
-                None
-                if states is None
-                else [[i, {k: _describe(v) for k, v in st.items()}] for i, st in states],
-                root=root,
-            )
-            got: list[tuple[int, dict[str, Any]]] = []
-            for i, desc in layout:
-                st = {}
-                for k, d in desc.items():
-                    if isinstance(d, dict) and "shape" in d:
-                        t = (
-                            dict(states)[i][k].contiguous()
-                            if states is not None
-                            else torch.empty(d["shape"], dtype=getattr(torch, d["dtype"]))
-                        )
-                        st[k] = t
-                    else:
-                        st[k] = d
-                got.append((i, st))
-            tensors = [
-                v for _, st in got for k, v in sorted(st.items()) if isinstance(v, torch.Tensor)
-            ]
-            self.backend.broadcast(tensors, root=root)
-            optim.extend(got)
-        per = dict(optim)
-        n = len(self.global_params)
-        self._gathered_optim = [
-            {
-                "state": {i: per[i] for i in range(n) if per.get(i)},
-                "param_groups": [{**hyper, "params": list(range(n))}],
-            }
-        ]
-
-    def _stage_states(self) -> list[tuple[int, dict[str, Any]]]:
-        """This stage's optimizer state per parameter, by global parameter index."""
-        out = []
-        for bk in self.buckets:
-            sd = _per_parameter(bk)
-            for j, q in enumerate(bk.params):
-                st = sd["state"].get(j, {})
-                out.append(
-                    (
-                        self.index[id(q)],
-                        {
-                            k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v)
-                            for k, v in st.items()
-                        },
-                    )
-                )
-        return out
+        self._gathered_optim = gather_stages(self)
 
     def optimizer_states(self) -> list[dict[str, Any]]:
         """The whole model's optimizer state, as the data-parallel step saves it (one
@@ -589,23 +485,7 @@ class PipelineStep:
     def load_optimizer_states(self, states: list[dict[str, Any]]) -> None:
         """Load a checkpoint's optimizer state (any step's, any split's): this stage's
         parameters' part of it."""
-        per_param: list[dict[str, Any]] = []
-        for st in states:
-            for group in st["param_groups"]:
-                per_param += [
-                    st["state"].get(i, st["state"].get(str(i), {})) for i in group["params"]
-                ]
-        if len(per_param) != len(self.global_params):
-            raise ValueError(
-                f"the checkpoint's optimizer state has {len(per_param)} parameters, this "
-                f"model {len(self.global_params)}: resume with the same model"
-            )
-        hyper = {k: v for k, v in states[0]["param_groups"][0].items() if k != "params"}
-        for bk in self.buckets:
-            mine = [per_param[self.index[id(q)]] for q in bk.params]
-            bk.optimizer.load_state_dict(
-                {"state": _flat_state(bk, mine), "param_groups": [{**hyper, "params": [0]}]}
-            )
+        load_stage_states(self, states)
 
     def describe(self) -> dict[str, Any]:
         """What the result and the page show of this rank's pipeline."""
@@ -628,9 +508,3 @@ class PipelineStep:
     def close(self) -> None:
         for w in self._waiters.values():
             w.close()
-
-
-def _describe(v: Any) -> Any:
-    if isinstance(v, torch.Tensor):
-        return {"shape": list(v.shape), "dtype": str(v.dtype).removeprefix("torch.")}
-    return v

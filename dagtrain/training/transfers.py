@@ -1,0 +1,58 @@
+"""The transfers of one direction of a pipeline stage, awaited in order.
+
+A stage's send and receive tasks are detached: their body posts the transfer and
+returns, and a :class:`Transfers` thread per direction waits for each transfer (with
+the backend's deadline) in the order they were posted, then completes its task, or
+fails it with a :class:`~dagtrain.sync.CollectiveTimeout` naming the transfer. Transfers
+of one direction between two ranks complete in the order they were posted (a channel's
+messages do not overtake each other), so waiting in order delays none.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from time import perf_counter
+from typing import Any
+
+from dagtrain.sync import CollectiveTimeout, Handle
+from dagtrain.taskgraph import Event
+
+__all__ = ["Transfers"]
+
+
+class Transfers:
+    """A thread that waits, in the order they were posted, for the transfers of one
+    direction, and completes each one's detached task (or fails it)."""
+
+    def __init__(self, name: str, rank: int, timeout: float) -> None:
+        self.rank, self.timeout = rank, timeout
+        self.q: queue.SimpleQueue = queue.SimpleQueue()
+        self.done: list[tuple[str, float, float]] = []  # (name, posted, completed)
+        self.thread = threading.Thread(target=self._wait, name=name, daemon=True)
+        self.thread.start()
+
+    def post(self, handle: Handle, event: Event, keep: Any, name: str) -> None:
+        self.q.put((handle, event, keep, name, perf_counter()))
+
+    def _wait(self) -> None:
+        while True:
+            item = self.q.get()
+            if item is None:
+                return
+            handle, event, keep, name, posted = item
+            try:
+                handle.wait(self.rank, self.timeout)
+            except BaseException as e:  # a gloo timeout, a peer gone
+                if not isinstance(e, CollectiveTimeout):
+                    e = CollectiveTimeout(handle.what, self.rank, self.timeout)
+                event.fail(e)
+                continue
+            self.done.append((name, posted, perf_counter()))
+            del keep
+            event.fulfill()
+
+    def close(self) -> None:
+        """Stop after the transfers posted; never waits for them (a failing rank must
+        not wait for the peer it may be failing because of: the thread is a daemon)."""
+        self.q.put(None)
