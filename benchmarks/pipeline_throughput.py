@@ -735,15 +735,17 @@ def main() -> None:
                 flush=True,
             )
             runs: dict[str, list[dict]] = {}
-            jobs = ["torch", *orders]
+            # every system in a job of its own (fresh processes, the same warm-up): a
+            # schedule that ran after others in one process would find its allocator
+            # and caches warm, which dagtrain's fresh ranks do not
+            jobs = [*(f"torch {n}" for n in names), *orders]
             for rnd in range(args.rounds):
                 shift = rnd % len(jobs)
                 for job in jobs[shift:] + jobs[:shift]:
                     loads.append(os.getloadavg()[0])
                     t = time.perf_counter()
-                    if job == "torch":
-                        sh = rnd % len(names)
-                        got = _run_torch(model, sp, names[sh:] + names[:sh], args, tmp)
+                    if job.startswith("torch "):
+                        got = _run_torch(model, sp, [job.removeprefix("torch ")], args, tmp)
                         for name, r in got.items():
                             runs.setdefault(f"torch {name}", []).append(r)
                     else:

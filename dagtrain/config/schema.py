@@ -240,8 +240,8 @@ class ParallelConfig(_Section):
         "auto",
         description="gpipe (every forward first: M microbatches alive), 1f1b (a backward "
         "as soon as it can: about S - s alive on stage s), zero-bubble (backward split into "
-        "input and weight gradients, weights late: fills the bubble at 1f1b's memory); "
-        "auto: zero-bubble",
+        "input and weight gradients, weights late: fills the bubble at 1f1b's memory, "
+        "but splitting the backward costs more than that on CPU); auto: 1f1b",
     )
     split: Literal["auto"] | list[int] = Field(
         "auto",
@@ -276,7 +276,7 @@ class ParallelConfig(_Section):
     @property
     def order_used(self) -> str:
         """``order``, with ``auto`` resolved."""
-        return "zero-bubble" if self.order == "auto" else self.order
+        return "1f1b" if self.order == "auto" else self.order
 
 
 class ExecutorConfig(_Section):

@@ -38,6 +38,7 @@ order (the ``W`` tasks, or fused backwards, are chained), so a step is determini
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -52,7 +53,7 @@ from dagtrain.taskgraph import Event, Ref, TaskGraph, TraceFile
 
 from .split import Split, blocks_of, choose_split
 from .stage_state import gather_stages, load_stage_states
-from .step import NonFiniteGradients, _average_checked, _step_seed, make_buckets, make_optimizer
+from .step import FIRST_BUCKET_MB, NonFiniteGradients, _step_seed, make_optimizer
 from .transfers import Transfers
 
 __all__ = ["PipelineStep", "stage_of"]
@@ -61,6 +62,8 @@ log = logging.getLogger(__name__)
 
 # the orders whose backward is two tasks: B (the input gradient) and W (the weights')
 _SPLIT_ORDERS = ("zero-bubble",)
+# seconds: how soon a thread waiting for the GIL gets it from one running Python
+SWITCH_INTERVAL = 0.0005
 
 
 def stage_of(rank: int, replicas: int) -> tuple[int, int]:
@@ -106,9 +109,19 @@ class PipelineStep:
         self.global_params = [q for _, q in reversed(list(model.named_parameters()))]
         self.global_params = [q for q in self.global_params if q.requires_grad]
         self.index = {id(q): i for i, q in enumerate(self.global_params)}
-        self.buckets = make_buckets(self.module, cfg.distributed.bucket_mb)
-        for bk in self.buckets:
-            bk.optimizer = make_optimizer(cfg, [bk.param])
+        # this stage's parameters, in that order. Their gradients are autograd's own (the
+        # first microbatch's taken as is, the others added in: no zeroed buffer to add
+        # into, as torch's schedules do); a stage with replicas copies them into flat
+        # buckets to average them, which then hold them
+        mine = {id(q) for q in self.module.parameters()}
+        self.params = [q for q in self.global_params if id(q) in mine]
+        names = {id(q): n for n, q in model.named_parameters()}
+        self.names = [names[id(q)] for q in self.params]
+        self.optimizer = make_optimizer(cfg, self.params) if self.params else None
+        self.buckets = (
+            _buckets(self.params, cfg.distributed.bucket_mb) if backend.size > self.S else []
+        )
+        self._param_storages = {q.untyped_storage().data_ptr() for q in model.parameters()}
         self.peers_prev = backend.rank - self.D if not self.first else None
         self.peers_next = backend.rank + self.D if not self.last else None
         # every rank takes part in creating every stage's replica group
@@ -117,6 +130,10 @@ class PipelineStep:
             if self.D > 1
             else None
         )
+        # a transfer's waiting thread takes the GIL to complete its task: within 0.5 ms
+        # of the transfer, not the default 5 ms switch interval (the stage may be running
+        # Python between kernels then), which is on the pipeline's critical path
+        sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL))
         t = cfg.distributed.collective_timeout
         self._waiters = {
             k: Transfers(f"pipeline-{k}", backend.rank, t)
@@ -189,6 +206,8 @@ class PipelineStep:
         back_first = self.order != "gpipe"
         pf, pb, pw, pc = (2 * M, 3 * M, M, 4 * M) if back_first else (3 * M, 2 * M, M, 4 * M)
         g.add(self._load_next, name="load-next", out="next-batch")
+        # while the stage waits for its first input, not before the step
+        g.add(self._zero_grads, name="zero-grads", out="grads", priority=pc)
         for m in range(M):
             token = (f"{frees}{m - alive}",) if m >= alive else ()
             if not self.first:
@@ -244,13 +263,16 @@ class PipelineStep:
                 )  # fmt: skip
                 reduced.append(f"g{bk.index}")
         g.add(self._check, name="check-finite", in_=reduced, out="finite")
-        for bk in self.buckets:
-            g.add(self._update, bk, name=f"update[{bk.index}]", in_="finite", inout="params")
+        g.add(self._update, name="update", in_="finite", inout="params")
         return g
 
     # ------------------------------------------------------------------ tasks
     def _load_next(self) -> None:
         self.prefetched = self.fetch()
+
+    def _zero_grads(self) -> None:
+        for q in self.params:
+            q.grad = None
 
     def _mb(self, m: int) -> tuple[int, int]:
         """Microbatch ``m``'s rows of this step's batch: (start, stop)."""
@@ -314,19 +336,24 @@ class PipelineStep:
         self._waiters["send-grad"].post(h, event, dx, f"send-grad{m}")
 
     def _saved_bytes(self) -> Any:
-        """Autograd's saved tensors of a forward, counted by storage while they live."""
-        seen: dict[int, int] = {}
+        """The bytes of the tensors autograd saves in a forward (parameters excluded; in
+        each storage, the union of the regions saved, so a microbatch saved as a view of
+        its batch counts its own rows, a tensor saved twice once) and the hooks that
+        count them. ``pack`` keeps a detached alias: the tensor itself would tie its
+        ``grad_fn`` to the graph that saves it, a cycle the split backward never frees."""
+        regions: dict[int, set[tuple[int, int]]] = {}
 
         def pack(t: torch.Tensor) -> torch.Tensor:
-            if t.device.type != "meta" and not isinstance(t, nn.Parameter):
-                try:
-                    st = t.untyped_storage()
-                    seen.setdefault(st.data_ptr(), st.nbytes())
-                except (RuntimeError, NotImplementedError):
-                    pass
-            return t
+            st = t.untyped_storage()
+            ptr = st.data_ptr()
+            if ptr not in self._param_storages and t.numel() and t.device.type != "meta":
+                size = t.element_size()
+                start = t.storage_offset() * size
+                extent = 1 + sum((n - 1) * abs(k) for n, k in zip(t.shape, t.stride()))
+                regions.setdefault(ptr, set()).add((start, start + extent * size))
+            return t.detach()
 
-        return seen, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+        return regions, torch.autograd.graph.saved_tensors_hooks(pack, _unpack)
 
     def _forward(self, m: int, inp: torch.Tensor | None) -> tuple:
         a, b = self._mb(m)
@@ -352,7 +379,7 @@ class PipelineStep:
                 self.sums[1] += correct
                 self.sums[2] += b - a
                 out = loss
-        nbytes = sum(seen.values())
+        nbytes = sum(_union(r) for r in seen.values())
         with self._lock:
             self.live += nbytes
             self.peak_bytes = max(self.peak_bytes, self.live)
@@ -398,17 +425,24 @@ class PipelineStep:
             f"rank {self.backend.rank} (stage {self.stage}): averaging gradient bucket "
             f"{bk.index} over the stage's {self.D} replicas"
         )
+        for q, (a, b) in zip(bk.params, bk.spans):  # into the bucket, which then holds it
+            view = bk.flat[a:b]
+            if q.grad is None:
+                view.zero_()
+            else:
+                view.copy_(q.grad.reshape(-1))
+            q.grad = view.view_as(q)
         h = self.group.allreduce_async(bk.flat, what, average=True)
         self._waiters["allreduce"].post(h, event, None, f"allreduce[{bk.index}]")
 
     def _check(self) -> None:
-        self.finite = True
-        for bk in self.buckets:
-            bk.finite = _average_checked(bk, 1, 1.0)  # (averaged already: a check)
-            if not bk.finite:
-                if self.cfg.training.nonfinite == "fail":
-                    raise NonFiniteGradients(self.step, bk.index, bk.names)
-                self.finite = False
+        # one read of every gradient: a NaN or infinity makes its norm so
+        have = [(n, q.grad) for n, q in zip(self.names, self.params) if q.grad is not None]
+        norms = torch._foreach_norm([g for _, g in have]) if have else []
+        bad = [n for (n, _), v in zip(have, norms) if not bool(torch.isfinite(v))]
+        self.finite = not bad
+        if bad and self.cfg.training.nonfinite == "fail":
+            raise NonFiniteGradients(self.step, self.stage, bad)
         if self.cfg.training.nonfinite == "skip":  # every rank decides alike
             flag = torch.tensor([0.0 if self.finite else 1.0])
             self.backend.allreduce(flag, "non-finite check", average=False)
@@ -416,9 +450,9 @@ class PipelineStep:
             if not self.finite:
                 self.skipped += 1
 
-    def _update(self, bk: Any) -> None:
-        if self.finite:
-            bk.optimizer.step()
+    def _update(self) -> None:
+        if self.finite and self.optimizer is not None:
+            self.optimizer.step()
 
     # ------------------------------------------------------------------ driving
     def run(
@@ -437,10 +471,6 @@ class PipelineStep:
         self.sums = [0.0, 0, 0]
         self._pending_w: dict[int, Any] = {}
         self.live = 0
-        for bk in self.buckets:
-            bk.flat.zero_()
-            for q, view in zip(bk.params, bk.grads):
-                q.grad = view
         if not self.model.training:
             self.model.train()
         rank = self.backend.rank
@@ -508,3 +538,53 @@ class PipelineStep:
     def close(self) -> None:
         for w in self._waiters.values():
             w.close()
+
+
+def _unpack(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+def _union(regions: set[tuple[int, int]]) -> int:
+    """Bytes covered by byte ranges [a, b)."""
+    total, end = 0, -1
+    for a, b in sorted(regions):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+class _Bucket:
+    """Consecutive parameters whose gradients a stage's replicas average together: a
+    flat buffer, and each parameter's span of it."""
+
+    def __init__(self, index: int, params: list[nn.Parameter]) -> None:
+        self.index = index
+        self.params = params
+        self.spans, n = [], 0
+        for q in params:
+            self.spans.append((n, n + q.numel()))
+            n += q.numel()
+        self.flat = torch.zeros(n, dtype=params[0].dtype, device=params[0].device)
+
+
+def _buckets(params: list[nn.Parameter], bucket_mb: float) -> list[_Bucket]:
+    """``params`` (in backward's order) in buckets: the first up to FIRST_BUCKET_MB,
+    the others up to ``bucket_mb``, one dtype and device each, as the data-parallel
+    step's."""
+    groups: list[list[nn.Parameter]] = []
+    cap, size = max(1, int(min(FIRST_BUCKET_MB, bucket_mb) * 2**20)), 0
+    for q in params:
+        nbytes = q.numel() * q.element_size()
+        if (
+            not groups
+            or size + nbytes > cap
+            or (groups[-1][-1].dtype, groups[-1][-1].device) != (q.dtype, q.device)
+        ):
+            if groups:
+                cap = max(1, int(bucket_mb * 2**20))
+            groups.append([])
+            size = 0
+        groups[-1].append(q)
+        size += nbytes
+    return [_Bucket(i, g) for i, g in enumerate(groups)]

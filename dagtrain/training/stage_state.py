@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from .step import _flat_state, _per_parameter, make_optimizer
+from .step import make_optimizer
 
 if TYPE_CHECKING:
     from .pipeline import PipelineStep
@@ -70,26 +70,24 @@ def gather_stages(step: PipelineStep) -> list[dict[str, Any]]:
 
 def _stage_states(step: PipelineStep) -> list[tuple[int, dict[str, Any]]]:
     """This stage's optimizer state per parameter, by global parameter index."""
-    out = []
-    for bk in step.buckets:
-        sd = _per_parameter(bk)
-        for j, q in enumerate(bk.params):
-            st = sd["state"].get(j, {})
-            out.append(
-                (
-                    step.index[id(q)],
-                    {
-                        k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v)
-                        for k, v in st.items()
-                    },
-                )
-            )
-    return out
+    if step.optimizer is None:
+        return []
+    state = step.optimizer.state_dict()["state"]
+    return [
+        (
+            step.index[id(q)],
+            {
+                k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v)
+                for k, v in state.get(j, {}).items()
+            },
+        )
+        for j, q in enumerate(step.params)
+    ]
 
 
 def load_stage_states(step: PipelineStep, states: list[dict[str, Any]]) -> None:
-    """Load a checkpoint's optimizer state (any step's, any split's): this stage's
-    parameters' part of it."""
+    """Load the part of a checkpoint's optimizer state (any split's, or a data-parallel
+    run's) that holds this stage's parameters."""
     per_param: list[dict[str, Any]] = []
     for st in states:
         for group in st["param_groups"]:
@@ -99,12 +97,23 @@ def load_stage_states(step: PipelineStep, states: list[dict[str, Any]]) -> None:
             f"the checkpoint's optimizer state has {len(per_param)} parameters, this "
             f"model {len(step.global_params)}: resume with the same model"
         )
+    if step.optimizer is None:
+        return
     hyper = {k: v for k, v in states[0]["param_groups"][0].items() if k != "params"}
-    for bk in step.buckets:
-        mine = [per_param[step.index[id(q)]] for q in bk.params]
-        bk.optimizer.load_state_dict(
-            {"state": _flat_state(bk, mine), "param_groups": [{**hyper, "params": [0]}]}
-        )
+    mine = {j: per_param[step.index[id(q)]] for j, q in enumerate(step.params)}
+    for j, q in enumerate(step.params):
+        for k, v in mine[j].items():
+            if isinstance(v, torch.Tensor) and k != "step" and v.shape != q.shape:
+                raise ValueError(
+                    f"the checkpoint's optimizer state {k!r} of {step.names[j]} does not "
+                    f"have the parameter's shape {tuple(q.shape)}: resume with the same model"
+                )
+    step.optimizer.load_state_dict(
+        {
+            "state": {j: st for j, st in mine.items() if st},
+            "param_groups": [{**hyper, "params": list(range(len(step.params)))}],
+        }
+    )
 
 
 def _describe(v: Any) -> Any:
