@@ -37,6 +37,7 @@ order (the ``W`` tasks, or fused backwards, are chained), so a step is determini
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import threading
@@ -118,9 +119,17 @@ class PipelineStep:
         names = {id(q): n for n, q in model.named_parameters()}
         self.names = [names[id(q)] for q in self.params]
         self.optimizer = make_optimizer(cfg, self.params) if self.params else None
+        self._counted = False  # a step has counted its saved activations
+        self._final = False  # in the step's last backward: gradients are final as they come
+        self._final_m = -1
         self.buckets = (
             _buckets(self.params, cfg.distributed.bucket_mb) if backend.size > self.S else []
         )
+        self._hooks = [
+            q.register_post_accumulate_grad_hook(self._hook(bk))
+            for bk in self.buckets
+            for q in bk.params
+        ]
         self._param_storages = {q.untyped_storage().data_ptr() for q in model.parameters()}
         self.peers_prev = backend.rank - self.D if not self.first else None
         self.peers_next = backend.rank + self.D if not self.last else None
@@ -256,7 +265,7 @@ class PipelineStep:
         reduced = ["grads"]
         if self.D > 1:  # posted in bucket order on every replica (priorities), overlapped
             for bk in self.buckets:
-                ev = Event()
+                ev = bk.event = Event()
                 g.add(
                     self._allreduce, bk, ev, name=f"allreduce[{bk.index}]", in_="grads",
                     out=f"g{bk.index}", detach=ev, priority=pc - bk.index,
@@ -368,7 +377,9 @@ class PipelineStep:
         torch.default_generator.manual_seed(
             _step_seed(self.cfg.training.seed, self.backend.rank, self.step * self.M + m)
         )
-        seen, hooks = self._saved_bytes()
+        # counted on the first step and the traced ones (a Python call per saved tensor
+        # is ~5% of a small transformer's step): the peak of the steps it shows
+        seen, hooks = self._saved_bytes() if self._counting else ({}, contextlib.nullcontext())
         with hooks:
             out = self.module(inp)
             if self.last:
@@ -394,7 +405,11 @@ class PipelineStep:
         if out is None:
             return None
         if out.requires_grad:  # (not where the stage has no parameters and no input grad)
-            torch.autograd.backward(out, None if self.last else dout)
+            self._final = m == self._final_m and bool(self.buckets)
+            try:
+                torch.autograd.backward(out, None if self.last else dout)
+            finally:
+                self._final = False
         self._freed(nbytes)
         return None if self.first else inp.grad
 
@@ -420,7 +435,25 @@ class PipelineStep:
         stage_backward_weight(self.module.parameters(), groups)
         self._freed(nbytes)
 
-    def _allreduce(self, bk: Any, event: Event) -> None:
+    def _hook(self, bk: _Bucket) -> Callable[[torch.Tensor], None]:
+        """A parameter's gradient is in: in the step's last backward, the bucket's last
+        one starts the bucket's average while backward goes on with the layers before."""
+
+        def fire(_: torch.Tensor) -> None:
+            if self._final:
+                bk.pending -= 1
+                if bk.pending == 0:
+                    self._post_allreduce(bk)
+
+        return fire
+
+    def _allreduce(self, bk: _Bucket, event: Event) -> None:
+        # (the step's last backward started it where every gradient of the bucket came)
+        if not bk.posted:
+            self._post_allreduce(bk)
+
+    def _post_allreduce(self, bk: _Bucket) -> None:
+        bk.posted = True
         what = (
             f"rank {self.backend.rank} (stage {self.stage}): averaging gradient bucket "
             f"{bk.index} over the stage's {self.D} replicas"
@@ -433,7 +466,7 @@ class PipelineStep:
                 view.copy_(q.grad.reshape(-1))
             q.grad = view.view_as(q)
         h = self.group.allreduce_async(bk.flat, what, average=True)
-        self._waiters["allreduce"].post(h, event, None, f"allreduce[{bk.index}]")
+        self._waiters["allreduce"].post(h, bk.event, None, f"allreduce[{bk.index}]")
 
     def _check(self) -> None:
         # one read of every gradient: a NaN or infinity makes its norm so
@@ -470,6 +503,11 @@ class PipelineStep:
             self.cuts.append(self.cuts[-1] + k)
         self.sums = [0.0, 0, 0]
         self._pending_w: dict[int, Any] = {}
+        self._counting = trace is not None or not self._counted
+        self._counted = True
+        self._final_m = max((m for m in range(self.M) if sizes[m]), default=-1)
+        for bk in self.buckets:
+            bk.pending, bk.posted = len(bk.params), False
         self.live = 0
         if not self.model.training:
             self.model.train()
@@ -536,6 +574,8 @@ class PipelineStep:
         }
 
     def close(self) -> None:
+        for h in self._hooks:
+            h.remove()
         for w in self._waiters.values():
             w.close()
 
@@ -566,6 +606,9 @@ class _Bucket:
             self.spans.append((n, n + q.numel()))
             n += q.numel()
         self.flat = torch.zeros(n, dtype=params[0].dtype, device=params[0].device)
+        self.event: Event | None = None  # its allreduce task's
+        self.pending = len(params)  # gradients still to come in the step's last backward
+        self.posted = False  # its average started this step
 
 
 def _buckets(params: list[nn.Parameter], bucket_mb: float) -> list[_Bucket]:

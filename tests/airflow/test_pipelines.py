@@ -338,7 +338,7 @@ def test_the_pipeline_parallel_example_trains_evaluates_and_promotes(tmp_path):
     run = run_artifacts(tmp_path, "transformer_pipeline")
     result = json.loads((run / "train" / "result.json").read_text())
     p = result["pipeline"]
-    assert (p["stages"], p["replicas"], p["microbatches"], p["order"]) == (2, 1, 4, "zero-bubble")
+    assert (p["stages"], p["replicas"], p["microbatches"], p["order"]) == (2, 1, 4, "1f1b")
     assert p["how"] == "auto" and len(p["split"]) == 1 and p["stage"] == 0
     # each rank's record says its stage; each trace shows every op of its stage
     for rank in (0, 1):
@@ -347,7 +347,7 @@ def test_the_pipeline_parallel_example_trains_evaluates_and_promotes(tmp_path):
         events = json.loads((run / "train" / "traces" / f"step-rank{rank}.json").read_text())
         names = {e["name"] for e in events["traceEvents"] if e.get("ph") == "X"}
         want = {f"F{m}" for m in range(4)} | {f"B{m}" for m in range(4)}
-        want |= {f"send-act{m}" for m in range(4)} if rank == 0 else {f"W{m}" for m in range(4)}
+        want |= {f"send-act{m}" for m in range(4)} if rank == 0 else {f"send-grad{m}" for m in range(4)}
         assert want <= names, (rank, sorted(names))
     # the page's report and the existing evaluate stage read the whole model
     ev = json.loads((run / "eval.json").read_text())
