@@ -347,7 +347,8 @@ def test_the_pipeline_parallel_example_trains_evaluates_and_promotes(tmp_path):
         events = json.loads((run / "train" / "traces" / f"step-rank{rank}.json").read_text())
         names = {e["name"] for e in events["traceEvents"] if e.get("ph") == "X"}
         want = {f"F{m}" for m in range(4)} | {f"B{m}" for m in range(4)}
-        want |= {f"send-act{m}" for m in range(4)} if rank == 0 else {f"send-grad{m}" for m in range(4)}
+        sent = "send-act" if rank == 0 else "send-grad"
+        want |= {f"{sent}{m}" for m in range(4)}
         assert want <= names, (rank, sorted(names))
     # the page's report and the existing evaluate stage read the whole model
     ev = json.loads((run / "eval.json").read_text())
