@@ -48,17 +48,20 @@ __all__ = [
     "JOB_ID",
     "ON_HOST",
     "RANK_VARIABLES",
+    "REGROW",
     "STATUS_DIR",
     "StatusRecord",
     "die_with_parent",
     "env_rank",
     "mark_ready",
+    "on_stop",
     "parent_death_signal",
     "read_failures",
     "read_records",
     "record_path",
     "report_failure",
     "start_rank",
+    "stopping",
     "this_rank",
     "use_code_path",
 ]
@@ -76,6 +79,10 @@ STATUS_DIR = "DAGTRAIN_STATUS_DIR"
 # the launcher's name for this job, written into every record: a launcher reads only
 # its own job's records from a folder that earlier tries wrote into too
 JOB_ID = "DAGTRAIN_JOB_ID"
+
+# the file in the job's status folder that asks an elastic run which lost ranks to stop
+# at its next epoch's end and start again on more (the launching side writes it)
+REGROW = "regrow"
 
 # what a rank prints (stderr) for people as it reaches its first collective (the
 # launcher reads the record's ``ready``, not this line)
@@ -229,6 +236,31 @@ def report_failure(rank: int | str | None, error: BaseException) -> None:
         )
     except OSError as e:  # the rank is failing anyway: its exit status still tells
         print(f"dagtrain: cannot write the status record {record.path}: {e}", file=sys.stderr)
+
+
+_stop_hooks: list[Callable[[str], None]] = []
+_stop_lock = threading.Lock()
+
+
+def on_stop(hook: Callable[[str], None]) -> None:
+    """Have ``hook(why)`` run once when this rank is made to stop (:func:`stopping`):
+    an elastic rank saves its last completed step there."""
+    _stop_hooks.append(hook)
+
+
+def stopping(why: str) -> None:
+    """Run the hooks :func:`on_stop` registered, each once, from whatever thread is
+    ending the process (a collective's watchdog, the launcher's SIGTERM, the rank's
+    own error path); the first caller runs them and the others wait for it. A hook
+    that raises is reported on stderr: the process is ending anyway."""
+    with _stop_lock:
+        hooks = list(_stop_hooks)
+        _stop_hooks.clear()
+        for hook in hooks:
+            try:
+                hook(why)
+            except BaseException as e:  # reported: the rank is ending anyway
+                print(f"dagtrain: a stop hook failed: {type(e).__name__}: {e}", file=sys.stderr)
 
 
 def read_records(folder: str | Path | None, job: str | None = None) -> dict[int, dict[str, Any]]:

@@ -188,6 +188,25 @@ class DistributedConfig(_Section):
     collective_timeout: float = Field(
         60.0, gt=0, le=7 * 86400, description="seconds for any collective"
     )
+    min_ranks: int | None = Field(
+        None,
+        ge=1,
+        le=256,
+        description="elastic: when ranks or hosts are lost, the try goes on with the ranks "
+        "left if at least this many (default: ranks, i.e. not elastic)",
+    )
+    max_world_changes: int = Field(
+        4,
+        ge=0,
+        le=1000,
+        description="elastic: world changes (shrinks and grows) one try may make; a loss "
+        "past them fails the try",
+    )
+    regrow: bool = Field(
+        True,
+        description="elastic: a lost host (or slot) that answers again is taken back at "
+        "the next epoch boundary, up to ranks",
+    )
 
     @model_validator(mode="after")
     def _one_host_list(self) -> DistributedConfig:
@@ -209,6 +228,32 @@ class DistributedConfig(_Section):
                     "set distributed.ranks: 1 or choose mpi, torch or horovod"
                 )
         return self
+
+    @model_validator(mode="after")
+    def _elastic_fits(self) -> DistributedConfig:
+        if self.min_ranks is None:
+            return self
+        if self.min_ranks > self.ranks:
+            raise ValueError(
+                f"distributed.min_ranks {self.min_ranks} is more than distributed.ranks "
+                f"{self.ranks}: a world can only shrink; set min_ranks to at most {self.ranks}"
+            )
+        if self.backend == "local" and self.min_ranks < self.ranks:
+            raise ValueError(
+                "distributed.min_ranks: backend 'local' is one process, it cannot shrink; "
+                "choose mpi, torch or horovod for an elastic run"
+            )
+        return self
+
+    @property
+    def elastic(self) -> bool:
+        """Whether a lost rank or host shrinks the world instead of failing the try."""
+        return self.min_ranks is not None and self.min_ranks < self.ranks
+
+    @property
+    def fewest_ranks(self) -> int:
+        """``min_ranks``, or ``ranks`` where it is not set."""
+        return self.ranks if self.min_ranks is None else self.min_ranks
 
     @property
     def resolved_launcher(self) -> str:
@@ -308,6 +353,21 @@ class _RunSections(_Section):
                 f"training.batch_size {bs} is smaller than "
                 f"distributed.ranks {d.ranks}: each rank needs a sample per step"
             )
+        if d.elastic:
+            if p.stages > 1:
+                raise ValueError(
+                    f"distributed.min_ranks {d.min_ranks} with parallel.stages {p.stages}: "
+                    "elastic runs are data-parallel only for now; set parallel.stages 1 or "
+                    f"leave min_ranks unset (= ranks {d.ranks})"
+                )
+            bad = [m for m in range(d.fewest_ranks, d.ranks + 1) if bs % m]
+            if bad:
+                raise ValueError(
+                    f"training.batch_size {bs} does not split evenly over "
+                    f"{', '.join(map(str, bad))} rank(s), world sizes that "
+                    f"distributed.min_ranks {d.min_ranks}..ranks {d.ranks} allow: make it a "
+                    f"multiple of each of them (e.g. {_multiple(bs, d.fewest_ranks, d.ranks)})"
+                )
         if p.stages == 1:
             return self
         if d.backend not in PIPELINE_BACKENDS:
@@ -380,6 +440,13 @@ class TrainConfig(_RunSections):
         "resumes from its own checkpoint_dir): round-based training's global model",
     )
     checkpoint_dir: str | None = None
+    world: int | None = Field(
+        None,
+        ge=1,
+        le=256,
+        description="the ranks this launch runs on: distributed.ranks, or fewer after an "
+        "elastic run lost some (set by the launching side)",
+    )
     trace_dir: str | None = Field(
         None,
         description="write step traces here (if executor.trace): the last step's as "
@@ -416,6 +483,14 @@ class TrainConfig(_RunSections):
         if isinstance(dist, dict) and "backend" not in dist:  # one process unless told
             data["distributed"] = {**dist, "backend": "local"}
         return data
+
+
+def _multiple(at_least: int, low: int, high: int) -> int:
+    """The least multiple of every number in low..high that is at least ``at_least``."""
+    import math
+
+    lcm = math.lcm(*range(low, high + 1))
+    return lcm * max(1, -(-at_least // lcm))
 
 
 def _as_dict(v: Any) -> dict[str, Any]:

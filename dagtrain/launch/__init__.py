@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from .argv import LAUNCHERS, build_argv, node_argvs
 from .diagnose import RankFailure, RankInputError
-from .hosts import Hosts, from_extra
+from .hosts import Hosts, answers, from_extra
 from .launcher import launch
 from .supervise import Job
 
@@ -26,6 +26,7 @@ __all__ = [
     "Job",
     "RankFailure",
     "RankInputError",
+    "answers",
     "build_argv",
     "from_extra",
     "launch",

@@ -33,7 +33,7 @@ from typing import Any
 
 from dagtrain.errors import InputError
 
-__all__ = ["DEFAULT_RDZV_PORT", "EXTRA_KEYS", "Hosts", "from_extra"]
+__all__ = ["DEFAULT_RDZV_PORT", "EXTRA_KEYS", "Hosts", "answers", "from_extra"]
 
 DEFAULT_RDZV_PORT = 29400  # torchrun's own default
 EXTRA_KEYS = ("hosts", "rsh_agent", "env", "rdzv_port")
@@ -180,3 +180,28 @@ def from_extra(conn_id: str, extra: str | Mapping[str, Any] | None) -> Hosts:
         port,
         source=f"{where}: extra.hosts",
     )
+
+
+def answers(hosts: Hosts | None, host: str, timeout: float = 5.0) -> bool:
+    """Whether ``host`` answers: this machine always does; another must run ``true``
+    through the host list's rsh agent within ``timeout`` seconds (argv, no shell here;
+    the agent's own login shell runs the one word)."""
+    import os
+    import subprocess
+
+    if is_local(host):
+        return True
+    agent = hosts.agent() if hosts is not None else ["ssh"]
+    try:
+        done = subprocess.run(
+            [*agent, host, "true"],
+            check=False,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=timeout,
+            env={**os.environ, **dict(hosts.env if hosts else {})},
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0

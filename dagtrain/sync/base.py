@@ -150,10 +150,11 @@ def _raise_in_log(err: CollectiveTimeout) -> None:
     import os
     import sys
 
-    from dagtrain.rank_env import report_failure
+    from dagtrain.rank_env import report_failure, stopping
 
     report_failure(str(err.rank), err)  # the status record: the launcher learns why
     print(f"dagtrain rank {err.rank} failed: {err}", file=sys.stderr, flush=True)
+    stopping(str(err))  # an elastic rank saves its last completed step
     os._exit(70)  # a blocked collective cannot be interrupted: end the process
 
 

@@ -43,10 +43,11 @@ class MPIBackend(Backend):
     def _abort(self, err: Exception) -> None:
         import sys
 
-        from dagtrain.rank_env import report_failure
+        from dagtrain.rank_env import report_failure, stopping
 
         report_failure(str(self.rank), err)  # the status record: the launcher learns why
         print(f"dagtrain rank {self.rank} failed: {err}", file=sys.stderr, flush=True)
+        stopping(str(err))  # an elastic rank saves its last completed step
         self.comm.Abort(70)
 
     def broadcast(self, tensors: Sequence[torch.Tensor], root: int = 0) -> None:

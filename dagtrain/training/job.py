@@ -14,8 +14,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dagtrain.config import TrainConfig
+from dagtrain.errors import InputError
 from dagtrain.launch import Hosts, Job, RankFailure, launch
 from dagtrain.sync import require
+
+from .progress import append_line
 
 if TYPE_CHECKING:
     from .trainer import TrainResult
@@ -33,6 +36,7 @@ def run_training(
     on_start: Callable[[Job], None] | None = None,
     work_dir: str | Path | None = None,
     env: dict[str, str] | None = None,
+    on_change: Callable[[dict], None] | None = None,
 ) -> TrainResult:
     """Train on the ranks of ``cfg.distributed``; return rank 0's TrainResult.
 
@@ -47,6 +51,11 @@ def run_training(
     set as ``distributed.ranks`` (and validated) so that every rank receives it. Raises
     MissingDependency before anything starts if the backend is not installed,
     RankFailure if a rank fails, TimeoutError after ``timeout`` seconds.
+
+    An elastic run (``distributed.min_ranks`` < ``ranks``) goes on after a lost rank or
+    host on the ranks left (:mod:`.elastic`); ``on_change`` gets each world change as a
+    dict, which is also appended to ``metrics_file`` (``kind`` ``world``), and the
+    result's ``world_changes`` lists them.
     """
     from .trainer import TrainResult
 
@@ -56,23 +65,54 @@ def run_training(
         cfg = TrainConfig.model_validate(data)
     require(cfg.distributed.backend)
     d = cfg.distributed
-    with tempfile.TemporaryDirectory(prefix="dagtrain-run-", dir=work_dir) as tmp:
-        cfg_path = Path(tmp) / "config.json"
-        out = Path(tmp) / "result.json"
-        cfg_path.write_text(cfg.model_dump_json())
-        launch(
-            ["dagtrain.training.rank", str(cfg_path), str(out)],
-            d.ranks,
-            launcher or d.resolved_launcher,
-            hosts or d.hosts or None,
-            env=env,
-            timeout=timeout,
-            on_line=on_line,
-            on_start=on_start,
-            # the status records: where the training page reads them, else beside the
-            # exchanged files (on storage every host shares when work_dir is)
-            status_dir=cfg.status_dir or Path(tmp) / "ranks",
+    if d.elastic and not cfg.checkpoint_dir:
+        raise InputError(
+            f"distributed.min_ranks {d.min_ranks}: an elastic run's survivors save their "
+            "last step into checkpoint_dir, and none is set; set checkpoint_dir (a "
+            "pipeline's training task always has one)"
         )
-        if not out.exists():
-            raise RankFailure(0, 0, None, [], " without writing its result")
-        return TrainResult.from_json(out.read_text())
+    spec = Hosts.of(hosts or d.hosts or None)
+    with tempfile.TemporaryDirectory(prefix="dagtrain-run-", dir=work_dir) as tmp:
+        # the status records: where the training page reads them, else beside the
+        # exchanged files (on storage every host shares when work_dir is)
+        status_dir = Path(cfg.status_dir or Path(tmp) / "ranks")
+
+        def launch_world(
+            run_cfg: TrainConfig, world: Hosts | None, started: Callable[[Job], None]
+        ) -> TrainResult:
+            cfg_path = Path(tmp) / "config.json"
+            out = Path(tmp) / "result.json"
+            out.unlink(missing_ok=True)
+            cfg_path.write_text(run_cfg.model_dump_json())
+
+            def begun(job: Job) -> None:
+                started(job)
+                if on_start is not None:
+                    on_start(job)
+
+            launch(
+                ["dagtrain.training.rank", str(cfg_path), str(out)],
+                run_cfg.world or d.ranks,
+                launcher or d.resolved_launcher,
+                world,
+                env=env,
+                timeout=timeout,
+                on_line=on_line,
+                on_start=begun,
+                status_dir=status_dir,
+            )
+            if not out.exists():
+                raise RankFailure(0, 0, None, [], " without writing its result")
+            return TrainResult.from_json(out.read_text())
+
+        if not d.elastic:
+            return launch_world(cfg, spec, lambda job: None)
+        from .elastic import run_elastic
+
+        def changed(change: dict) -> None:
+            if cfg.metrics_file:
+                append_line(cfg.metrics_file, change)
+            if on_change is not None:
+                on_change(change)
+
+        return run_elastic(cfg, spec, launch_world, status_dir, changed, on_line)

@@ -157,6 +157,8 @@ class PipelineStep:
         }
         self.loss_fn = nn.CrossEntropyLoss(reduction="sum")
         self.step = 0
+        self.completed = 0  # as StepGraph's (elastic runs are data-parallel only)
+        self.guard = threading.Lock()
         self.skipped = 0
         self.out = (0.0, 0, 0)
         self.fetch: Callable[[], Any] = lambda: None

@@ -19,7 +19,7 @@ from typing import Any
 
 from dagtrain.rank_env import StatusRecord, record_path, this_rank
 
-__all__ = ["Progress", "RankStatus", "percentile"]
+__all__ = ["Progress", "RankStatus", "append_line", "percentile"]
 
 
 def percentile(sorted_values: list[float], q: float) -> float | None:
@@ -28,6 +28,18 @@ def percentile(sorted_values: list[float], q: float) -> float | None:
         return None
     i = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
     return sorted_values[i]
+
+
+def append_line(path: str | Path, record: dict[str, Any]) -> None:
+    """Append ``record`` to the metrics file ``path`` as one JSON line, in one write on
+    an ``O_APPEND`` descriptor: a reader never sees half a line, and the launching side
+    (an elastic run's world changes, ``kind`` ``world``) may append beside rank 0."""
+    line = json.dumps(record, default=str) + "\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
 
 
 class Progress:
@@ -46,14 +58,8 @@ class Progress:
         self.total = 0
 
     def _write(self, record: dict[str, Any]) -> None:
-        if self.path is None:
-            return
-        line = json.dumps({**record, "time": time.time()}) + "\n"
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
-        try:
-            os.write(fd, line.encode())  # one write: a reader never sees half a line
-        finally:
-            os.close(fd)
+        if self.path is not None:
+            append_line(self.path, {**record, "time": time.time()})
 
     def start(self, step: int, total: int, per_epoch: int, resumed: int | None) -> None:
         self.step_last, self.total = step, total
@@ -98,7 +104,9 @@ class RankStatus:
     The file: ``rank``, ``host``, ``pid``, ``status`` (``running``/``done``; the
     launcher's record also ``starting``/``failed``), ``step``, ``total_steps``,
     ``steps_timed``, ``samples_per_second`` (this rank's samples over its step time,
-    this try), ``median_step_ms``, ``p95_step_ms``, ``updated`` (unix)."""
+    this try), ``median_step_ms``, ``p95_step_ms``, ``updated`` (unix), ``start_step``
+    (the step this launch began at) and ``first_step_time`` (unix: when its first step
+    ended; written at once, it times an elastic run's recovery)."""
 
     def __init__(self, status_dir: str | None, rank: int, every: float = 2.0) -> None:
         self.own = this_rank()  # the launcher's record of this process
@@ -123,7 +131,7 @@ class RankStatus:
         ``replica``), kept in the records from now on."""
         self.step_now, self.total = step, total
         for r in self.records:
-            r.update(**placed)
+            r.update(start_step=step, first_step_time=None, **placed)
         self._write("running")
 
     def step(self, seconds: float, samples: int) -> None:
@@ -131,7 +139,11 @@ class RankStatus:
         self.samples += samples
         self.step_now += 1
         self.own.update(step=self.step_now)  # the step a failure record names
-        if time.monotonic() - self.last_write >= self.every:
+        if len(self.seconds) == 1:  # when the first step of this launch ended (an
+            for r in self.records:  # elastic run's recovery ends there)
+                r.update(first_step_time=time.time())
+            self._write("running")
+        elif time.monotonic() - self.last_write >= self.every:
             self._write("running")
 
     def flush(self) -> None:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from collections.abc import Callable
 from time import perf_counter
 from typing import Any
@@ -195,6 +196,10 @@ class StepGraph:
         self.finite = True
         self.skipped = 0
         self.out = (0.0, 0, 0)
+        # the steps whose updates are applied (set as the last update ends), and the lock
+        # the updates hold (an elastic run's rescue takes it to copy a whole step)
+        self.completed = 0
+        self.guard = threading.Lock()
         self._hooks = []
         # one bucket leaves nothing to overlap: its allreduce waits for all of backward
         # anyway, and the plain step is cheaper
@@ -243,15 +248,26 @@ class StepGraph:
                     in_=[f"grad{b.index}" for b in self.buckets],
                     out="finite",
                 )
-            for b in self.buckets:
-                k = b.index
+            if self.cfg.distributed.elastic:
+                # all of the step's updates or none: they wait for every allreduce, so a
+                # rank that loses a peer mid-step still holds the last completed step
+                grads = [f"grad{b.index}" for b in self.buckets]
                 g.add(
-                    self._update,
-                    b,
-                    name=f"update[{k}]",
-                    in_=(f"grad{k}", "finite") if skip else f"grad{k}",
-                    inout=f"params{k}",
+                    self._update_all,
+                    name="update",
+                    in_=[*grads, "finite"] if skip else grads,
+                    inout=params,
                 )
+            else:
+                for b in self.buckets:
+                    k = b.index
+                    g.add(
+                        self._update,
+                        b,
+                        name=f"update[{k}]",
+                        in_=(f"grad{k}", "finite") if skip else f"grad{k}",
+                        inout=f"params{k}",
+                    )
         g.add(self._snapshot, name="snapshot", in_=params)
         return g
 
@@ -339,8 +355,12 @@ class StepGraph:
             self._check_all()
 
     def _update_all(self) -> None:
-        for b in self.buckets:
-            self._update(b)
+        # the rescue of an elastic run (.rescue) holds the guard while it copies the
+        # state: it sees this step's updates all done or not begun
+        with self.guard:
+            for b in self.buckets:
+                self._update(b)
+            self.completed = self.step + 1
 
     def _snapshot(self) -> None:
         if self.want_snapshot and self.snapshot is not None:

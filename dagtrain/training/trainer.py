@@ -12,6 +12,7 @@ import copy
 import json
 import logging
 import math
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -25,7 +26,7 @@ import torch
 from dagtrain.config import TrainConfig
 from dagtrain.errors import InputError
 from dagtrain.names import EPOCH_TRACE, LAST_TRACE
-from dagtrain.rank_env import FIRST_COLLECTIVE, mark_ready
+from dagtrain.rank_env import FIRST_COLLECTIVE, REGROW, STATUS_DIR, mark_ready, stopping
 from dagtrain.sync import Backend, get_backend
 
 from . import checkpoint
@@ -34,6 +35,7 @@ from .device import choose_device
 from .models import build_model, evaluate
 from .pipeline import PipelineStep
 from .progress import Progress, RankStatus
+from .rescue import Rescue, newest, remove_rescues
 from .step import StepGraph
 
 __all__ = ["TrainResult", "train"]
@@ -61,6 +63,12 @@ class TrainResult:
     # a pipeline-parallel run's stages, replicas, microbatches, order, split, this rank's
     # stage and replica, its peak activation bytes and measured bubble (None otherwise)
     pipeline: dict[str, Any] | None = None
+    # why the ranks stopped before the last step: "regrow" (an elastic run stopped at an
+    # epoch's end to start again on more ranks); None when they trained to the end
+    stopped_for: str | None = None
+    # an elastic run's world changes, as the launching side recorded them (see
+    # dagtrain.training.elastic); empty for a run that kept its ranks
+    world_changes: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def test_accuracy(self) -> float | None:
@@ -107,7 +115,9 @@ def train(cfg: TrainConfig, backend: Backend | None = None) -> TrainResult:
         )
     try:
         result = _train(cfg, backend)
-    except BaseException:
+    except BaseException as e:
+        if cfg.distributed.elastic:  # a peer lost: save the last completed step first
+            stopping(f"{type(e).__name__}: {e}")
         if own:
             backend.close(failed=True)
         raise
@@ -119,9 +129,10 @@ def train(cfg: TrainConfig, backend: Backend | None = None) -> TrainResult:
 def _train(cfg: TrainConfig, backend: Backend) -> TrainResult:
     rank, world = backend.rank, backend.size
     t = cfg.training
-    if world != cfg.distributed.ranks:
+    if world != (cfg.world or cfg.distributed.ranks):
         raise InputError(
-            f"this run has {world} rank(s) but distributed.ranks is {cfg.distributed.ranks}: "
+            f"this run has {world} rank(s) but distributed.ranks is {cfg.distributed.ranks}"
+            f"{f' (world {cfg.world})' if cfg.world else ''}: "
             "start the ranks with dagtrain.training.run_training (or the launcher "
             "distributed.launcher names), as many as distributed.ranks"
         )
@@ -147,7 +158,9 @@ def _train(cfg: TrainConfig, backend: Backend) -> TrainResult:
     )
     writer = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-writer") if rank == 0 else None
     pending: list[Future] = []
-    state: dict[str, Any] = {"step": 0, "epochs": [], "sums": [0.0, 0, 0]}
+    # sums: this rank's running figures of the epoch (loss, correct, seen); carried:
+    # the whole world's figures of the epoch before the checkpoint resumed from
+    state: dict[str, Any] = {"epochs": [], "sums": [0.0, 0, 0], "carried": [0.0, 0, 0]}
 
     staged: list[dict[str, Any]] = []
 
@@ -169,14 +182,14 @@ def _train(cfg: TrainConfig, backend: Backend) -> TrainResult:
         )
 
     def commit() -> None:
-        # every rank: the epoch's running sums, summed over the ranks, go with it (on
-        # resume rank 0 carries them and the others start from zero)
+        # every rank: the epoch's running sums, summed over the ranks, go with it
         summed = torch.tensor([float(v) for v in state["sums"]], dtype=torch.float64)
         backend.allreduce(summed, "checkpoint-sums")
         if writer is None:
             return
         snap = staged.pop()
-        snap["sums"] = json.dumps((summed * backend.size).tolist())
+        totals = summed * backend.size + torch.tensor(state["carried"], dtype=torch.float64)
+        snap["sums"] = json.dumps(totals.tolist())
         for f in pending:
             f.result()  # one write at a time; a failed write fails the run here
         pending[:] = [
@@ -200,10 +213,15 @@ def _train(cfg: TrainConfig, backend: Backend) -> TrainResult:
         start = _resume(cfg, backend, model, sg, state, result)
         if start == 0:
             backend.broadcast([p.data for p in model.state_dict().values()])
-        sg.step = start
+        sg.step = sg.completed = state["summed"] = state["start"] = start
         n = len(ds.x_train)
         per_epoch = math.ceil(n / t.batch_size)
         total = t.epochs * per_epoch
+        if cfg.distributed.elastic and cfg.checkpoint_dir:
+            rescue = Rescue(
+                cfg.checkpoint_dir, rank, sg.guard, lambda: _rescued(cfg, model, sg, state)
+            )
+            rescue.arm()
         if t.max_steps is not None:
             total = min(total, t.max_steps)
         batches = _batches(ds, cfg, share, shares, start)
@@ -212,6 +230,10 @@ def _train(cfg: TrainConfig, backend: Backend) -> TrainResult:
         sums = state["sums"]
         progress = Progress(cfg.metrics_file if rank == 0 else None, t.batch_size)
         progress.start(start, total, per_epoch, result.resumed_from_step)
+        if start and len(state["epochs"]) < start // per_epoch:
+            # a rescue at an epoch's last step, before the epoch was closed: close it
+            _close_epoch(cfg, backend, model, ds, state, start // per_epoch - 1, sg.guard)
+            progress.epoch(state["epochs"][-1], start)
         status = RankStatus(cfg.status_dir, rank)
         placed = {"stage": sg.stage, "replica": sg.replica} if isinstance(sg, PipelineStep) else {}
         status.start(start, total, **placed)
@@ -230,21 +252,29 @@ def _train(cfg: TrainConfig, backend: Backend) -> TrainResult:
             t0 = time.perf_counter()
             # an epoch's last step checkpoints after the epoch's metrics are in
             loss, correct, seen = sg.run(batch, snapshot=want and not last_in_epoch, trace=trace)
-            sums[0] += loss
-            sums[1] += correct
-            sums[2] += seen
+            with sg.guard:  # a rescue copies the figures with the step they count
+                sums[0] += loss
+                sums[1] += correct
+                sums[2] += seen
+                state["summed"] = sg.step
             status.step(time.perf_counter() - t0, len(batch[1]))
+            regrow = False
             if last_in_epoch:
                 sg.gather()  # a pipeline's stages onto every rank: evaluation and checkpoint
-                _close_epoch(cfg, backend, model, ds, state, epoch)
+                _close_epoch(cfg, backend, model, ds, state, epoch, sg.guard)
                 progress.epoch(state["epochs"][-1], sg.step)
                 status.flush()
+                regrow = _regrow_asked(cfg, backend) and sg.step < total
+                want = want or (regrow and cfg.checkpoint_dir is not None)
                 if want:
                     snapshot(sg.step)
             if want:
                 commit()
             result.step_seconds.append(time.perf_counter() - t0)
             upcoming = sg.prefetched
+            if regrow:  # the next epoch on more ranks: stop here, checkpointed
+                result.stopped_for = "regrow"
+                break
         sg.gather()
         for f in pending:
             result.checkpoint = str(f.result())  # the newest write, rank 0
@@ -265,6 +295,43 @@ def _train(cfg: TrainConfig, backend: Backend) -> TrainResult:
         sg.close()
         if writer is not None:
             writer.shutdown(wait=True)
+
+
+def _rescued(
+    cfg: TrainConfig, model: torch.nn.Module, sg: StepGraph, state: dict[str, Any]
+) -> dict[str, Any] | None:
+    """An elastic rank's state at its last completed step, copied (under ``sg.guard``,
+    which the caller holds: see :mod:`.rescue`); None when it completed none since it
+    started (its checkpoint already holds that step)."""
+    step = sg.completed
+    if step <= state["start"]:
+        return None
+    sums = [float(v) for v in state["sums"]]
+    if state["summed"] < step:  # the step's own figures, not added yet
+        sums = [a + float(b) for a, b in zip(sums, sg.out)]
+    return {
+        "model": {k: v.detach().clone() for k, v in model.state_dict().items()},
+        "optim": copy.deepcopy(sg.optimizer_states()),
+        "step": step,
+        "epochs": json.dumps(state["epochs"]),
+        "config": cfg.model_dump_json(),
+        # this rank's own figures of the epoch, and the world's from before this launch:
+        # the next world's rank 0 adds the survivors' up (rescue.newest)
+        "sums": json.dumps(sums),
+        "carried": json.dumps(state["carried"]),
+    }
+
+
+def _regrow_asked(cfg: TrainConfig, backend: Backend) -> bool:
+    """Whether the launching side asked this elastic run, which lost ranks, to stop at
+    this epoch's end and start again on more (``REGROW`` in the job's status folder):
+    rank 0 looks, every rank learns its answer."""
+    d = cfg.distributed
+    if not (d.elastic and d.regrow and (cfg.world or d.ranks) < d.ranks):
+        return False
+    folder = os.environ.get(STATUS_DIR)
+    asked = backend.rank == 0 and folder is not None and (Path(folder) / REGROW).exists()
+    return bool(backend.broadcast_object(asked))
 
 
 # traced steps kept per rank besides the last: the newest epochs' last steps
@@ -296,11 +363,12 @@ def _close_epoch(
     ds: Dataset,
     state: dict[str, Any],
     epoch: int,
+    guard: Any,
 ) -> None:
     sums = state["sums"]
     t = torch.tensor([sums[0], float(sums[1]), float(sums[2])], dtype=torch.float64)
     backend.allreduce(t, "epoch-metrics")
-    t *= backend.size
+    t = t * backend.size + torch.tensor(state["carried"], dtype=torch.float64)
     row = {
         "epoch": epoch,
         "train_loss": float(t[0] / max(t[2], 1)),
@@ -308,8 +376,10 @@ def _close_epoch(
     }
     if backend.rank == 0 and len(ds.x_test):
         row.update(evaluate(model, ds.x_test, ds.y_test, "val" if cfg.eval_data else "test"))
-    state["epochs"].append(row)
-    state["sums"][:] = [0.0, 0, 0]
+    with guard:  # a rescue sees the epoch closed, or its figures still running
+        state["epochs"].append(row)
+        state["sums"][:] = [0.0, 0, 0]
+        state["carried"] = [0.0, 0, 0]
     log.info("epoch %d: %s", epoch, row)
 
 
@@ -321,19 +391,29 @@ def _resume(
     state: dict[str, Any],
     result: TrainResult,
 ) -> int:
-    """Load the newest valid checkpoint on every rank; return the step to start at."""
+    """Load the newest valid checkpoint on every rank; return the step to start at.
+
+    Rank 0 looks in ``checkpoint_dir`` and at the rescues an elastic run's survivors
+    wrote (:mod:`.rescue`); a newer rescue becomes the run's checkpoint first."""
     if not cfg.checkpoint_dir:
         return 0
-    found = checkpoint.latest(cfg.checkpoint_dir) if backend.rank == 0 else None
+    found = newest(cfg.checkpoint_dir) if backend.rank == 0 else None
+    if found is not None and found[0].parent != Path(cfg.checkpoint_dir):
+        step = int(found[1]["step"])
+        saved = checkpoint.save(found[1], cfg.checkpoint_dir, step, cfg.training.keep_checkpoints)
+        log.info("rank 0 takes the rescue of step %d (%s) as checkpoint %s", step, found[0], saved)
+        found = (saved, found[1])
     path = backend.broadcast_object(str(found[0]) if found else None)
+    if backend.rank == 0:
+        remove_rescues(cfg.checkpoint_dir)  # older than the checkpoint, or saved as one
     if path is None:
         return 0
     snap = found[1] if found else checkpoint.load(path)
     model.load_state_dict(snap["model"])
     sg.load_optimizer_states(snap["optim"])
     state["epochs"] = json.loads(snap["epochs"])
-    if backend.rank == 0:  # global partial sums of the epoch; the others add their own
-        state["sums"][:] = json.loads(snap["sums"])
+    # the whole world's figures of the epoch so far, on every rank (added once)
+    state["carried"] = [float(v) for v in json.loads(snap["sums"])]
     result.resumed_from_step = int(snap["step"])
     result.resumed_epochs = len(state["epochs"])
     log.info("rank %d resumes from %s (step %d)", backend.rank, path, snap["step"])
