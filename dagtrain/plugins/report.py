@@ -6,10 +6,11 @@ found through ``dagtrain.stages.files.ArtifactLayout``: the run's training folde
 config, result, metrics, traces, rank records and failure records), its evaluation, its
 rounds (round-based pipelines) and the registry. A pipeline-parallel run (its result's
 ``pipeline``, its rank records' ``stage`` and ``replica``) also gets each stage rank's
-bubble, measured from its step trace (``pipeline_of``). Every path is resolved and must stay
-inside that root. Plain functions of plain data (no
-FastAPI, no Airflow): ``dagtrain.plugins.app`` feeds them what it reads through
-Airflow's ORM, and tests call them directly.
+bubble, measured from its step trace (``pipeline_of``). An elastic run's world changes
+(its metrics' ``world`` lines) are listed per try, and the ranks a shrink lost stay in the
+ranks table, marked as left. Every path is resolved and must stay inside that root.
+Plain functions of plain data (no FastAPI, no Airflow): ``dagtrain.plugins.app`` feeds
+them what it reads through Airflow's ORM, and tests call them directly.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from dagtrain.changes import change_line
 from dagtrain.stages.files import (
     TRAIN_TASK,
     ArtifactLayout,
@@ -364,17 +366,91 @@ def _statuses(root: Path, train: TrainFiles) -> dict[int, dict[str, Any]]:
     return out
 
 
+def _newest_job(statuses: dict[int, dict[str, Any]]) -> Any:
+    """The launcher's job id of the newest world: the job of the record begun last."""
+    jobs = [st for st in statuses.values() if st.get("job") is not None]
+    newest = max(
+        jobs, key=lambda st: float(st.get("started") or st.get("updated") or 0), default={}
+    )
+    return newest.get("job")
+
+
+def _rank_row(r: int, status: str, st: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "rank": r,
+        "status": status,
+        "host": st.get("host"),
+        "stage": _int(st.get("stage")),  # a pipeline-parallel run's; else None
+        "replica": _int(st.get("replica")),
+        "step": st.get("step"),
+        "total_steps": st.get("total_steps"),
+        "samples_per_second": st.get("samples_per_second"),
+        "median_step_ms": st.get("median_step_ms"),
+        "p95_step_ms": st.get("p95_step_ms"),
+        "how": None,
+        "exit_code": None,
+        "signal": None,
+        "last_lines": [],
+        "last_step_ms": None,
+        "earlier_world": False,  # its record was written by the ranks of an earlier world
+        "left_at_step": None,  # a rank a shrink lost: where the world went on without it
+        "left_world": None,  # the size of the world it left
+        "back_at_step": None,  # where a later world took its host back
+    }
+
+
+def _left(changes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A row per rank the shrinks among ``changes`` (one try's, oldest first) lost, as
+    the world it left numbered it, with the step its host came back at, if it did."""
+    rows = []
+    for i, c in enumerate(changes):
+        lost, hosts = c.get("ranks") or [], c.get("hosts") or []
+        if c.get("change") != "shrink":
+            continue
+        for k, r in enumerate(lost):
+            host = hosts[k] if len(hosts) == len(lost) else ", ".join(map(str, hosts)) or None
+            back = next(
+                (
+                    g.get("step")
+                    for g in changes[i + 1 :]
+                    if g.get("change") == "grow" and host in (g.get("hosts") or [])
+                ),
+                None,
+            )
+            rows.append(
+                _rank_row(r, "left", {"host": host})
+                | {
+                    "how": c.get("why"),
+                    "left_at_step": c.get("step"),
+                    "left_world": c.get("from"),
+                    "back_at_step": back,
+                }
+            )
+    return rows
+
+
 def _ranks(
     result: dict | None,
     traces: dict[int, list],
     statuses: dict[int, dict[str, Any]],
     failures: list[dict],
     train_state: str | None,
+    changes: list[dict[str, Any]] | None = None,
 ) -> list[dict]:
     """A row per rank: status, host, figures, and how it failed (the newest try's
-    failure, unless a later try succeeded); the slowest rank marked."""
+    failure, unless a later try succeeded); the slowest rank marked. ``changes``: the
+    newest try's world changes: the world's size is the last one's until the result
+    says it, and each rank a shrink lost gets a row after the others (status ``left``,
+    ``left_at_step``, ``how``). A record an earlier world's rank wrote (another job's
+    than the newest record's) shows as ``stopped``, never running."""
+    changes = changes or []
+    job = _newest_job(statuses)
+    earlier = {r for r, st in statuses.items() if job is not None and st.get("job") != job}
+    now = [r for r in statuses if r not in earlier]
+    sized = _int(changes[-1].get("to")) if changes else None
     world = int(
         (result or {}).get("world")
+        or (max([sized - 1, *now]) + 1 if sized else None)
         or max([*statuses, *traces, *(f.get("rank") or 0 for f in failures), -1]) + 1
     )
     failure = failures[-1] if failures and result is None else None
@@ -382,44 +458,36 @@ def _ranks(
     for r in range(world):
         st = statuses.get(r, {})
         spans = _spans(traces.get(r, []))
-        step = None
-        if spans:
-            step = (max(_end(e) for e in spans) - min(float(e["ts"]) for e in spans)) / 1000
         failed = failure is not None and failure.get("rank") == r
         if result is not None:
             status = "done"
         elif failed:
             status = "failed"
-        elif failure is not None:
+        elif failure is not None or r in earlier:
             status = "stopped"  # the launcher stops the others when one rank fails
         elif st.get("status") in ("starting", "running") and train_state not in ("running", None):
             status = "stopped"
         else:
             status = st.get("status") or ("waiting" if train_state == "running" else "unknown")
-        rows.append(
-            {
-                "rank": r,
-                "status": status,
-                "host": ((failure or {}).get("host") if failed else None) or st.get("host"),
-                "stage": _int(st.get("stage")),  # a pipeline-parallel run's; else None
-                "replica": _int(st.get("replica")),
-                "step": st.get("step"),
-                "total_steps": st.get("total_steps"),
-                "samples_per_second": st.get("samples_per_second"),
-                "median_step_ms": st.get("median_step_ms"),
-                "p95_step_ms": st.get("p95_step_ms"),
-                "how": failure.get("how") if failed else None,
-                "exit_code": failure.get("exit_code") if failed else None,
-                "signal": failure.get("signal") if failed else None,
-                "last_lines": failure.get("log_tail", [])[-8:] if failed else [],
-                "last_step_ms": step,
-            }
-        )
+        row = _rank_row(r, status, st) | {"earlier_world": r in earlier and result is None}
+        if spans:
+            row["last_step_ms"] = (
+                max(map(_end, spans)) - min(float(e["ts"]) for e in spans)
+            ) / 1000
+        if failed:
+            row.update(
+                host=failure.get("host") or st.get("host"),
+                how=failure.get("how"),
+                exit_code=failure.get("exit_code"),
+                signal=failure.get("signal"),
+                last_lines=failure.get("log_tail", [])[-8:],
+            )
+        rows.append(row)
     key = "median_step_ms" if all(r["median_step_ms"] for r in rows) else "last_step_ms"
     times = [row[key] for row in rows if row[key] is not None]
     if len(times) > 1 and max(times) > min(times):  # a tie has no slowest rank
         max(rows, key=lambda row: row[key] or 0)["slowest"] = True
-    return rows
+    return rows + _left(changes)
 
 
 def _try_row(n: int) -> dict[str, Any]:
@@ -430,7 +498,16 @@ def _try_row(n: int) -> dict[str, Any]:
         "epochs_done_before": None,
         "time": None,
         "failure": None,
+        "world_changes": [],  # an elastic run's: its world lines after this try's try line
     }
+
+
+# a world line's fields, as the report lists them (dagtrain.training.elastic)
+_CHANGE = ("change", "step", "from", "to", "ranks", "hosts", "why", "steps_lost", "seconds", "time")
+
+
+def _change_row(n: int, m: dict[str, Any]) -> dict[str, Any]:
+    return {"try": n, **{k: m.get(k) for k in _CHANGE}, "line": change_line(m)}
 
 
 def tries_of(
@@ -441,7 +518,10 @@ def tries_of(
     numbers its starts 1, 2, ...), its failure files, and Airflow's ``try_number``
     (tries 1..N). Each: ``try``, ``started``, ``resumed_from_step``,
     ``epochs_done_before``, ``time`` (training's start, else the try's), ``failure``
-    (its ``failure-try<N>.json`` record, or None)."""
+    (its ``failure-try<N>.json`` record, or None), ``world_changes`` (an elastic run's
+    ``world`` lines after the try's ``try`` line, oldest first, each with ``try`` and
+    ``line``, the change as a sentence). A try's first ``start`` line says where it
+    began; the later ones are an elastic run's relaunches on a new world."""
     rows: dict[int, dict[str, Any]] = {}
     current: int | None = None
     for m in metrics:
@@ -451,10 +531,15 @@ def tries_of(
             row = rows.setdefault(current, _try_row(current))
             if not row["started"]:
                 row["time"] = m.get("time")
+        elif kind == "world":
+            n = max(rows, default=1) if current is None else current
+            rows.setdefault(n, _try_row(n))["world_changes"].append(_change_row(n, m))
         elif kind == "start":
             # a file written before try lines existed: one start a try
             n = max(rows, default=0) + 1 if current is None else current
             row = rows.setdefault(n, _try_row(n))
+            if row["started"]:
+                continue  # an elastic run's relaunch: the try began at its first start
             resumed = m.get("resumed_from_step")
             per = m.get("steps_per_epoch")
             row.update(
@@ -548,6 +633,11 @@ def run_report(
     train_state = next((s["state"] for s in stages if s["task_id"] == TRAIN_TASK), None)
     train_try = next((s.get("try_number") for s in stages if s["task_id"] == TRAIN_TASK), None)
     tries = tries_of(metrics, failures, train_try)
+    told = (result or {}).get("world_changes")
+    if tries and isinstance(told, list) and not any(t["world_changes"] for t in tries):
+        # a metrics file without the world lines: the result's, the newest try's
+        n = tries[-1]["try"]
+        tries[-1]["world_changes"] = [_change_row(n, c) for c in told if isinstance(c, dict)]
     hidden = {r: _hidden_share(evs) for r, evs in last.items()}
     statuses = _statuses(root, train)
     return {
@@ -560,6 +650,7 @@ def run_report(
         "champion": None if champ is None else champ["version"],
         "data": data,
         "tries": tries,
+        "world_changes": [c for t in tries for c in t["world_changes"]],
         "result": None
         if result is None
         else {k: v for k, v in result.items() if k not in ("config", "epochs")},
@@ -569,7 +660,14 @@ def run_report(
             {"rank": r, "allreduce_ms": ms, "hidden_share": share}
             for r, (ms, share) in sorted(hidden.items())
         ],
-        "ranks": _ranks(result, last, statuses, failures, train_state),
+        "ranks": _ranks(
+            result,
+            last,
+            statuses,
+            failures,
+            train_state,
+            tries[-1]["world_changes"] if tries else [],
+        ),
         "pipeline": pipeline_of(last, statuses, result),
         "failures": failures,
         "trace_steps": _step_list(files, result),

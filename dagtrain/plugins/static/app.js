@@ -155,16 +155,36 @@ function pipelineTimeline(trace, spans) {
 }
 
 // A pipelined run's ranks (their records say their stage) get a stage and a replica column.
+// An elastic run's ranks that a shrink lost come last, "left at step S", numbered as the
+// world they left numbered them; a record an earlier world wrote is marked so.
 function ranksTable(ranks) {
   if (!ranks.length) return '<p class="muted">No rank has reported yet.</p>';
   const staged = ranks.some((k) => k.stage != null);
+  const status = (k) => k.status === "left"
+    ? `<span class="warn">left</span>${k.left_at_step != null ? ` at step ${esc(k.left_at_step)}` : ""}${k.back_at_step != null ? `<br><span class="muted">its host back at step ${esc(k.back_at_step)}</span>` : ""}`
+    : `<span class="${stateCls(k.status)}">${esc(k.status)}</span>${k.earlier_world ? ' <span class="muted">(an earlier world\'s record)</span>' : ""}`;
   return table(["rank", ...(staged ? ["stage", "replica"] : []), "host", "status", "step", "samples/s", "median step (ms)", "p95 step (ms)", "exit", "how", "last lines"], ranks.map((k) => [
-    esc(k.rank) + (k.slowest ? ' <span class="warn">slowest</span>' : ""), ...(staged ? [esc(k.stage), esc(k.replica)] : []), esc(k.host),
-    `<span class="${stateCls(k.status)}">${esc(k.status)}</span>`,
+    esc(k.rank) + (k.slowest ? ' <span class="warn">slowest</span>' : "") + (k.left_world != null ? ` <span class="muted" title="as the world of ${esc(k.left_world)} ranks it left numbered it">of ${esc(k.left_world)}</span>` : ""),
+    ...(staged ? [esc(k.stage), esc(k.replica)] : []), esc(k.host), status(k),
     k.step == null ? "" : `${esc(k.step)}${k.total_steps ? ` / ${esc(k.total_steps)}` : ""}`,
     `<span class="num">${num(k.samples_per_second, 0)}</span>`, `<span class="num">${num(k.median_step_ms, 1)}</span>`, `<span class="num">${num(k.p95_step_ms, 1)}</span>`,
-    esc(k.signal ?? k.exit_code), esc(howOf(k.how)), k.last_lines.length ? `<pre>${esc(k.last_lines.join("\n"))}</pre>` : "",
+    esc(k.signal ?? k.exit_code), k.how ? `<div class="prose">${esc(howOf(k.how))}</div>` : "", k.last_lines.length ? `<pre>${esc(k.last_lines.join("\n"))}</pre>` : "",
   ]), "ranks");
+}
+
+// An elastic run's changes of world (its metrics' world lines, each try's): where the
+// new world started, its size, the ranks and hosts lost or taken back, the seconds from
+// the loss to the new world's first step, the steps trained again, why.
+function worldTable(changes) {
+  const plural = (v, w) => `${esc(v)} ${w}${v === 1 ? "" : "s"}`;
+  return table(["try", "at step", "world", "ranks lost", "hosts", "recovered in", "steps lost", "why"], changes.map((c) => [
+    esc(c.try), `<span class="num">${esc(c.step ?? "?")}</span>`,
+    `${esc(c.from)} → ${plural(c.to, "rank")} <span class="${c.change === "shrink" ? "warn" : "good"}">${esc(c.change)}</span>`,
+    c.ranks?.length ? esc(c.ranks.join(", ")) : '<span class="muted">none</span>',
+    c.hosts?.length ? `${esc(c.hosts.join(", "))} <span class="muted">${c.change === "grow" ? "back" : "lost"}</span>` : "",
+    c.seconds != null ? `<span class="num">${num(c.seconds, 1)} s</span>` : '<span class="muted">unknown</span>',
+    `<span class="num">${esc(c.steps_lost ?? "")}</span>`, `<div class="prose" title="${esc(c.line)}">${esc(c.why)}</div>`,
+  ]), "world");
 }
 
 // One try's failure (failure-try<N>.json): the rank and how it ended, or, before any
@@ -202,6 +222,7 @@ async function run(dagId, runId) {
   const [r, reg, trace, curves] = await Promise.all([get(base), get(`${d}/registry`), get(traceUrl).catch(() => ({ traceEvents: [] })), get(`${d}/curves`).catch(() => [])]);
   const ev = r.evaluation, res = r.result;
   const failed = r.ranks.filter((k) => k.status === "failed");
+  const changes = r.world_changes ?? [];
   const steps = r.trace_steps.map((s) => `<option value="${s.step ?? ""}"${String(s.step ?? "") === (step ?? "") ? " selected" : ""}>${esc(s.label)}</option>`).join("");
   const assets = r.asset_events?.length ? r.asset_events.map((a) => `<a href="/assets/${encodeURIComponent(a.asset_id)}">${esc(a.name)}</a> <span class="muted">(${esc(a.task_id)}, ${esc(a.timestamp)})</span>`).join("<br>") : "";
   main.innerHTML = `<p><a href="?">all pipelines</a> · <a href="${link({ dag_id: dagId })}">${esc(dagId)}</a></p>
@@ -214,9 +235,11 @@ async function run(dagId, runId) {
     ${pipelineSummary(res?.pipeline)}
     ${ev ? `<p class="verdict">${ev.better ? "promoted" : "not promoted"}: ${esc(ev.reason)}</p>` : ""}
     <h2 id="ranks">Ranks</h2>${ranksTable(r.ranks)}
-    <h2>Tries and resumes</h2>${r.tries.length ? table(["try", "resumed from step", "epochs already done", "failure"], r.tries.map((t) => {
-      const f = t.failure;
-      return [esc(t.try), t.started ? esc(t.resumed_from_step ?? "start") : '<span class="muted">did not train</span>', esc(t.epochs_done_before ?? ""), f ? failureOf(f) : ""];
+    ${changes.length ? `<h2 id="world-changes">World changes</h2>${worldTable(changes)}` : ""}
+    <h2>Tries and resumes</h2>${r.tries.length ? table(["try", "resumed from step", "epochs already done", ...(changes.length ? ["world changes"] : []), "failure"], r.tries.map((t) => {
+      const f = t.failure, n = t.world_changes?.length ?? 0;
+      return [esc(t.try), t.started ? esc(t.resumed_from_step ?? "start") : '<span class="muted">did not train</span>', esc(t.epochs_done_before ?? ""),
+        ...(changes.length ? [n ? `<a href="#world-changes">${n}</a>` : ""] : []), f ? failureOf(f) : ""];
     })) : '<p class="muted">Training has not started.</p>'}
     <h2>Gradient sync</h2>${r.sync ? table(["buckets", "sizes", "allreduce (ms)", "hidden under backward", "skipped non-finite steps"], [[esc(r.sync.buckets), esc(r.sync.bucket_bytes.map(bytes).join(", ")), num(r.sync.allreduce_ms, 2), pct(r.sync.hidden_share), esc(r.sync.skipped_steps)]]) +
       (r.sync_by_rank.length > 1 ? `<p class="muted">per rank, last step: ${r.sync_by_rank.map((s) => `rank ${s.rank} ${num(s.allreduce_ms, 2)} ms allreduce, ${pct(s.hidden_share)} hidden`).join("; ")}</p>` : "") : '<p class="muted">No trace.</p>'}

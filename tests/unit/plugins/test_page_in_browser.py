@@ -1,7 +1,8 @@
 """The training page's own script in headless Chromium over hand-made run folders
 (``browser.serve``: no Airflow): a pipelined run's lanes, microbatch bars, bubbles,
-legend, stage columns and pipeline line; a data-parallel run's page without them; and
-neither wider than a narrow window."""
+legend, stage columns and pipeline line; a data-parallel run's page without them;
+an elastic run's world changes and the rank that left; and none wider than a narrow
+window."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from dagtrain.plugins import report
 from . import browser
 from .pipeline_fixture import make_pipeline_run
 from .test_page_report import make_run
+from .test_world_changes import GROW, SHRINK, make_elastic_run
+from .test_world_changes import RUN as ELASTIC_RUN
 
 pytestmark = pytest.mark.slow
 MINUS, TIMES = "\u2212", "\u00d7"  # what the page writes: (S\u22121)/(M+S\u22121), S \u00d7 D
@@ -128,6 +131,56 @@ def test_in_a_narrow_window_the_page_scrolls_its_wide_parts_not_itself(
         page.screenshot(path=str(tmp_path / "narrow.png"), full_page=True)
         width = page.evaluate("document.documentElement.scrollWidth")
         assert width <= 420, width  # the timeline and the tables scroll in their boxes
+        assert errors == []
+    finally:
+        page.close()
+
+
+@pytest.mark.parametrize("width", [1400, 700])
+def test_an_elastic_runs_page_lists_its_world_changes_and_the_rank_that_left(
+    chromium, tmp_path, width
+):
+    root, data = make_elastic_run(tmp_path)
+    page, errors = open_run(chromium, root, data, ELASTIC_RUN, width=width)
+    try:
+        assert page.locator("h2#world-changes").inner_text() == "World changes"
+        head = texts(page, "table.world th")
+        assert head == [
+            "try",
+            "at step",
+            "world",
+            "ranks lost",
+            "hosts",
+            "recovered in",
+            "steps lost",
+            "why",
+        ], head
+        rows = page.locator("table.world tr").evaluate_all(
+            "rows => rows.slice(1).map((r) => [...r.cells].map((c) => c.innerText.trim()))"
+        )
+        assert rows == [
+            ["1", "108", "3 → 2 ranks shrink", "1", "h1 lost", "6.0 s", "1", SHRINK["why"]],
+            ["1", "135", "2 → 3 ranks grow", "none", "h1 back", "9.5 s", "0", GROW["why"]],
+        ], rows
+        # the ranks table: the world of now, then the rank that left, and how
+        left = page.locator("table.ranks tr").last.inner_text()
+        assert "left at step 108" in left and "its host back at step 135" in left, left
+        assert "was killed by SIGKILL" in left and left.startswith("1 of 3"), left
+        assert page.locator("table.ranks tr").count() == 1 + 4
+        assert texts(page, "table:has(th:text-is('world changes')) a") == ["2"]
+        width_now = page.evaluate("document.documentElement.scrollWidth")
+        assert width_now <= width, width_now  # its tables scroll in their own boxes
+        assert errors == []
+    finally:
+        page.close()
+
+
+def test_a_run_without_world_changes_has_no_world_changes_table(chromium, tmp_path):
+    root, data = make_run(tmp_path)
+    page, errors = open_run(chromium, root, data, "manual__1")
+    try:
+        assert page.locator("#world-changes, table.world").count() == 0
+        assert "world changes" not in texts(page, "th")
         assert errors == []
     finally:
         page.close()
