@@ -31,6 +31,8 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from dagtrain.changes import change_line
+
 __all__ = ["Progress", "Stage", "dag_order", "label_of"]
 
 COLOUR = {
@@ -231,6 +233,8 @@ class Progress:
                     f"{label} try {n}: resumed from step {resumed} "
                     f"({resumed // per} epoch(s) already trained)"
                 )
+        elif kind == "world":  # an elastic run lost ranks, or took a host back
+            self.say(f"{label} {change_line(m)}", "yellow")
         elif kind == "epoch" and not self.stopping:  # a stopped run's last epochs: noise
             width = self.console.width if self.console.is_terminal else None
             self.say(self._epoch_line(label, info, m, width))

@@ -26,7 +26,16 @@ from dagtrain.errors import InputError
 
 from .supervise import TAIL, Ending, Job
 
-__all__ = ["RankFailure", "RankInputError", "diagnose", "host_of", "ranks_on", "signal_name"]
+__all__ = [
+    "STALLED",
+    "RankFailure",
+    "RankInputError",
+    "diagnose",
+    "host_of",
+    "ranks_on",
+    "signal_name",
+    "stalled_rank",
+]
 
 # the exit code of ssh (and of the rsh agents that imitate it) when the connection to
 # the host was lost or could not be made
@@ -42,6 +51,8 @@ _MPI_CALLED_ABORT = re.compile(
 )
 _MPI_EXIT = re.compile(r"Process name: \[\S+?,(\d+)\]\s+Exit code:\s+(\d+)", re.S)
 _TORCHRUN = re.compile(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s+exitcode\s*:\s*(-?\d+)", re.S)
+# how a rank the others waited for at their first collective is said to have ended
+STALLED = "never reached its first collective"
 # a rank that gave up waiting (its recorded error): ours (CollectiveTimeout), gloo's, NCCL's
 _TIMED_OUT = re.compile(r"did not finish within|[Tt]imed out|[Tt]imeout")
 
@@ -215,7 +226,7 @@ def diagnose(job: Job, ending: Ending) -> RankFailure:
     if missing is not None and any(_TIMED_OUT.search(_error(f)) for f in failures):
         # the rank that gave up waiting is not the cause: the one that never arrived is
         waited, rank, code, sig, failure = rank, missing, None, None, None
-        how = "never reached its first collective (it hung, was stopped, or is too slow)"
+        how = f"{STALLED} (it hung, was stopped, or is too slow)"
         detail = f"; rank {waited} gave up waiting for it{detail}"
     record = job.records.get(rank, {}) if rank is not None else {}
     kind = RankInputError if failure is not None and failure.get("fail_fast") else RankFailure
@@ -291,6 +302,28 @@ def _first_failed(
         return int(root.group(1)), None if sig else code, sig
     sig = signal_name(code)
     return None, None if sig else code, sig
+
+
+def stalled_rank(job: Job) -> int | None:
+    """When every rank that failed timed out waiting: the rank that had reached its
+    first collective but then neither failed, nor finished, nor saved a rescue (an
+    elastic survivor does), the one that stopped answering. None if there is none, or
+    more than one could be (a launcher that killed the others before they said
+    anything)."""
+    failures = [r for r in job.records.values() if r.get("status") == "failed"]
+    if not failures or not all(_TIMED_OUT.search(_error(f)) for f in failures):
+        return None
+    quiet = [
+        r
+        for r, rec in sorted(job.records.items())
+        if r in job.ready
+        and rec.get("status") not in ("failed", "done")
+        and rec.get("rescued") is None
+        and r not in {f["rank"] for f in failures}
+    ]
+    if job.direct:  # the direct launcher saw which processes were still running
+        quiet = [r for r in quiet if r < len(job.procs) and job.procs[r].returncode in (None, -9)]
+    return quiet[0] if len(quiet) == 1 else None
 
 
 def _never_ready(job: Job, failures: list[dict[str, Any]]) -> int | None:

@@ -33,6 +33,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from dagtrain.changes import change_line
 from dagtrain.config import DistributedConfig, PipelineConfig, TrainConfig
 from dagtrain.errors import InputError
 from dagtrain.rank_env import CODE_PATH
@@ -164,10 +165,15 @@ def train_stage(
     if log is not None:
         p = tcfg.parallel
         log.info(
-            "training %s on %d %s rank(s)%s; checkpoints in %s",
+            "training %s on %d %s rank(s)%s%s; checkpoints in %s",
             cfg.model.name,
             tcfg.distributed.ranks,
             tcfg.distributed.backend,
+            f" (elastic: goes on with {dist.fewest_ranks} or more when ranks are lost, up "
+            f"to {dist.max_world_changes} world change(s) a try"
+            f"{', taking back a host that answers again' if dist.regrow else ''})"
+            if dist.elastic
+            else "",
             f" as {p.stages} pipeline stages x {tcfg.replicas} replica(s), "
             f"{p.microbatches} microbatches a step, order {p.order_used}, split {p.split}"
             if p.stages > 1
@@ -248,8 +254,13 @@ def run_train(
         if on_start is not None:
             on_start(job)
 
+    def changed(change: dict[str, Any]) -> None:
+        if on_line is not None:  # the task's log
+            on_line(f"dagtrain: {change_line(change)}")
+
     res = run_training(
         tcfg,
+        on_change=changed,
         hosts=hosts,
         timeout=timeout,
         on_line=on_line,

@@ -34,6 +34,7 @@ Importing this module imports no torch.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections import Counter
@@ -44,6 +45,7 @@ from typing import Any
 
 from dagtrain.config import TrainConfig
 from dagtrain.launch import Hosts, Job, RankFailure, RankInputError, answers
+from dagtrain.launch.diagnose import STALLED, stalled_rank
 from dagtrain.rank_env import REGROW
 
 __all__ = ["PROBE_EVERY", "World", "is_loss", "run_elastic"]
@@ -75,7 +77,7 @@ class World:
         return cls(dict(Counter(placed)), ranks)
 
     def free(self, host: str) -> int:
-        return 0 if host in self.banned else self.slots[host] - self.out[host]
+        return self.slots[host] - self.out[host]
 
     @property
     def size(self) -> int:
@@ -108,14 +110,25 @@ class World:
         return Hosts(tuple(entries), spec.rsh_agent, spec.env, spec.rdzv_port, spec.source)
 
 
-def is_loss(e: RankFailure) -> bool:
+def is_loss(e: RankFailure, job: Job | None = None) -> bool:
     """Whether ``e`` is a lost rank (killed by a signal, stalled, or lost with its
-    host), which an elastic run survives, and not a rank's own error."""
+    host), which an elastic run survives, and not a rank's own error. A rank that gave
+    up waiting for a peer (a timeout, a peer's connection gone) is a symptom of one."""
     if isinstance(e, RankInputError):
         return False
-    if e.signal is not None or e.how.startswith(("was lost with its host", "never reached")):
+    if e.signal is not None or e.how.startswith((STALLED, "was lost with its host")):
         return True
-    return e.error_type in (None, "CollectiveTimeout") and e.exit_code in (None, 70, 143)
+    if job is not None and stalled_rank(job) is not None:
+        return True
+    return bool(_PEER_GONE.search(e.error_message or "")) or (
+        e.error_type is None and e.exit_code in (None, 70, 143)
+    )
+
+
+# what a rank's error says when it gave up on a peer (ours, gloo's, NCCL's, MPI's)
+_PEER_GONE = re.compile(
+    r"did not finish within|[Tt]imed out|Connection (closed|reset) by peer|Broken pipe"
+)
 
 
 def _host_of(job: Job | None, rank: int | None, spec: Hosts | None) -> str:
@@ -147,6 +160,7 @@ def run_elastic(
             say(f"dagtrain: host {host} does not answer: this try starts without it")
     changes: list[dict[str, Any]] = []
     pending: dict[str, Any] | None = None
+    began: dict[str, Any] = {}  # the first world's rank 0 record: where the try began
     while True:
         n = world.size
         if n < d.fewest_ranks:
@@ -190,14 +204,20 @@ def run_elastic(
             stop.set()
             _settle(timer, pending, on_change)
             job = jobs[-1] if jobs else None
-            if not is_loss(e) or len(changes) >= d.max_world_changes:
-                if is_loss(e):
+            began = began or _began(job)
+            loss = is_loss(e, job)
+            if not loss or len(changes) >= d.max_world_changes:
+                if loss:
                     say(
                         f"dagtrain: {d.max_world_changes} world change(s) made already "
                         "(distributed.max_world_changes): this loss fails the try"
                     )
                 raise
-            host = _host_of(job, e.rank, spec)
+            lost, why = e.rank, e.summary
+            quiet = stalled_rank(job) if job is not None else None
+            if quiet is not None and quiet != e.rank:  # e names a rank that gave up on it
+                lost, why = quiet, f"rank {quiet} stopped answering; {e.summary}"
+            host = _host_of(job, lost, spec)
             whole = e.how.startswith("was lost with its host")
             whole = whole or not answers(spec, host, PROBE_TIMEOUT)
             world.lose(host, whole)
@@ -207,24 +227,23 @@ def run_elastic(
                 "step": None,
                 "from": n,
                 "to": world.size,
-                "ranks": [e.rank] if e.rank is not None else [],
+                "ranks": [lost] if lost is not None else [],
                 "hosts": [host],
-                "why": e.summary,
+                "why": why,
                 "steps_lost": None,
                 "seconds": None,
                 "time": time.time(),
                 "_reached": _reached(job),
             }
-            changes.append(pending)
-            if world.size < d.fewest_ranks:
+            if world.size < d.fewest_ranks:  # no change of world: the try fails
                 say(
-                    f"dagtrain: {world.size} rank(s) left, fewer than distributed.min_ranks "
-                    f"{d.fewest_ranks}: the try fails"
+                    f"dagtrain: {why}; {world.size} rank(s) left, fewer than "
+                    f"distributed.min_ranks {d.fewest_ranks}: the try fails"
                 )
-                pending.pop("_reached", None)
                 raise
+            changes.append(pending)
             say(
-                f"dagtrain: {e.summary}; going on with {world.size} of {d.ranks} rank(s)"
+                f"dagtrain: {why}; going on with {world.size} of {d.ranks} rank(s)"
                 + (f" (host {host} left out)" if whole else "")
             )
             continue
@@ -233,8 +252,13 @@ def run_elastic(
             prober.join(timeout=PROBE_TIMEOUT + 1)
         _settle(timer, pending, on_change)
         pending = None
+        began = began or _began(jobs[-1] if jobs else None)
         if result.stopped_for != "regrow":
             result.world_changes = [_public(c) for c in changes]
+            if changes and began:  # what this try did: from where its first world began
+                start = int(began.get("start_step") or 0)
+                result.resumed_from_step = start or None
+                result.resumed_epochs = int(began.get("resumed_epochs") or 0)
             return result
         back = [h for h in world.waiting() if answers(spec, h, PROBE_TIMEOUT)]
         for h in back:
@@ -258,6 +282,13 @@ def run_elastic(
 
 def _public(change: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in change.items() if not k.startswith("_")}
+
+
+def _began(job: Job | None) -> dict[str, Any]:
+    """Rank 0's record of ``job`` once it started training (``start_step``,
+    ``resumed_epochs``), else nothing."""
+    rec = job.records.get(0, {}) if job is not None else {}
+    return rec if rec.get("start_step") is not None else {}
 
 
 def _reached(job: Job | None) -> int | None:

@@ -106,9 +106,12 @@ class RankStatus:
     ``steps_timed``, ``samples_per_second`` (this rank's samples over its step time,
     this try), ``median_step_ms``, ``p95_step_ms``, ``updated`` (unix), ``start_step``
     (the step this launch began at) and ``first_step_time`` (unix: when its first step
-    ended; written at once, it times an elastic run's recovery)."""
+    ended; with ``prompt``, as an elastic run has, written at once: it times the
+    run's recovery after a world change)."""
 
-    def __init__(self, status_dir: str | None, rank: int, every: float = 2.0) -> None:
+    def __init__(
+        self, status_dir: str | None, rank: int, every: float = 2.0, prompt: bool = False
+    ) -> None:
         self.own = this_rank()  # the launcher's record of this process
         self.records = [self.own]
         if status_dir is not None:
@@ -120,6 +123,7 @@ class RankStatus:
         self.path = self.records[-1].path  # the status_dir's file, else the launcher's
         self.rank = rank
         self.every = every
+        self.prompt = prompt  # write the record as the first step ends, too
         self.seconds: list[float] = []
         self.samples = 0
         self.step_now = 0
@@ -139,8 +143,8 @@ class RankStatus:
         self.samples += samples
         self.step_now += 1
         self.own.update(step=self.step_now)  # the step a failure record names
-        if len(self.seconds) == 1:  # when the first step of this launch ended (an
-            for r in self.records:  # elastic run's recovery ends there)
+        if len(self.seconds) == 1 and self.prompt:  # when this launch's first step
+            for r in self.records:  # ended: an elastic run's recovery ends there
                 r.update(first_step_time=time.time())
             self._write("running")
         elif time.monotonic() - self.last_write >= self.every:

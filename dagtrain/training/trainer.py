@@ -234,9 +234,9 @@ def _train(cfg: TrainConfig, backend: Backend) -> TrainResult:
             # a rescue at an epoch's last step, before the epoch was closed: close it
             _close_epoch(cfg, backend, model, ds, state, start // per_epoch - 1, sg.guard)
             progress.epoch(state["epochs"][-1], start)
-        status = RankStatus(cfg.status_dir, rank)
+        status = RankStatus(cfg.status_dir, rank, prompt=cfg.distributed.elastic)
         placed = {"stage": sg.stage, "replica": sg.replica} if isinstance(sg, PipelineStep) else {}
-        status.start(start, total, **placed)
+        status.start(start, total, resumed_epochs=result.resumed_epochs, **placed)
         while upcoming is not None and sg.step < total:
             epoch, k, batch = upcoming
             last_in_epoch = k == per_epoch - 1

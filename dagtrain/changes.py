@@ -1,0 +1,26 @@
+"""An elastic run's world change as people read it: one line, the same in the task's
+log, ``dagtrain run``'s output and the run summary. Standard library only (the CLI
+imports it without torch)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["change_line"]
+
+
+def change_line(change: dict[str, Any]) -> str:
+    """``world 3 -> 2 ranks at step 557: rank 1 on host c was killed by SIGKILL
+    (recovered in 5.3 s, 1 step lost)`` for a world change record (see
+    ``dagtrain.training.elastic``)."""
+    step = change.get("step")
+    head = f"world {change.get('from')} -> {change.get('to')} ranks"
+    head += f" at step {step}" if step is not None else ""
+    parts = []
+    if change.get("seconds") is not None:
+        parts.append(f"recovered in {float(change['seconds']):.1f} s")
+    lost = change.get("steps_lost")
+    if lost is not None and change.get("change") == "shrink":
+        parts.append(f"{lost} step{'' if lost == 1 else 's'} lost")
+    tail = f" ({', '.join(parts)})" if parts else ""
+    return f"{head}: {change.get('why') or 'changed'}{tail}"

@@ -1,0 +1,140 @@
+"""An elastic run's rules without ranks: its config's refusals, the world's slots as
+ranks and hosts are lost and come back, which failures count as losses, a world
+change as people read it, and the rescues a next world resumes from."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from dagtrain.changes import change_line
+from dagtrain.config import ConfigError, PipelineConfig, TrainConfig
+from dagtrain.launch import Hosts, RankFailure, RankInputError
+from dagtrain.training import checkpoint
+from dagtrain.training.elastic import World, is_loss
+from dagtrain.training.rescue import newest
+
+
+@pytest.mark.parametrize(
+    ("dist", "training", "says"),
+    [
+        ({"backend": "torch", "ranks": 3, "min_ranks": 4}, {}, "distributed.min_ranks 4 is more"),
+        ({"backend": "local", "ranks": 1, "min_ranks": 1}, {}, None),
+        ({"backend": "torch", "ranks": 3, "min_ranks": 2}, {"batch_size": 64}, "does not split"),
+        ({"backend": "torch", "ranks": 4, "min_ranks": 2}, {"batch_size": 30}, "over 4 rank(s)"),
+    ],
+)
+def test_the_config_refuses_what_an_elastic_world_cannot_do(dist, training, says):
+    data = {"name": "x", "distributed": dist, "training": training}
+    if says is None:
+        assert not PipelineConfig.model_validate(data).distributed.elastic
+        return
+    with pytest.raises((ConfigError, ValueError)) as info:
+        PipelineConfig.model_validate(data)
+    assert says in str(info.value), str(info.value)
+
+
+def test_a_shrinking_pipeline_is_refused_naming_the_fields():
+    with pytest.raises(ValueError) as info:
+        TrainConfig(
+            distributed={"backend": "torch", "ranks": 4, "min_ranks": 2},
+            parallel={"stages": 2},
+            batch_size=24,
+        )
+    assert "distributed.min_ranks 2 with parallel.stages 2" in str(info.value)
+
+
+def test_the_batch_error_suggests_a_batch_every_world_splits():
+    with pytest.raises(ValueError) as info:
+        TrainConfig(distributed={"backend": "mpi", "ranks": 4, "min_ranks": 2}, batch_size=64)
+    assert "e.g. 72" in str(info.value)  # lcm(2, 3, 4) = 12; the least multiple >= 64
+
+
+def test_defaults_are_not_elastic():
+    d = TrainConfig(backend="mpi", ranks=3).distributed
+    assert not d.elastic and d.fewest_ranks == 3 and d.regrow and d.max_world_changes == 4
+
+
+def test_a_lost_slot_is_out_until_its_host_answers_and_a_host_lost_twice_stays_out():
+    w = World.of(Hosts(("a:2", "b:1")), 3)
+    assert w.slots == {"a": 2, "b": 1} and w.size == 3
+    w.lose("a", whole=False)
+    assert w.size == 2 and w.waiting() == ["a"]
+    assert w.hosts_for(Hosts(("a:2", "b:1"))).entries == ("a:1", "b:1")
+    w.take_back("a")
+    assert w.size == 3
+    w.lose("a", whole=True)  # its second loss: flapping
+    assert w.size == 1 and w.waiting() == [] and w.banned == {"a"}
+    assert w.hosts_for(Hosts(("a:2", "b:1"))).entries == ("b:1",)
+
+
+def test_a_world_on_this_host_alone_has_its_ranks_as_slots():
+    w = World.of(None, 3)
+    w.lose("localhost", whole=False)
+    assert w.size == 2 and w.hosts_for(None) is None
+
+
+def test_only_lost_ranks_are_losses():
+    assert is_loss(RankFailure(1, None, "SIGKILL", []))
+    assert is_loss(RankFailure(2, None, None, [], how="was lost with its host: gone"))
+    assert is_loss(
+        RankFailure(0, 1, None, [], error_type="TaskError", error_message="Timed out waiting")
+    )
+    assert not is_loss(RankFailure(0, 1, None, [], error_type="ValueError", error_message="bug"))
+    assert not is_loss(RankInputError(0, 1, None, [], error="InputError: bad data"))
+
+
+def test_a_world_change_reads_as_one_line():
+    line = change_line(
+        {
+            "change": "shrink",
+            "step": 557,
+            "from": 3,
+            "to": 2,
+            "why": "rank 1 was killed by SIGKILL",
+            "seconds": 5.28,
+            "steps_lost": 1,
+        }
+    )
+    assert line == (
+        "world 3 -> 2 ranks at step 557: rank 1 was killed by SIGKILL "
+        "(recovered in 5.3 s, 1 step lost)"
+    )
+    grow = change_line({"change": "grow", "step": 576, "from": 2, "to": 3, "why": "back"})
+    assert grow == "world 2 -> 3 ranks at step 576: back"
+
+
+def _state(step: int, sums: list[float], job: str = "j1", carried=(0.0, 0, 0)) -> dict:
+    return {
+        "model": {"w": torch.full((2,), float(step))},
+        "optim": [],
+        "step": step,
+        "epochs": "[]",
+        "config": "{}",
+        "sums": json.dumps(sums),
+        "carried": json.dumps(list(carried)),
+        "job": job,
+    }
+
+
+def test_the_newest_rescue_wins_and_the_survivors_figures_are_added(tmp_path):
+    d = tmp_path / "ckpt"
+    checkpoint.save({**_state(40, [9.0, 9, 9]), "sums": "[9.0, 9, 9]"}, d, 40)
+    checkpoint.save(_state(57, [1.0, 2, 3], carried=(10.0, 10, 10)), d / "rescue/rank0", 57)
+    checkpoint.save(_state(57, [2.0, 3, 4], carried=(10.0, 10, 10)), d / "rescue/rank2", 57)
+    checkpoint.save(_state(56, [5.0, 5, 5]), d / "rescue/rank3", 56)  # a step behind
+    checkpoint.save(_state(57, [7.0, 7, 7], job="old"), d / "rescue/rank4", 57)  # not this job
+    path, state = newest(d)
+    assert state["step"] == 57 and "rescue" in str(path)
+    assert json.loads(state["sums"]) == [13.0, 15, 17]  # carried + ranks 0 and 2
+    assert "job" not in state and "carried" not in state
+
+
+def test_a_checkpoint_newer_than_every_rescue_wins(tmp_path):
+    d = tmp_path / "ckpt"
+    checkpoint.save(_state(57, [1.0, 1, 1]), d / "rescue/rank0", 57)
+    checkpoint.save({**_state(60, [0.0, 0, 0]), "sums": "[0.0, 0, 0]"}, d, 60)
+    path, state = newest(d)
+    assert state["step"] == 60 and path.parent == d
