@@ -32,8 +32,8 @@ def mlp(in_shape, classes, hidden=(256, 256)):
         os.pwrite(fd, struct.pack("<qdd", count[0], now, first[0]), 0)
 
     model.register_forward_pre_hook(started)
-    first = next(p for p in model.parameters())
-    first.register_post_accumulate_grad_hook(ended)
+    weight = next(p for p in model.parameters())
+    weight.register_post_accumulate_grad_hook(ended)
     return model
 
 

@@ -223,11 +223,17 @@ class Progress:
     def _metric(self, label: str, m: dict[str, Any]) -> None:
         info = self.info.setdefault(label, {})
         kind = m.get("kind")
-        if kind == "start":
+        if kind == "try":  # a try begins: its first start line says where from
+            info["relaunched"] = False
+        elif kind == "start":
+            # an elastic run's later start lines in a try are relaunches, told as world
+            # changes: not resumes
+            relaunch = info.get("relaunched", False)
             info.update(m)
+            info["relaunched"] = True
             resumed = m.get("resumed_from_step")
             n = self._stage(label).try_number or 1
-            if resumed is not None:
+            if resumed is not None and not relaunch:
                 per = max(int(m.get("steps_per_epoch") or 1), 1)
                 self.say(
                     f"{label} try {n}: resumed from step {resumed} "

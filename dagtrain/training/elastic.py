@@ -54,7 +54,11 @@ PROBE_EVERY = 2.0  # seconds between two probes of the left-out hosts while a wo
 PROBE_TIMEOUT = 5.0  # seconds a host has to answer a probe
 FIRST_STEP_WAIT = 120.0  # seconds a new world's first step is waited for, to time it
 
-LOCAL = "localhost"
+def _local() -> str:
+    """This host's name, as its ranks report it in their records."""
+    import socket
+
+    return socket.gethostname()
 
 
 @dataclass
@@ -73,7 +77,7 @@ class World:
     def of(cls, hosts: Hosts | None, ranks: int) -> World:
         """The world of ``ranks`` ranks placed on ``hosts`` (this host when None) as the
         launchers place them (slots in order, wrapping around past the last)."""
-        placed = hosts.placement(ranks) if hosts is not None else [LOCAL] * ranks
+        placed = hosts.placement(ranks) if hosts is not None else [_local()] * ranks
         return cls(dict(Counter(placed)), ranks)
 
     def free(self, host: str) -> int:
@@ -134,7 +138,7 @@ _PEER_GONE = re.compile(
 def _host_of(job: Job | None, rank: int | None, spec: Hosts | None) -> str:
     """The host list's name of the host ``rank`` ran on."""
     if spec is None or rank is None:
-        return LOCAL
+        return _local()
     if job is not None and rank in job.node_of_rank:
         return job.node_hosts[job.node_of_rank[rank]]
     return spec.placement(rank + 1)[rank]
@@ -154,10 +158,9 @@ def run_elastic(
     d = cfg.distributed
     say = on_line or (lambda line: None)
     world = World.of(spec, d.ranks)
-    for host in world.slots:  # every try starts on the hosts that answer
-        if not answers(spec, host, PROBE_TIMEOUT):
-            world.out[host] = world.slots[host]
-            say(f"dagtrain: host {host} does not answer: this try starts without it")
+    for host in _silent(spec, list(world.slots)):  # every try starts on the hosts that answer
+        world.out[host] = world.slots[host]
+        say(f"dagtrain: host {host} does not answer: this try starts without it")
     changes: list[dict[str, Any]] = []
     pending: dict[str, Any] | None = None
     began: dict[str, Any] = {}  # the first world's rank 0 record: where the try began
@@ -218,9 +221,15 @@ def run_elastic(
             if quiet is not None and quiet != e.rank:  # e names a rank that gave up on it
                 lost, why = quiet, f"rank {quiet} stopped answering; {e.summary}"
             host = _host_of(job, lost, spec)
-            whole = e.how.startswith("was lost with its host")
-            whole = whole or not answers(spec, host, PROBE_TIMEOUT)
+            # the job starts again on the hosts that answer: the lost rank's, and any
+            # other that went with it
+            silent = _silent(spec, [h for h in world.slots if world.free(h)])
+            whole = host in silent or e.how.startswith("was lost with its host")
             world.lose(host, whole)
+            for other in silent:
+                if other != host:
+                    world.out[other] = world.slots[other]
+                    say(f"dagtrain: host {other} does not answer either: left out")
             pending = {
                 "kind": "world",
                 "change": "shrink",
@@ -228,7 +237,7 @@ def run_elastic(
                 "from": n,
                 "to": world.size,
                 "ranks": [lost] if lost is not None else [],
-                "hosts": [host],
+                "hosts": [host, *(h for h in silent if h != host)],
                 "why": why,
                 "steps_lost": None,
                 "seconds": None,
@@ -261,6 +270,9 @@ def run_elastic(
                 result.resumed_epochs = int(began.get("resumed_epochs") or 0)
             return result
         back = [h for h in world.waiting() if answers(spec, h, PROBE_TIMEOUT)]
+        if not back:  # it answered the probe, not now: the same world again
+            say("dagtrain: the host that answered does not now: going on as before")
+            continue
         for h in back:
             world.take_back(h)
         pending = {
@@ -271,13 +283,25 @@ def run_elastic(
             "to": world.size,
             "ranks": [],
             "hosts": back,
-            "why": f"host {', '.join(back)} answers again" if back else "no host answers now",
+            "why": f"host {', '.join(back)} answers again",
             "steps_lost": 0,
             "seconds": None,
             "time": time.time(),
         }
         changes.append(pending)
         say(f"dagtrain: {pending['why']}: going on with {world.size} of {d.ranks} rank(s)")
+
+
+def _silent(spec: Hosts | None, hosts: list[str]) -> list[str]:
+    """The hosts of ``hosts`` that do not answer a probe, probed side by side (this
+    host answers at once)."""
+    if spec is None:
+        return []
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max(1, len(hosts))) as pool:
+        answered = list(pool.map(lambda h: answers(spec, h, PROBE_TIMEOUT), hosts))
+    return [h for h, ok in zip(hosts, answered) if not ok]
 
 
 def _public(change: dict[str, Any]) -> dict[str, Any]:

@@ -288,8 +288,11 @@ def _train(cfg: TrainConfig, backend: Backend) -> TrainResult:
         times = sorted(result.step_seconds)
         if times:
             result.samples_per_second = t.batch_size / times[len(times) // 2]
-        progress.end(sg.step)
-        status.done()
+        if result.stopped_for is None:
+            progress.end(sg.step)
+            status.done()
+        else:  # the run goes on in the next world: not the end, and not done
+            status.flush()
         return result
     finally:
         sg.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -100,7 +101,7 @@ def test_a_killed_rank_costs_one_step_and_the_run_equals_the_smaller_world(tmp_p
     res = run_training(cfg, on_start=faults, **QUIET)
     (change,) = res.world_changes
     assert change["change"] == "shrink" and (change["from"], change["to"]) == (3, 2), change
-    assert change["ranks"] == [1] and change["hosts"] == ["localhost"], change
+    assert change["ranks"] == [1] and change["hosts"] == [socket.gethostname()], change
     assert change["steps_lost"] is not None and change["steps_lost"] <= 1, change
     assert change["seconds"] is not None and change["seconds"] > 0, change
     per_epoch = 48  # digits: 1437 training samples in batches of 30
@@ -119,9 +120,11 @@ def test_a_killed_rank_costs_one_step_and_the_run_equals_the_smaller_world(tmp_p
     got, want = final_params(tmp_path / "elastic" / "ckpt"), final_params(tmp_path / "ref" / "ckpt")
     for name, v in want.items():
         assert torch.allclose(got[name], v, rtol=1e-5, atol=1e-7), name
-    assert len(res.epochs) == 14 and res.epochs[-1]["train_loss"] == pytest.approx(
-        again.epochs[-1]["train_loss"], rel=1e-4
-    )
+    # every epoch's figures too; the lost rank's share of its last epoch is gone
+    assert len(res.epochs) == len(again.epochs) == 14
+    for mine, theirs in zip(res.epochs, again.epochs):
+        near = 0.05 if mine["epoch"] == k // per_epoch else 1e-4
+        assert mine["train_loss"] == pytest.approx(theirs["train_loss"], rel=near), mine
 
 
 @pytest.mark.parametrize("backend", ["torch", "mpi", "horovod"])

@@ -167,20 +167,45 @@ class Host:
 
 @dataclass
 class Net:
-    """The bridge, the hosts, and the rsh agent that reaches them."""
+    """The bridge, the hosts, and the rsh agent that reaches them. ``hosts`` run the
+    Celery workers; ``spare`` hosts (C) run ranks only."""
 
     tag: str
     bridge: str
     root: str  # the root namespace's address on the bridge
     hosts: list[Host]
     map_file: Path
+    spare: list[Host] = field(default_factory=list)
 
     @property
     def agent(self) -> tuple[str, ...]:
         return (sys.executable, str(AGENT), str(self.map_file))
 
+    @property
+    def every(self) -> list[Host]:
+        return [*self.hosts, *self.spare]
+
     def entries(self, slots: int = 1) -> list[str]:
         return [f"{h.address}:{slots}" for h in self.hosts]
+
+    def down(self, *hosts: Host) -> None:
+        """The rsh agent no longer reaches ``hosts`` (it exits 255, as ssh does for a
+        host that does not answer); ``up`` reaches them again."""
+        self._reach([h for h in self.every if h not in hosts and h.address in self._map()])
+
+    def up(self, *hosts: Host) -> None:
+        known = set(self._map())
+        self._reach([h for h in self.every if h.address in known or h in hosts])
+
+    def _map(self) -> dict:
+        return json.loads(self.map_file.read_text())
+
+    def _reach(self, hosts: list[Host]) -> None:
+        tmp = self.map_file.with_suffix(".tmp")
+        tmp.write_text(
+            json.dumps({h.address: {"netns": h.netns, "hostname": h.hostname} for h in hosts})
+        )
+        os.replace(tmp, self.map_file)  # the agent reads one map or the other, whole
 
 
 def _subnet() -> ipaddress.IPv4Network:
@@ -226,11 +251,13 @@ def _mkdir(parent: Path, name: str) -> Path:
 
 @pytest.fixture(scope="package")
 def net(tag: str, workdir: Path) -> Iterator[Net]:
-    """Two hosts (namespaces A and B) on a bridge with the root namespace."""
+    """Three hosts (namespaces A, B and the spare C) on a bridge with the root
+    namespace."""
     sub = _subnet()
-    addr = [str(a) for a in list(sub.hosts())[:3]]
+    addr = [str(a) for a in list(sub.hosts())[:4]]
     bridge = f"dtbr{tag}"
-    hosts = [Host(f"dagtrain-{tag}-{x}", f"dt{tag}{x}", addr[i + 1]) for i, x in enumerate("ab")]
+    every = [Host(f"dagtrain-{tag}-{x}", f"dt{tag}{x}", addr[i + 1]) for i, x in enumerate("abc")]
+    hosts = every
     made: list[tuple[str, str]] = []
     try:
         _ip("link", "add", bridge, "type", "bridge")
@@ -258,7 +285,7 @@ def net(tag: str, workdir: Path) -> Iterator[Net]:
         map_file.write_text(
             json.dumps({h.address: {"netns": h.netns, "hostname": h.hostname} for h in hosts})
         )
-        yield Net(tag, bridge, addr[0], hosts, map_file)
+        yield Net(tag, bridge, addr[0], every[:2], map_file, spare=every[2:])
     finally:
         sweep(tag)
         for kind, name in reversed(made):
@@ -514,6 +541,25 @@ def pipeline_yaml(artifacts: Path, conn_id: str) -> str:
 
 CONN_ID = "dagtrain_lab_hosts"
 
+# the elastic pipeline: the same DAG file, 3 ranks on hosts A, B and the spare C, going
+# on with 2; its steps slowed so that a host can die and come back mid-run
+ELASTIC = "digits_elastic"
+ELASTIC_CONN = "dagtrain_lab_hosts3"
+
+
+def elastic_yaml(artifacts: Path) -> str:
+    import yaml
+
+    cfg = yaml.safe_load(pipeline_yaml(artifacts, ELASTIC_CONN))
+    cfg["name"] = ELASTIC
+    cfg["model"] = {"name": "tests.unit.training.factory:slow", "args": {"seconds": 0.03}}
+    cfg["training"].update(
+        {"epochs": 14, "batch_size": 30, "checkpoint_every": 0, "retry_delay_seconds": 20}
+    )
+    cfg["distributed"].update({"ranks": 3, "min_ranks": 2})
+    cfg["evaluation"]["min_accuracy"] = 0.0
+    return yaml.safe_dump(cfg, sort_keys=False)
+
 
 @pytest.fixture(scope="package")
 def cluster(net: Net, postgres: str, redis: str, workdir: Path) -> Iterator[Cluster]:
@@ -525,6 +571,8 @@ def cluster(net: Net, postgres: str, redis: str, workdir: Path) -> Iterator[Clus
         d.mkdir()
     shutil.copy(ROOT / "dags" / f"{PIPELINE}.py", dags)
     (dags / f"{PIPELINE}.yaml").write_text(pipeline_yaml(artifacts, CONN_ID))
+    shutil.copy(ROOT / "dags" / f"{PIPELINE}.py", dags / f"{ELASTIC}.py")
+    (dags / f"{ELASTIC}.yaml").write_text(elastic_yaml(artifacts))
     password = secrets.token_urlsafe(12)
     (home / "passwords.json").write_text(json.dumps({"admin": password}))
     port = free_port(net.root)
@@ -600,9 +648,23 @@ def cluster(net: Net, postgres: str, redis: str, workdir: Path) -> Iterator[Clus
             json={"connection_id": CONN_ID, "conn_type": "generic", "extra": json.dumps(extra)},
         )
         assert r.status_code in (200, 201), r.text
+        three = {**extra, "hosts": [f"{h.address}:1" for h in net.every]}
+        r = client._send(
+            "POST",
+            "/api/v2/connections",
+            json={
+                "connection_id": ELASTIC_CONN,
+                "conn_type": "generic",
+                "extra": json.dumps(three),
+            },
+        )
+        assert r.status_code in (200, 201), r.text
         wait_for(
-            "the DAG parsed",
-            lambda: client._send("GET", "/api/v2/dags/dagtrain_digits").status_code == 200,
+            "the DAGs parsed",
+            lambda: all(
+                client._send("GET", f"/api/v2/dags/{d}").status_code == 200
+                for d in ("dagtrain_digits", f"dagtrain_{ELASTIC}")
+            ),
             180,
             every=1,
             log=c.services[2].log,
