@@ -6,13 +6,20 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["change_line"]
+__all__ = ["change_line", "change_parts"]
 
 
 def change_line(change: dict[str, Any]) -> str:
     """``world 3 -> 2 ranks at step 557: rank 1 on host c was killed by SIGKILL
     (recovered in 5.3 s, 1 step lost)`` for a world change record (see
     ``dagtrain.training.elastic``)."""
+    what, figures = change_parts(change)
+    return f"{what} ({figures})" if figures else what
+
+
+def change_parts(change: dict[str, Any]) -> tuple[str, str]:
+    """The two parts of :func:`change_line`: what changed and why, and the figures
+    (``recovered in 5.3 s, 1 step lost``; empty when there are none)."""
     step = change.get("step")
     head = f"world {change.get('from')} -> {change.get('to')} ranks"
     head += f" at step {step}" if step is not None else ""
@@ -22,5 +29,4 @@ def change_line(change: dict[str, Any]) -> str:
     lost = change.get("steps_lost")
     if lost is not None and change.get("change") == "shrink":
         parts.append(f"{lost} step{'' if lost == 1 else 's'} lost")
-    tail = f" ({', '.join(parts)})" if parts else ""
-    return f"{head}: {change.get('why') or 'changed'}{tail}"
+    return f"{head}: {change.get('why') or 'changed'}", ", ".join(parts)

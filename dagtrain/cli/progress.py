@@ -31,7 +31,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from dagtrain.changes import change_line
+from dagtrain.changes import change_line, change_parts
 
 __all__ = ["Progress", "Stage", "dag_order", "label_of"]
 
@@ -240,7 +240,14 @@ class Progress:
                     f"({resumed // per} epoch(s) already trained)"
                 )
         elif kind == "world":  # an elastic run lost ranks, or took a host back
-            self.say(f"{label} {change_line(m)}", "yellow")
+            width = self.console.width if self.console.is_terminal else None
+            line = f"{label} {change_line(m)}"
+            if width is not None and len(line) >= width:  # its figures on a line of their own
+                what, figures = change_parts(m)
+                self.say(f"{label} {what}", "yellow")
+                line = f"{' ' * len(label)}   {figures}" if figures else ""
+            if line:
+                self.say(line, "yellow")
         elif kind == "epoch" and not self.stopping:  # a stopped run's last epochs: noise
             width = self.console.width if self.console.is_terminal else None
             self.say(self._epoch_line(label, info, m, width))

@@ -147,3 +147,44 @@ def test_a_try_that_ended_between_two_polls_still_gets_its_events():
         ("running", 2, None),
         ("success", 2, None),
     ]
+
+
+def test_an_elastic_world_change_is_a_line_and_its_relaunch_is_not_a_resume():
+    p, buf = progress()
+    start = {"kind": "start", "step": 0, "total_steps": 96, "steps_per_epoch": 48}
+    shrink = {
+        "kind": "world",
+        "change": "shrink",
+        "step": 57,
+        "from": 3,
+        "to": 2,
+        "why": "rank 1 was killed by SIGKILL",
+        "seconds": 5.28,
+        "steps_lost": 1,
+    }
+    p.feed(
+        [ev("running", "train", 1.0), ev("success", "train", 9.0)],
+        [
+            ("train", {"kind": "try", "try": 1, "time": 1.1}),
+            ("train", {**start, "resumed_from_step": None, "time": 1.5}),
+            ("train", {**start, "step": 57, "resumed_from_step": 57, "time": 6.0}),
+            ("train", {**shrink, "time": 6.5}),
+        ],
+    )
+    lines = buf.getvalue().splitlines()
+    # piped (no terminal): one line
+    whole = (
+        "train world 3 -> 2 ranks at step 57: rank 1 was killed by SIGKILL "
+        "(recovered in 5.3 s, 1 step lost)"
+    )
+    assert whole in lines, lines
+    assert not any("resumed from step" in line for line in lines), lines
+    # in an 80-column terminal: the figures on a line of their own, nothing cut
+    buf = io.StringIO()
+    console = Console(file=buf, width=80, force_terminal=True, soft_wrap=True, no_color=True)
+    p = Progress(console, "t", None, None, ["train"])
+    p.feed([ev("running", "train", 1.0)], [("train", {**shrink, "time": 6.5})])
+    shown = [x.rstrip() for x in buf.getvalue().splitlines() if "world" in x or "recov" in x]
+    assert shown[0] == "train world 3 -> 2 ranks at step 57: rank 1 was killed by SIGKILL"
+    assert shown[1].strip() == "recovered in 5.3 s, 1 step lost", shown
+    assert all(len(x) < 80 for x in shown), shown
