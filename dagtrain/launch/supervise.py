@@ -5,7 +5,10 @@ Every child runs in a process group of its own and gets SIGTERM from the kernel 
 this process dies, however it dies (``PR_SET_PDEATHSIG``); each line it prints is
 prefixed with its rank and kept (the last lines per rank). When any process exits
 non-zero or is killed, :func:`watch` stops the others (SIGTERM, then SIGKILL after
-``grace`` seconds) and returns the :class:`Ending` for ``diagnose`` to name. A remote
+``grace`` seconds) and returns the :class:`Ending` for ``diagnose`` to name. Once
+every rank's record says it is done, the processes get ``EXIT_WAIT`` seconds to exit;
+one that has not by then (stopped, or hung in a library's teardown waiting for a peer
+that is) is stopped, and the job has succeeded. A remote
 torchrun node gets a pipe as its input, closed when the job is stopped or this
 process dies: its far end (``dagtrain.launch.remote``) then stops the node.
 
@@ -54,6 +57,7 @@ TAIL = 30  # lines kept per rank
 RECORDS_EVERY = 0.25  # seconds between two reads of the status records
 POLL = 0.05  # seconds between two looks at the processes
 SETTLE = 1.0  # seconds the others get to end by themselves once one has failed
+EXIT_WAIT = 15.0  # seconds the processes get to exit once every rank's record says done
 
 # how each launcher tags a rank's lines: mpirun --output tag, horovodrun, torchrun --tee
 _TAGGED = re.compile(r"^\[(?:\d+,)?(\d+)\]<(?:stdout|stderr)>: ?(.*)$|^\[default(\d+)\]:(.*)$")
@@ -89,6 +93,11 @@ class Job:
         self.records = records
         self.placement.update({r: rec["host"] for r, rec in records.items() if rec.get("host")})
         self.ready.update(r for r, rec in records.items() if rec.get("ready"))
+
+    def done(self) -> bool:
+        """Whether every rank's record (of this job) says it is done."""
+        recs = self.records
+        return len(recs) == self.nprocs and all(r.get("status") == "done" for r in recs.values())
 
     def kill(self, grace: float = 5.0) -> None:
         """SIGTERM every process group, SIGKILL what is left after ``grace`` seconds.
@@ -200,6 +209,7 @@ def watch(job: Job, timeout: float | None, grace: float) -> Ending | None:
     (every process killed)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     next_read = 0.0
+    done_at: float | None = None  # when every rank's record first said done
     while True:
         codes = [p.poll() for p in job.procs]
         failed = [(k, c) for k, c in enumerate(codes) if c not in (None, 0)]
@@ -220,6 +230,14 @@ def watch(job: Job, timeout: float | None, grace: float) -> Ending | None:
         if time.monotonic() >= next_read:
             job.refresh()
             next_read = time.monotonic() + RECORDS_EVERY
+            if done_at is None and job.done():
+                done_at = time.monotonic()
+        if done_at is not None and time.monotonic() - done_at > EXIT_WAIT:
+            # every rank said it is done, and one still has not exited (stopped, or hung
+            # in its library's teardown waiting for a peer that is): the work is over
+            job.kill(grace)
+            job.join_readers()
+            return None
         time.sleep(POLL)
 
 

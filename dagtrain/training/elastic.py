@@ -54,6 +54,7 @@ PROBE_EVERY = 2.0  # seconds between two probes of the left-out hosts while a wo
 PROBE_TIMEOUT = 5.0  # seconds a host has to answer a probe
 FIRST_STEP_WAIT = 120.0  # seconds a new world's first step is waited for, to time it
 
+
 def _local() -> str:
     """This host's name, as its ranks report it in their records."""
     import socket
