@@ -56,8 +56,9 @@ browser:
 multihost-setup:
 	tools/multihost-setup.sh
 
-# Airflow on PostgreSQL + Redis with two Celery workers on network-namespace "hosts",
-# the training ranks spanning them (mpirun and torchrun); a few minutes.
+# Airflow on PostgreSQL + Redis with two Celery workers on network-namespace "hosts"
+# (and a third host for ranks only), the training ranks spanning them (mpirun and
+# torchrun), an elastic run losing and taking back a host; a few minutes.
 multihost: setup multihost-setup
 	$(BIN)/python -m pytest -q -m multihost tests/multihost
 

@@ -51,3 +51,15 @@ def test_the_pipeline_example_runs_and_its_yaml_is_the_example_dags(tmp_path, mo
     shown = validate({"name": "example", **yaml.safe_load(block)})
     dag = load_config(ROOT / "dags/transformer_pipeline.yaml")
     assert shown.parallel == dag.parallel and shown.model == dag.model
+
+
+def test_the_elastic_yaml_is_an_elastic_config():
+    import yaml
+
+    from dagtrain.config import validate
+
+    text = (ROOT / "docs/elastic.md").read_text(encoding="utf-8")
+    block = re.search(r"^```yaml\n(.*?)^```$", text, re.S | re.M).group(1)
+    cfg = validate({"name": "example", **yaml.safe_load(block)})
+    d = cfg.distributed
+    assert d.elastic and (d.ranks, d.fewest_ranks, d.max_world_changes, d.regrow) == (3, 2, 4, True)
