@@ -72,6 +72,10 @@ def run_training(
             "pipeline's training task always has one)"
         )
     spec = Hosts.of(hosts or d.hosts or None)
+    # torch.set_num_threads holds for the thread that calls it: the step graph's worker
+    # threads would run their kernels on OpenMP's default team (every core), and a run
+    # of 3 ranks came out different, bit for bit, from one run to the next
+    ranks_env = {**(env or {}), "OMP_NUM_THREADS": str(cfg.executor.intra_op_threads)}
     with tempfile.TemporaryDirectory(prefix="dagtrain-run-", dir=work_dir) as tmp:
         # the status records: where the training page reads them, else beside the
         # exchanged files (on storage every host shares when work_dir is)
@@ -95,7 +99,7 @@ def run_training(
                 run_cfg.world or d.ranks,
                 launcher or d.resolved_launcher,
                 world,
-                env=env,
+                env=ranks_env,
                 timeout=timeout,
                 on_line=on_line,
                 on_start=begun,

@@ -120,6 +120,8 @@ def test_a_killed_rank_costs_one_step_and_the_run_equals_the_smaller_world(tmp_p
     got, want = final_params(tmp_path / "elastic" / "ckpt"), final_params(tmp_path / "ref" / "ckpt")
     for name, v in want.items():
         assert torch.allclose(got[name], v, rtol=1e-5, atol=1e-7), name
+    # and bit for bit: the same sums in the same order (every rank's threads alike)
+    assert res.params_sha256 == again.params_sha256
     # every epoch's figures too; the lost rank's share of its last epoch is gone
     assert len(res.epochs) == len(again.epochs) == 14
     for mine, theirs in zip(res.epochs, again.epochs):
