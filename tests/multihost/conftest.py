@@ -517,6 +517,13 @@ class Cluster:
         c.login()
         return c
 
+    def train_tries(self, client, dag_id: str, run_id: str) -> dict[int, str]:
+        """The state of each try of the run's ``train`` task, by try number."""
+        tries = client._send(
+            "GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/train/tries"
+        ).json()["task_instances"]
+        return {t["try_number"]: t["state"] for t in tries}
+
     def logs(self) -> str:
         return "".join(tail_of(s.log, 25) for s in [*self.services, *self.workers.values()])
 

@@ -62,10 +62,10 @@ def _no_ranks_left(cluster: Cluster) -> None:
     wait_for("no rank left", none, 20)
 
 
-@pytest.mark.timeout(1200)
-def test_host_c_lost_the_run_goes_on_with_two_and_takes_c_back_in_the_same_try(cluster):
+def _start_training(cluster: Cluster):
+    """Every host up, the elastic DAG triggered, and its 3 ranks training: (the REST
+    client, the run id, the train task's folder)."""
     net = cluster.net
-    c = net.spare[0]
     net.up(*net.every)
     cluster.ensure_workers()
     client = cluster.client()
@@ -73,6 +73,13 @@ def test_host_c_lost_the_run_goes_on_with_two_and_takes_c_back_in_the_same_try(c
     run_id = client.trigger(DAG, {})["dag_run_id"]
     out = cluster.artifacts / ELASTIC / "runs" / safe_name(run_id) / "train"
     wait_for("3 ranks training", lambda: _training(out / "ranks") == 3, 420, every=0.1)
+    return client, run_id, out
+
+
+@pytest.mark.timeout(1200)
+def test_host_c_lost_the_run_goes_on_with_two_and_takes_c_back_in_the_same_try(cluster):
+    net, c = cluster.net, cluster.net.spare[0]
+    client, run_id, out = _start_training(cluster)
     time.sleep(3.0)  # mid-epoch
     net.down(c)
     assert kill_namespace(c.netns) > 0
@@ -89,10 +96,8 @@ def test_host_c_lost_the_run_goes_on_with_two_and_takes_c_back_in_the_same_try(c
 
     run = client.wait(DAG, run_id, timeout=600, every=2)
     assert run["state"] == "success", (run, cluster.logs())
-    tries = client._send(
-        "GET", f"/api/v2/dags/{DAG}/dagRuns/{run_id}/taskInstances/train/tries"
-    ).json()["task_instances"]
-    assert [t["try_number"] for t in tries] == [1], tries  # the same try
+    tries = cluster.train_tries(client, DAG, run_id)
+    assert list(tries) == [1], tries  # the same try
     summary = client.xcom(DAG, run_id, "train")
     assert summary["world"] == 3, summary  # the last epochs on three ranks
     assert [w["change"] for w in summary["world_changes"]] == ["shrink", "grow"], summary
@@ -106,15 +111,8 @@ def test_host_c_lost_the_run_goes_on_with_two_and_takes_c_back_in_the_same_try(c
 def test_below_min_ranks_the_try_fails_named_and_the_retry_starts_on_the_hosts_that_answer(
     cluster,
 ):
-    net = cluster.net
-    c = net.spare[0]
-    net.up(*net.every)
-    cluster.ensure_workers()
-    client = cluster.client()
-    client.unpause(DAG)
-    run_id = client.trigger(DAG, {})["dag_run_id"]
-    out = cluster.artifacts / ELASTIC / "runs" / safe_name(run_id) / "train"
-    wait_for("3 ranks training", lambda: _training(out / "ranks") == 3, 420, every=0.1)
+    net, c = cluster.net, cluster.net.spare[0]
+    client, run_id, out = _start_training(cluster)
     ti = client._send("GET", f"/api/v2/dags/{DAG}/dagRuns/{run_id}/taskInstances/train").json()
     other = next(h for h in net.hosts if h.hostname != ti["hostname"])  # not the launcher's
     time.sleep(2.0)
@@ -134,10 +132,7 @@ def test_below_min_ranks_the_try_fails_named_and_the_retry_starts_on_the_hosts_t
 
     run = client.wait(DAG, run_id, timeout=600, every=2)
     assert run["state"] == "success", (run, cluster.logs())
-    tries = client._send(
-        "GET", f"/api/v2/dags/{DAG}/dagRuns/{run_id}/taskInstances/train/tries"
-    ).json()["task_instances"]
-    states = {t["try_number"]: t["state"] for t in tries}
+    states = cluster.train_tries(client, DAG, run_id)
     assert states[1] == "failed" and states[max(states)] == "success", states
     summary = client.xcom(DAG, run_id, "train")
     assert summary["world"] == 2 and not summary["world_changes"], summary

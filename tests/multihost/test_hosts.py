@@ -239,10 +239,7 @@ def test_digits_retraining_spans_two_worker_hosts_and_survives_losing_one(cluste
     run = client.wait(DAG, run_id, timeout=600, every=2)
     assert run["state"] == "success", (run, cluster.logs())
 
-    tries = client._send(
-        "GET", f"/api/v2/dags/{DAG}/dagRuns/{run_id}/taskInstances/train/tries"
-    ).json()["task_instances"]
-    states = {t["try_number"]: t["state"] for t in tries}
+    states = cluster.train_tries(client, DAG, run_id)
     assert states[1] == "failed" and states[max(states)] == "success", states
     error = client.error_of(DAG, run_id, {"task_id": "train", "try_number": 1})
     assert error and "RankFailure" in error and victim.hostname in error, error
