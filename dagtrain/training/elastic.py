@@ -345,7 +345,10 @@ def _time_recovery(
     """Complete ``change`` once the new world's rank 0 has completed its first step: the
     step it started at, the steps lost, the seconds since the loss."""
     deadline = time.monotonic() + FIRST_STEP_WAIT
-    while time.monotonic() < deadline and not stop.is_set():
+    while True:
+        # (once more after the world ended: its last records are read as it ends, and a
+        # short world may end between two looks)
+        ended = stop.is_set() or time.monotonic() > deadline
         rec = job.records.get(0) or {}
         if rec.get("first_step_time") is not None and rec.get("start_step") is not None:
             change["step"] = int(rec["start_step"])
@@ -353,6 +356,8 @@ def _time_recovery(
             reached = change.get("_reached")
             if reached is not None and change["change"] == "shrink":
                 change["steps_lost"] = max(0, reached + 1 - change["step"])
+            break
+        if ended:
             break
         time.sleep(0.05)
     change.pop("_reached", None)
