@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 __all__ = ["atomic_write", "fsync_dir"]
@@ -32,15 +33,17 @@ def _umask() -> int:
     return mask
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see the old file or the new one."""
+def atomic_write(path: Path, data: bytes | Iterable[bytes]) -> None:
+    """Write ``data`` (bytes, or chunks of them: a stream) to ``path`` so that readers
+    see the old file or the new one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            for chunk in [data] if isinstance(data, bytes | bytearray) else data:
+                f.write(chunk)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

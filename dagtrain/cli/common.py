@@ -69,7 +69,7 @@ def preflight(cfg: PipelineConfig, home: Path | None = None) -> None:
     ``distributed.device``. Exits 2
     naming the field."""
     from dagtrain.errors import InputError, MissingDependency
-    from dagtrain.stages.files import check_source
+    from dagtrain.stages.sources import check_source
     from dagtrain.sync import require
 
     try:

@@ -43,8 +43,10 @@ from .schema import (
     PipelineConfig,
     RoundsConfig,
     ScheduleConfig,
+    TrackingConfig,
     TrainConfig,
     TrainingConfig,
+    is_factory,
 )
 
 __all__ = [
@@ -59,6 +61,8 @@ __all__ = [
     "DataConfig",
     "DistributedConfig",
     "EvaluationConfig",
+    "TrackingConfig",
+    "is_factory",
     "ExecutorConfig",
     "Launcher",
     "ModelConfig",

@@ -44,7 +44,9 @@ FILE_ONLY: dict[str, str] = {
     "name": "it names the DAG",
     "pipeline": "it shapes the DAG",
     "artifacts.root": "it is a place on the workers",
-    "data.source": "it is a file on the workers",
+    "data.source": "it is a file on the workers, a URL, or code they import",
+    "data.connection": "it holds credentials to the data's storage (an Airflow connection)",
+    "tracking": "it names a tracking server (an Airflow connection)",
     "distributed.hosts": "it names machines to run on",
     "distributed.hosts_connection": "it names the machines to run on (an Airflow connection)",
     "rounds.rounds": "it shapes the DAG",
@@ -80,8 +82,23 @@ class DataConfig(_Section):
 
     source: str = Field(
         "digits",
-        description="'digits' (scikit-learn's, no download) or a .npz/.npy/.csv/.parquet "
-        "path (relative to the config file)",
+        description="'digits' (scikit-learn's, no download); a .npz/.npy/.csv/.parquet "
+        "path (relative to the config file) or object-storage URL (s3://, gs://, file://, "
+        "... read with data.connection); or 'package.module:factory' returning a "
+        "torch.utils.data.Dataset of (features, label) pairs, or a pair of arrays "
+        "(config files only)",
+    )
+    connection: str | None = Field(
+        None,
+        description="the Airflow connection an object-storage data.source is read with "
+        "(its credentials); not set: the filesystem's default (config files only)",
+    )
+    workers: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="DataLoader worker processes of each rank reading a Dataset factory's "
+        "samples; 0: read in the rank's own process",
     )
     val_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="held out for validation")
     test_fraction: float = Field(0.2, ge=0.0, lt=1.0, description="held out for evaluation")
@@ -420,7 +437,8 @@ class TrainConfig(_RunSections):
     )
     data: str = Field(
         "digits",
-        description="'digits' (scikit-learn's, no download) or a path to .npz/.npy/.csv/.parquet",
+        description="'digits' (scikit-learn's, no download), a path to .npz/.npy/.csv/.parquet "
+        "(or a data-prep stage's split), or 'package.module:factory' (a Dataset or arrays)",
     )
     eval_data: str | None = Field(
         None,
@@ -433,6 +451,9 @@ class TrainConfig(_RunSections):
     )
     normalize: bool = Field(
         True, description="without eval_data: standardise with statistics of train only"
+    )
+    data_workers: int = Field(
+        0, ge=0, le=64, description="data.workers: DataLoader workers reading a Dataset's items"
     )
     init_from: str | None = Field(
         None,
@@ -485,6 +506,12 @@ class TrainConfig(_RunSections):
         return data
 
 
+def is_factory(spec: str) -> bool:
+    """``package.module:function``: a factory's import path, not a file or a URL."""
+    mod, sep, attr = spec.partition(":")
+    return bool(sep) and all(p.isidentifier() for p in (*mod.split("."), *attr.split(".")))
+
+
 def _multiple(at_least: int, low: int, high: int) -> int:
     """The least multiple of every number in low..high that is at least ``at_least``."""
     import math
@@ -515,6 +542,24 @@ class EvaluationConfig(_Section):
         0.0, ge=0, le=1e6, description="a challenger must beat the champion by more than this"
     )
     min_accuracy: float = Field(0.0, ge=0, le=1, description="never promote below this")
+
+
+class TrackingConfig(_Section):
+    """MLflow tracking and Model Registry (the [mlflow] extra): where runs, metrics and
+    models are also logged (config files only; read when each task starts)."""
+
+    connection: str = Field(
+        "mlflow_default",
+        description="an Airflow connection whose host is the MLflow tracking URI "
+        "(http://mlflow:5000, or with its schema and port fields)",
+    )
+    experiment: str | None = Field(
+        None, description="the MLflow experiment; not set: the pipeline's name"
+    )
+    registered_model: str | None = Field(
+        None,
+        description="the registered model promote adds versions to; not set: the pipeline's name",
+    )
 
 
 class ScheduleConfig(_Section):
@@ -571,6 +616,9 @@ class PipelineConfig(_RunSections):
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
     rounds: RoundsConfig = Field(default_factory=RoundsConfig)
     artifacts: ArtifactsConfig = Field(default_factory=ArtifactsConfig)
+    tracking: TrackingConfig | None = Field(
+        None, description="MLflow tracking (the [mlflow] extra); not set: dagtrain's own only"
+    )
     # where the file was read from: relative paths resolve against it (not a field of
     # the file, never part of the schema)
     _base_dir: str | None = PrivateAttr(None)
@@ -601,11 +649,16 @@ class PipelineConfig(_RunSections):
         return self.path(root or DEFAULT_ARTIFACTS) / self.name
 
     def data_source(self) -> str:
+        """``data.source`` with a path resolved against the config file; 'digits', a
+        URL or a factory as it is."""
         s = self.data.source
-        return s if s == "digits" else str(self.path(s))
+        if s == "digits" or "://" in s or is_factory(s):
+            return s
+        return str(self.path(s))
 
     def train_config(self, **run: Any) -> TrainConfig:
         """What the ranks of a training run of this pipeline receive: its sections as
         they are, and ``run``'s files (data, eval_data, init_from, checkpoint_dir,
         trace_dir) or replaced sections."""
-        return TrainConfig(**({s: getattr(self, s) for s in RUN_SECTIONS} | run))
+        sections = {s: getattr(self, s) for s in RUN_SECTIONS}
+        return TrainConfig(**(sections | {"data_workers": self.data.workers} | run))

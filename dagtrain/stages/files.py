@@ -41,14 +41,12 @@ import hashlib
 import json
 import os
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dagtrain.atomic import atomic_write
 from dagtrain.config import PipelineConfig
-from dagtrain.errors import InputError, MissingDependency
 from dagtrain.names import CHECKPOINT, EPOCH_TRACE, LAST_TRACE, RANK_RECORD, SIDECAR, Name
 
 __all__ = [
@@ -62,7 +60,6 @@ __all__ = [
     "TrainFiles",
     "append_json_line",
     "atomic_write",
-    "check_source",
     "read_json",
     "round_sync_task",
     "round_train_task",
@@ -430,37 +427,3 @@ def sha256_file(path: Path) -> str:
 def safe_name(s: str) -> str:
     """A run id (``manual__2026-11-30T04:32:18+00:00``) as one safe path component."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", s).strip("._") or "run"
-
-
-SUFFIXES = (".npz", ".npy", ".csv", ".parquet")
-
-
-def check_source(cfg: PipelineConfig) -> str:
-    """``data.source`` resolved (``digits``, or a path), after checking that the file is
-    there, readable and of a kind the data layer reads; InputError names the field."""
-    src = cfg.data_source()
-    if src == "digits":
-        return src
-    how = (
-        "give 'digits' or a .npz/.npy/.csv/.parquet file (a relative path is relative "
-        "to the config file)"
-    )
-    if Path(src).is_dir():
-        raise InputError(f"data.source {cfg.data.source!r}: {src} is a directory; {how}")
-    if not Path(src).is_file():
-        raise InputError(f"data.source {cfg.data.source!r}: no such file ({src}); {how}")
-    if not os.access(src, os.R_OK):
-        raise InputError(f"data.source {cfg.data.source!r}: {src} is not readable by this user")
-    if Path(src).suffix.lower() not in SUFFIXES:
-        raise InputError(f"data.source {cfg.data.source!r}: unknown kind of file; {how}")
-    if Path(src).suffix.lower() == ".parquet":
-        import importlib.util
-
-        lacking = [m for m in ("pandas", "pyarrow") if importlib.util.find_spec(m) is None]
-        if lacking:
-            raise MissingDependency(
-                f"data.source {cfg.data.source!r}: reading parquet needs pandas and pyarrow; "
-                f"not installed in this environment ({sys.prefix}): {', '.join(lacking)}. "
-                "pip install pandas pyarrow, or convert the file to .npz/.csv"
-            )
-    return src

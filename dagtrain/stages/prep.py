@@ -3,6 +3,11 @@
 The output is a versioned data directory: its version is a hash of the source's bytes
 and of every setting that changes the arrays, so the same data and settings are
 prepared once and every run that uses them shares them (and its lineage names them).
+
+An object-storage source is copied here first (and its copy hashed); a factory's
+Dataset is read once, item by item: checked, its bytes hashed, the training split's
+statistics computed; its splits are then files of indices (see
+:mod:`dagtrain.training.samples`), its samples read by the ranks a batch at a time.
 """
 
 from __future__ import annotations
@@ -22,12 +27,12 @@ from .files import (
     ArtifactLayout,
     DataFiles,
     atomic_write,
-    check_source,
     read_json,
     sha256_file,
     shard_split,
     write_json,
 )
+from .sources import check_source, fetch_url, source_kind
 
 __all__ = ["data_file", "manifest_of", "prepare", "prepare_stage", "verify_manifest"]
 
@@ -49,47 +54,123 @@ def _source_digest(cfg: PipelineConfig) -> str:
     return sha256_file(Path(src))
 
 
+def _split(n: int, d: Any) -> dict[str, np.ndarray]:
+    """The seeded split of ``n`` samples' positions: test, val, train."""
+    order = np.random.default_rng(d.seed).permutation(n)
+    n_test, n_val = round(n * d.test_fraction), round(n * d.val_fraction)
+    return {
+        "test": order[:n_test],
+        "val": order[n_test : n_test + n_val],
+        "train": order[n_test + n_val :],
+    }
+
+
+class _Scanned:
+    """A factory's source read once: arrays, or a Dataset's checked labels and
+    training statistics; ``digest`` hashes what it holds."""
+
+    def __init__(self, cfg: PipelineConfig) -> None:
+        from dagtrain.training.data import _checked, open_source
+
+        spec, d = cfg.data.source, cfg.data
+        src = open_source(spec, (cfg.base_dir,))
+        self.dataset: Any = None
+        h = hashlib.sha256()
+        if isinstance(src, tuple):
+            self.arrays = _checked(spec, *src, None, 0)
+            for a in self.arrays[:2]:
+                h.update(np.ascontiguousarray(a).tobytes())
+            h.update(repr(self.arrays[2]).encode())
+            self.digest = "arrays-" + h.hexdigest()
+            return
+        from dagtrain.training.data import _check_classes
+        from dagtrain.training.samples import RunningStats, read_items
+
+        self.dataset, self.arrays = src, None
+        self.parts = _split(len(src), d)
+        in_train = np.zeros(len(src), bool)
+        in_train[self.parts["train"]] = True
+        stats, labels, shape = RunningStats(), [], ()
+        for start, xs, ys in read_items(spec, src, d.workers):
+            shape = xs.shape[1:]
+            h.update(xs.tobytes())
+            h.update(ys.tobytes())
+            labels.append(ys)
+            if d.normalize:
+                stats.add(xs[in_train[start : start + len(xs)]])
+        y = np.concatenate(labels)
+        _check_classes(spec, y)
+        self.shape, self.classes = tuple(shape), int(y.max()) + 1
+        h.update(repr(self.shape).encode())
+        self.stats = stats.result(shape)
+        self.digest = "dataset-" + h.hexdigest()
+
+
 def prepare(cfg: PipelineConfig, shards: int = 0) -> dict[str, Any]:
     """Write train/val/test (and ``shards`` training shards); return the manifest."""
     from dagtrain.training.data import read_arrays, standardization
 
     d = cfg.data
-    digest = _source_digest(cfg)
+    layout = ArtifactLayout.of(cfg)
+    kind = source_kind(cfg)
+    local, scanned = cfg.data_source(), None
+    if kind == "url":
+        copy, digest = fetch_url(cfg, layout.data_root / "sources")
+        local = str(copy)
+    elif kind == "factory":
+        scanned = _Scanned(cfg)
+        digest = scanned.digest
+    else:
+        digest = _source_digest(cfg)
     key = json.dumps(
         {"source": digest, **d.model_dump(exclude={"source"}), "shards": shards},
         sort_keys=True,
     )
     version = hashlib.sha256(key.encode()).hexdigest()[:16]
-    files_of = ArtifactLayout.of(cfg).data(version)
+    files_of = layout.data(version)
     out, manifest_path = files_of.dir, files_of.manifest
     if manifest_path.exists():
         try:
             return verify_manifest(manifest_path)
         except ValueError:
             pass  # damaged: prepare again, over it
-    x, y, shape, classes = read_arrays(cfg.data_source())
-    n = len(x)
-    order = np.random.default_rng(d.seed).permutation(n)
-    n_test, n_val = round(n * d.test_fraction), round(n * d.val_fraction)
-    parts = {
-        "test": order[:n_test],
-        "val": order[n_test : n_test + n_val],
-        "train": order[n_test + n_val :],
-    }
+    files: dict[str, dict[str, Any]] = {}
+    if scanned is not None and scanned.dataset is not None:
+        parts, shape, classes = scanned.parts, scanned.shape, scanned.classes
+        mean, std = scanned.stats if d.normalize else _identity(shape)
+        meta = {
+            "mean": mean,
+            "std": std,
+            "factory": np.array(d.source),
+            "code_dir": np.array(cfg.base_dir or ""),
+            "in_shape": np.array(shape, np.int64),
+            "classes": np.array(classes, np.int64),
+        }
+
+        def write(name: str, idx: np.ndarray) -> Path:
+            path = files_of.split(name)
+            atomic_write(path, _npz_bytes(index=idx.astype(np.int64), **meta))
+            return path
+    else:
+        x, y, shape, classes = scanned.arrays if scanned else read_arrays(local)
+        parts = _split(len(x), d)
+        if d.normalize:
+            mean, std = standardization(x[np.sort(parts["train"])])
+        else:
+            mean, std = _identity(x.shape[1:])
+        meta = {"in_shape": np.array(shape, np.int64), "classes": np.array(classes, np.int64)}
+
+        def write(name: str, idx: np.ndarray) -> Path:
+            xs = ((x[idx] - mean) / std).astype(np.float32)
+            path = files_of.split(name)
+            atomic_write(path, _npz_bytes(x=xs, y=y[idx], **meta))
+            return path
+
     if len(parts["train"]) < shards:
         raise InputError(f"data: {len(parts['train'])} training samples for {shards} shards")
-    xtr = x[parts["train"]]
-    if d.normalize:
-        mean, std = standardization(xtr)
-    else:
-        mean, std = np.zeros(x.shape[1:], np.float32), np.ones(x.shape[1:], np.float32)
-    meta = {"in_shape": np.array(shape, np.int64), "classes": np.array(classes, np.int64)}
-    files: dict[str, dict[str, Any]] = {}
 
     def put(name: str, idx: np.ndarray) -> None:
-        xs = ((x[idx] - mean) / std).astype(np.float32)
-        path = files_of.split(name)
-        atomic_write(path, _npz_bytes(x=xs, y=y[idx], **meta))
+        path = write(name, idx)
         files[name] = {"path": path.name, "rows": len(idx), "sha256": sha256_file(path)}
 
     for name, idx in parts.items():
@@ -103,6 +184,7 @@ def prepare(cfg: PipelineConfig, shards: int = 0) -> dict[str, Any]:
         "version": version,
         "dir": str(out),
         "source": cfg.data.source,
+        "source_kind": kind,
         "source_digest": digest,
         "settings": d.model_dump(),
         "in_shape": list(shape),
@@ -111,8 +193,14 @@ def prepare(cfg: PipelineConfig, shards: int = 0) -> dict[str, Any]:
         "files": files,
         "stats": {"path": files_of.stats.name, "sha256": sha256_file(files_of.stats)},
     }
+    if kind == "url":
+        manifest["copy"] = {"path": local, "sha256": digest}
     write_json(manifest_path, manifest)  # last: a manifest means the rest is complete
     return manifest
+
+
+def _identity(shape: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    return np.zeros(tuple(shape), np.float32), np.ones(tuple(shape), np.float32)
 
 
 def verify_manifest(path: Path, names: Sequence[str] | None = None) -> dict[str, Any]:

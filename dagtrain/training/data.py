@@ -1,5 +1,6 @@
-"""Data: the digits set scikit-learn ships (a real default that needs no download) and
-user arrays; deterministic, seeded sharding of each global batch over the ranks."""
+"""Data: the digits set scikit-learn ships (a real default that needs no download),
+user arrays, and a DAG author's Dataset (:mod:`.samples`); deterministic, seeded
+sharding of each global batch over the ranks."""
 
 from __future__ import annotations
 
@@ -12,17 +13,76 @@ import torch
 
 from dagtrain.errors import InputError
 
-__all__ = ["Dataset", "load_dataset", "read_arrays", "shard_batches", "standardization"]
+from .samples import (
+    ArraySamples,
+    DatasetSamples,
+    RunningStats,
+    Samples,
+    as_dataset,
+    call_factory,
+    is_factory,
+    read_items,
+    whole,
+)
+
+__all__ = [
+    "Dataset",
+    "load_dataset",
+    "open_source",
+    "read_arrays",
+    "shard_batches",
+    "standardization",
+]
 
 
 @dataclass
 class Dataset:
-    x_train: torch.Tensor
-    y_train: torch.Tensor
-    x_test: torch.Tensor
-    y_test: torch.Tensor
+    """The training samples and those evaluated on each epoch (the test or the
+    validation split), arrays or a Dataset read a batch at a time."""
+
+    train: Samples
+    test: Samples
     in_shape: tuple[int, ...]
     classes: int
+
+    # whole splits as tensors (a Dataset's read in full): for code that wants arrays
+    @property
+    def x_train(self) -> torch.Tensor:
+        return whole(self.train)[0]
+
+    @property
+    def y_train(self) -> torch.Tensor:
+        return whole(self.train)[1]
+
+    @property
+    def x_test(self) -> torch.Tensor:
+        return whole(self.test)[0]
+
+    @property
+    def y_test(self) -> torch.Tensor:
+        return whole(self.test)[1]
+
+
+_OPENED: dict[str, object] = {}
+
+
+def open_source(spec: str, code_dirs: tuple[str | None, ...] = ()) -> object:
+    """``data.source``'s factory called (once per process): a map-style Dataset, or a
+    pair of arrays ``(features, labels)``; InputError naming the field for anything
+    else."""
+    if spec not in _OPENED:
+        _OPENED[spec] = _opened(spec, call_factory(spec, code_dirs))
+    return _OPENED[spec]
+
+
+def _opened(spec: str, obj: object) -> object:
+    if (
+        isinstance(obj, (tuple, list))
+        and len(obj) == 2
+        and all(isinstance(a, (np.ndarray, torch.Tensor)) for a in obj)
+    ):
+        return tuple(a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else a for a in obj)
+    return as_dataset(spec, obj)
 
 
 def read_arrays(spec: str) -> tuple[np.ndarray, np.ndarray, tuple[int, ...], int]:
@@ -34,6 +94,14 @@ def read_arrays(spec: str) -> tuple[np.ndarray, np.ndarray, tuple[int, ...], int
         return d.data.astype(np.float32), d.target.astype(np.int64), (1, 8, 8), 10
     shape: tuple[int, ...] | None = None
     classes = 0
+    if is_factory(spec):
+        pair = open_source(spec)
+        if not isinstance(pair, tuple):
+            raise InputError(
+                f"data.source {spec!r}: the factory returned a Dataset, read a batch at a "
+                "time, not a pair of arrays"
+            )
+        return _checked(spec, *pair, None, 0)
     path = Path(spec)
     if not path.exists():
         raise InputError(f"data {spec!r}: no such file (or use 'digits')")
@@ -71,17 +139,31 @@ def read_arrays(spec: str) -> tuple[np.ndarray, np.ndarray, tuple[int, ...], int
         x = df.drop(columns=[label]).to_numpy()
     else:
         raise InputError(f"data {spec!r}: use .npz, .npy, .csv or .parquet")
+    return _checked(spec, x, y, shape, classes)
+
+
+def _checked(
+    spec: str, x: np.ndarray, y: np.ndarray, shape: tuple[int, ...] | None, classes: int
+) -> tuple[np.ndarray, np.ndarray, tuple[int, ...], int]:
+    x, y = np.asarray(x), np.asarray(y)
+    if x.ndim < 1 or y.ndim != 1:
+        raise InputError(
+            f"{_named(spec)}: features of shape {x.shape} and labels of shape {y.shape}; give "
+            "features (samples, ...) and labels (samples,)"
+        )
+    if x.dtype.kind not in "biuf" or y.dtype.kind not in "biuf":
+        raise InputError(f"{_named(spec)}: features and labels must be numbers")
     if len(x) != len(y) or len(x) == 0:
-        raise InputError(f"data {spec!r}: {len(x)} rows of features but {len(y)} labels")
+        raise InputError(f"{_named(spec)}: {len(x)} rows of features but {len(y)} labels")
     if not np.all(np.isfinite(x)):
-        raise InputError(f"data {spec!r}: features contain NaN or infinity")
+        raise InputError(f"{_named(spec)}: features contain NaN or infinity")
     yi = y.astype(np.int64)
     if not np.array_equal(yi, y) or yi.min() < 0:
-        raise InputError(f"data {spec!r}: labels must be integers 0..C-1")
+        raise InputError(f"{_named(spec)}: labels must be integers 0..C-1")
     if not classes:  # a source (not a prepared split, which may lack a class): 0..C-1
         _check_classes(spec, yi)
     if shape is not None and math.prod(shape) != math.prod(x.shape[1:]):
-        raise InputError(f"data {spec!r}: in_shape {shape} does not fit samples of {x.shape[1:]}")
+        raise InputError(f"{_named(spec)}: in_shape {shape} does not fit samples of {x.shape[1:]}")
     classes = max(classes, int(yi.max()) + 1)
     return x.astype(np.float32), yi, shape or tuple(x.shape[1:]), classes
 
@@ -96,17 +178,24 @@ def _check_classes(spec: str, y: np.ndarray) -> None:
     shown = ", ".join(map(str, missing[:8])) + (", ..." if len(missing) > 8 else "")
     labels = ", ".join(map(str, present[:8].tolist())) + (", ..." if len(present) > 8 else "")
     raise InputError(
-        f"data {spec!r}: labels must be the classes 0..C-1, each present; the labels are "
+        f"{_named(spec)}: labels must be the classes 0..C-1, each present; the labels are "
         f"{labels} (missing: {shown}); relabel them 0..{len(present) - 1}"
     )
 
 
+def _named(spec: str) -> str:
+    """How a message names the data: the field for a factory, else the file."""
+    return f"data.source {spec!r}" if is_factory(spec) else f"data {spec!r}"
+
+
 def standardization(x_train: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(mean, std) per feature of the training samples, a constant feature's std 1: the
-    one normalisation, ``(x - mean) / std``, of the trainer and the data-prep stage."""
-    mean, std = x_train.mean(axis=0), x_train.std(axis=0)
-    std[std == 0] = 1.0
-    return mean, std
+    """(mean, std) per feature of the training samples (given in the order of their
+    index in the source), a constant feature's std 1: the one normalisation,
+    ``(x - mean) / std``, of the trainer and the data-prep stage, arrays or a Dataset
+    (:class:`.samples.RunningStats`, the same bits for the same samples)."""
+    stats = RunningStats()
+    stats.add(x_train)
+    return stats.result(x_train.shape[1:])
 
 
 def _read_csv(path: Path, spec: str) -> tuple[np.ndarray, np.ndarray]:
@@ -141,7 +230,21 @@ def _read_csv(path: Path, spec: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def load_dataset(spec: str, test_fraction: float, seed: int, normalize: bool = True) -> Dataset:
-    """Load, split (seeded), and standardise with statistics of the training part only."""
+    """Load, split (seeded), and standardise with statistics of the training part only.
+
+    ``spec``: 'digits', a file, a factory (``package.module:function``), or a split the
+    data-prep stage wrote of a factory's Dataset (its indices, read here as samples)."""
+    split = _prepared_split(spec)
+    if split is not None:  # a split of a Dataset's: its positions shuffled as rows are
+        samples, shape, classes = split
+        order = np.random.default_rng(seed).permutation(len(samples))
+        n_test = round(len(samples) * test_fraction)
+        part = {"train": order[n_test:], "test": order[:n_test]}
+        return Dataset(*(samples.subset(part[k]) for k in ("train", "test")), shape, classes)
+    if is_factory(spec):
+        src = open_source(spec)
+        if not isinstance(src, tuple):
+            return _dataset_of(spec, src, test_fraction, seed, normalize)
     x, y, shape, classes = read_arrays(spec)
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(x))
@@ -149,16 +252,63 @@ def load_dataset(spec: str, test_fraction: float, seed: int, normalize: bool = T
     test, train = order[:n_test], order[n_test:]
     xtr, xte = x[train], x[test]
     if normalize:
-        mean, std = standardization(xtr)
+        mean, std = standardization(x[np.sort(train)])
         xtr, xte = (xtr - mean) / std, (xte - mean) / std
     return Dataset(
-        torch.from_numpy(np.ascontiguousarray(xtr)),
-        torch.from_numpy(y[train]),
-        torch.from_numpy(np.ascontiguousarray(xte)),
-        torch.from_numpy(y[test]),
+        ArraySamples(torch.from_numpy(np.ascontiguousarray(xtr)), torch.from_numpy(y[train])),
+        ArraySamples(torch.from_numpy(np.ascontiguousarray(xte)), torch.from_numpy(y[test])),
         shape,
         classes,
     )
+
+
+def _dataset_of(spec: str, ds: object, test_fraction: float, seed: int, normalize: bool) -> Dataset:
+    """A factory's Dataset used directly (a TrainConfig's ``data``, no data-prep stage):
+    split as arrays are, its items checked and the training part's statistics computed
+    in one pass (every rank makes it)."""
+    n = len(ds)  # type: ignore[arg-type]
+    order = np.random.default_rng(seed).permutation(n)
+    n_test = round(n * test_fraction)
+    test, train = order[:n_test], order[n_test:]
+    in_train = np.zeros(n, bool)
+    in_train[train] = True
+    stats, labels, shape = RunningStats(), [], None
+    for start, xs, ys in read_items(spec, ds):
+        shape = xs.shape[1:]
+        labels.append(ys)
+        stats.add(xs[in_train[start : start + len(xs)]])
+    y = np.concatenate(labels)
+    _check_classes(spec, y)
+    if normalize:
+        mean, std = stats.result(shape)
+    else:
+        mean, std = np.zeros(shape, np.float32), np.ones(shape, np.float32)
+    return Dataset(
+        DatasetSamples(ds, train, mean, std, spec),
+        DatasetSamples(ds, test, mean, std, spec),
+        tuple(shape),
+        int(y.max()) + 1,
+    )
+
+
+def _prepared_split(spec: str) -> tuple[DatasetSamples, tuple[int, ...], int] | None:
+    """A split file of a Dataset factory's (``index`` and the rest, see :mod:`.samples`)
+    as samples, or None for any other kind of data."""
+    if is_factory(spec) or not spec.endswith(".npz") or not Path(spec).is_file():
+        return None
+    with np.load(spec, allow_pickle=False) as z:
+        if "index" not in z.files:
+            return None
+        factory, code_dir = str(z["factory"]), str(z["code_dir"])
+        index, mean, std = z["index"], z["mean"], z["std"]
+        shape, classes = tuple(int(v) for v in z["in_shape"]), int(z["classes"])
+    ds = open_source(factory, (code_dir or None,))
+    if isinstance(ds, tuple):
+        raise InputError(
+            f"data.source {factory!r}: the factory returned a Dataset when {spec} was "
+            "prepared, and now a pair of arrays; prepare the data again"
+        )
+    return DatasetSamples(ds, index, mean, std, factory), shape, classes
 
 
 def shard_batches(

@@ -14,7 +14,7 @@ import importlib
 import math
 import os
 from collections.abc import Callable, Sequence
-from typing import get_args
+from typing import Any, get_args
 
 import torch
 from torch import nn
@@ -235,4 +235,29 @@ def evaluate(
         f"{split}_accuracy": correct / samples if samples else 0.0,
         f"{split}_correct": correct,
         f"{split}_samples": samples,
+    }
+
+
+# the most samples evaluated in one forward pass: a larger split is summed over batches
+EVAL_BATCH = 4096
+
+
+def evaluate_samples(model: nn.Module, samples: Any, split: str = "test") -> dict[str, float]:
+    """:func:`evaluate` on a split's samples (:mod:`.samples`): arrays at once; a
+    Dataset's read ``EVAL_BATCH`` at a time (one pass when it holds no more, so the same
+    samples give the same figures either way)."""
+    from .samples import ArraySamples, evaluate_batches
+
+    if isinstance(samples, ArraySamples):
+        return evaluate(model, samples.x, samples.y, split)
+    parts = [evaluate(model, x, y, split) for x, y in evaluate_batches(samples, EVAL_BATCH)]
+    if len(parts) == 1:
+        return parts[0]
+    n = sum(p[f"{split}_samples"] for p in parts)
+    correct = sum(p[f"{split}_correct"] for p in parts)
+    return {
+        f"{split}_loss": sum(p[f"{split}_loss"] * p[f"{split}_samples"] for p in parts) / max(n, 1),
+        f"{split}_accuracy": correct / n if n else 0.0,
+        f"{split}_correct": correct,
+        f"{split}_samples": n,
     }

@@ -27,6 +27,7 @@ def check(spec: dict[str, Any]) -> dict[str, Any]:
     """The checks; raises InputError or MissingDependency naming the field."""
     import torch
 
+    from dagtrain.config import is_factory
     from dagtrain.errors import InputError
 
     from .data import read_arrays
@@ -40,10 +41,13 @@ def check(spec: dict[str, Any]) -> dict[str, Any]:
             "set distributed.device to cpu, or auto (CUDA where a host has it)"
         )
     model_spec = spec["model"]
-    try:
-        _, _, in_shape, classes = read_arrays(spec["data"])
-    except InputError:  # the data's own faults are prepare_data's to name, in the run
-        return _signature(model_spec)
+    if is_factory(spec["data"]):  # the DAG author's code: imported and checked here
+        in_shape, classes = _factory_shape(spec["data"])
+    else:
+        try:
+            _, _, in_shape, classes = read_arrays(spec["data"])
+        except InputError:  # the data's own faults are prepare_data's to name, in the run
+            return _signature(model_spec)
     with torch.device("meta"):
         model = build_model(model_spec["name"], in_shape, classes, **model_spec.get("args", {}))
         try:
@@ -61,7 +65,7 @@ def check(spec: dict[str, Any]) -> dict[str, Any]:
         from .split import check_blocks
 
         check_blocks(model, parallel["stages"], parallel.get("split", "auto"))
-    if out is not None and tuple(out.shape) != (2, classes):
+    if out is not None and classes is not None and tuple(out.shape) != (2, classes):
         raise InputError(
             f"model.name {model_spec['name']!r}: the model gives {tuple(out.shape[1:])} per "
             f"sample, not one logit per class ({classes} classes in data)"
@@ -72,6 +76,21 @@ def check(spec: dict[str, Any]) -> dict[str, Any]:
         "classes": classes,
         "parameters": sum(p.numel() for p in model.parameters()),
     }
+
+
+def _factory_shape(spec: str) -> tuple[tuple[int, ...], int | None]:
+    """A factory's samples' shape and, for arrays, classes: a Dataset's first item is
+    read and checked (its classes are counted by the data-prep stage, which reads them
+    all)."""
+    from .data import open_source, read_arrays
+    from .samples import item_arrays
+
+    src = open_source(spec)
+    if isinstance(src, tuple):
+        _, _, in_shape, classes = read_arrays(spec)
+        return in_shape, classes
+    x, _ = item_arrays(spec, 0, src[0])  # type: ignore[index]
+    return tuple(x.shape), None
 
 
 def _signature(model_spec: dict[str, Any]) -> dict[str, Any]:

@@ -32,10 +32,11 @@ from dagtrain.sync import Backend, get_backend
 from . import checkpoint
 from .data import Dataset, load_dataset, shard_batches
 from .device import choose_device
-from .models import build_model, evaluate
+from .models import build_model, evaluate_samples
 from .pipeline import PipelineStep
 from .progress import Progress, RankStatus
 from .rescue import Rescue, newest, remove_rescues
+from .samples import loader
 from .step import StepGraph
 
 __all__ = ["TrainResult", "train"]
@@ -90,17 +91,27 @@ class TrainResult:
 
 
 def _batches(
-    ds: Dataset, cfg: TrainConfig, rank: int, world: int, start: int
+    ds: Dataset, cfg: TrainConfig, rank: int, world: int, start: int, workers: int = 0
 ) -> Iterator[tuple[int, int, tuple[torch.Tensor, torch.Tensor, int]]]:
-    """(epoch, step in epoch, batch) for every step from global step ``start`` on."""
-    n, t = len(ds.x_train), cfg.training
+    """(epoch, step in epoch, batch) for every step from global step ``start`` on: the
+    position in the sample order is the step, so a resumed run reads what it would
+    have. ``workers``: DataLoader worker processes reading a Dataset's items."""
+    n, t = len(ds.train), cfg.training
     per_epoch = math.ceil(n / t.batch_size)
-    for epoch in range(start // per_epoch, t.epochs):
-        plan = shard_batches(n, t.batch_size, rank, world, t.seed, epoch)
-        first = start - epoch * per_epoch if epoch == start // per_epoch else 0
-        for k in range(first, len(plan)):
-            idx, count = plan[k]
-            yield epoch, k, (ds.x_train[idx], ds.y_train[idx], count)
+    steps: list[tuple[int, int, int]] = []
+
+    def plan() -> Iterator[torch.Tensor]:
+        for epoch in range(start // per_epoch, t.epochs):
+            shares = shard_batches(n, t.batch_size, rank, world, t.seed, epoch)
+            first = start - epoch * per_epoch if epoch == start // per_epoch else 0
+            for k in range(first, len(shares)):
+                idx, count = shares[k]
+                steps.append((epoch, k, count))
+                yield idx
+
+    for x, y in loader(ds.train, plan(), workers):
+        epoch, k, count = steps.pop(0)
+        yield epoch, k, (x, y, count)
 
 
 def train(cfg: TrainConfig, backend: Backend | None = None) -> TrainResult:
@@ -144,7 +155,7 @@ def _train(cfg: TrainConfig, backend: Backend) -> TrainResult:
                 f"eval_data {cfg.eval_data!r} has samples of shape {held.in_shape}, "
                 f"data {cfg.data!r} of shape {ds.in_shape}"
             )
-        ds.x_test, ds.y_test = held.x_train, held.y_train
+        ds.test = held.train
         ds.classes = max(ds.classes, held.classes)
     else:
         ds = load_dataset(cfg.data, cfg.test_fraction, t.seed, cfg.normalize)
@@ -201,7 +212,8 @@ def _train(cfg: TrainConfig, backend: Backend) -> TrainResult:
     snap = snapshot if cfg.checkpoint_dir else None
     if cfg.parallel.stages > 1:
         # a stage's ranks of one replica read the same share of each batch
-        sg = PipelineStep(cfg, model, backend, ds.x_train, snap)
+        first = ds.train.batch(torch.arange(min(len(ds.train), t.batch_size)))[0]
+        sg = PipelineStep(cfg, model, backend, first, snap)
         share, shares = sg.replica, sg.replicas
     else:
         sg = StepGraph(cfg, model, backend, snap)
@@ -214,7 +226,7 @@ def _train(cfg: TrainConfig, backend: Backend) -> TrainResult:
         if start == 0:
             backend.broadcast([p.data for p in model.state_dict().values()])
         sg.step = sg.completed = state["summed"] = state["start"] = start
-        n = len(ds.x_train)
+        n = len(ds.train)
         per_epoch = math.ceil(n / t.batch_size)
         total = t.epochs * per_epoch
         if cfg.distributed.elastic and cfg.checkpoint_dir:
@@ -224,7 +236,7 @@ def _train(cfg: TrainConfig, backend: Backend) -> TrainResult:
             rescue.arm()
         if t.max_steps is not None:
             total = min(total, t.max_steps)
-        batches = _batches(ds, cfg, share, shares, start)
+        batches = _batches(ds, cfg, share, shares, start, cfg.data_workers)
         upcoming = next(batches, None)
         sg.fetch = lambda: next(batches, None)
         sums = state["sums"]
@@ -377,8 +389,8 @@ def _close_epoch(
         "train_loss": float(t[0] / max(t[2], 1)),
         "train_accuracy": float(t[1] / max(t[2], 1)),
     }
-    if backend.rank == 0 and len(ds.x_test):
-        row.update(evaluate(model, ds.x_test, ds.y_test, "val" if cfg.eval_data else "test"))
+    if backend.rank == 0 and len(ds.test):
+        row.update(evaluate_samples(model, ds.test, "val" if cfg.eval_data else "test"))
     with guard:  # a rescue sees the epoch closed, or its figures still running
         state["epochs"].append(row)
         state["sums"][:] = [0.0, 0, 0]

@@ -159,7 +159,7 @@ def test_a_section_the_pipeline_does_not_use_is_neither_offered_nor_accepted(tmp
 
     cfg = load_config(write(tmp_path, "training: {epochs: 4}\n"))
     fixed = fixed_sections(cfg)
-    assert set(fixed) == {"name", "pipeline", "schedule", "artifacts", "rounds"}
+    assert set(fixed) == {"name", "pipeline", "schedule", "artifacts", "rounds", "tracking"}
     assert "not used by a retraining pipeline" in fixed["rounds"]
     params = dag_params(cfg)
     assert params["rounds"].schema == {"const": cfg.model_dump(mode="json")["rounds"]}
