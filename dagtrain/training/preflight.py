@@ -49,7 +49,9 @@ def check(spec: dict[str, Any]) -> dict[str, Any]:
         except InputError:  # the data's own faults are prepare_data's to name, in the run
             return _signature(model_spec)
     with torch.device("meta"):
-        model = build_model(model_spec["name"], in_shape, classes, **model_spec.get("args", {}))
+        model = build_model(
+            model_spec["name"], in_shape, classes or 2, **model_spec.get("args", {})
+        )
         try:
             out = model(torch.empty(2, *in_shape))
         except NotImplementedError:  # an operator the meta device lacks: not checked
