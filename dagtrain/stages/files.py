@@ -288,6 +288,10 @@ class ArtifactLayout:
         return DataFiles(self.data_root / version)
 
     @property
+    def sources(self) -> Path:  # object-storage sources, copied (data.source a URL)
+        return self.data_root / "sources"
+
+    @property
     def runs(self) -> Path:
         return self.root / "runs"
 
@@ -360,6 +364,8 @@ def _describe(parts: tuple[str, ...]) -> str | None:
     if len(parts) == 3 and parts[0] == lay.data_root.name:
         d = DataFiles(Path())
         name = parts[2]
+        if parts[1] == lay.sources.name:
+            return "source copy"
         if name in (d.stats.name, d.manifest.name) or _SPLIT.match(name):
             return "prepared data"
         return None

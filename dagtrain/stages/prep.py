@@ -115,7 +115,7 @@ def prepare(cfg: PipelineConfig, shards: int = 0) -> dict[str, Any]:
     kind = source_kind(cfg)
     local, scanned = cfg.data_source(), None
     if kind == "url":
-        copy, digest = fetch_url(cfg, layout.data_root / "sources")
+        copy, digest = fetch_url(cfg, layout.sources)
         local = str(copy)
     elif kind == "factory":
         scanned = _Scanned(cfg)

@@ -63,3 +63,36 @@ def test_the_elastic_yaml_is_an_elastic_config():
     cfg = validate({"name": "example", **yaml.safe_load(block)})
     d = cfg.distributed
     assert d.elastic and (d.ranks, d.fewest_ranks, d.max_world_changes, d.regrow) == (3, 2, 4, True)
+
+
+def _block(doc: str, first_line: str) -> str:
+    """The fenced block of ``doc`` whose first line is ``first_line``."""
+    text = (ROOT / doc).read_text(encoding="utf-8")
+    for body in re.findall(r"^```\w*\n(.*?)^```$", text, re.S | re.M):
+        if body.startswith(first_line + "\n"):
+            return body
+    raise AssertionError(f"{doc} lost its block {first_line!r}")
+
+
+def test_the_guides_dataset_example_validates_prepares_and_trains(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    from dagtrain.config import load_config
+    from dagtrain.stages.prep import prepare_stage
+    from dagtrain.stages.train import train_stage
+
+    (tmp_path / "my_dataset.py").write_text(_block("docs/guide.md", "# my_dataset.py"))
+    cfg_file = tmp_path / "my_dataset_pipeline.yaml"
+    cfg_file.write_text(_block("docs/guide.md", "# my_dataset_pipeline.yaml"))
+    dagtrain = [sys.executable, "-m", "dagtrain"]
+    out = subprocess.run(
+        [*dagtrain, "validate", str(cfg_file)], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    monkeypatch.setenv("DAGTRAIN_HOME", str(tmp_path / "home"))
+    cfg = load_config(cfg_file)
+    assert cfg.data.workers == 2 and cfg.distributed.ranks == 2
+    data = prepare_stage(cfg)
+    result = train_stage(cfg, "docs", data, code_dirs=(str(tmp_path),))
+    assert result["world"] == 2 and result["val_accuracy"] > 0.9, result
