@@ -509,6 +509,8 @@ class TrainConfig(_RunSections):
 def is_factory(spec: str) -> bool:
     """``package.module:function``: a factory's import path, not a file or a URL."""
     mod, sep, attr = spec.partition(":")
+    if spec.lower().endswith((".npz", ".npy", ".csv", ".parquet")):  # a file, its name with :
+        return False
     return bool(sep) and all(p.isidentifier() for p in (*mod.split("."), *attr.split(".")))
 
 
