@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 import os
 import signal
-import threading
 import time
 from pathlib import Path
 
@@ -21,6 +20,8 @@ import torch
 from dagtrain.launch import RankFailure
 from dagtrain.training import TrainConfig, run_training
 from dagtrain.training import checkpoint as ckpt
+
+from .faults import alive, signal_rank
 
 pytestmark = pytest.mark.slow
 QUIET = {"on_line": lambda line: None}
@@ -104,18 +105,6 @@ def test_the_orders_hold_the_activations_they_promise(tmp_path):
     assert peak["zero-bubble"] == peak["1f1b"], peak
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except OSError:
-        return False
-
-
 SLOW = dict(
     model="tests.unit.training.factory:slow_blocks",
     model_args={"seconds": 0.004},
@@ -125,23 +114,6 @@ SLOW = dict(
     batch_size=32,
     collective_timeout=20,
 )
-
-
-def _signal_rank(job_dir: Path, pids: Path, rank: int, sig: int, after: str, box: dict):
-    def on_start(job):
-        def go():
-            deadline = time.monotonic() + 90
-            while time.monotonic() < deadline:
-                if (job_dir / after).exists() and (pids / f"rank{rank}.pid").exists():
-                    box["at"] = time.monotonic()
-                    box["pid"] = int((pids / f"rank{rank}.pid").read_text())
-                    os.kill(box["pid"], sig)
-                    return
-                time.sleep(0.01)
-
-        threading.Thread(target=go, daemon=True).start()
-
-    return on_start
 
 
 @pytest.mark.parametrize("backend", ["torch", "mpi"])
@@ -156,7 +128,7 @@ def test_a_killed_stage_rank_fails_named_and_the_run_resumes_bitwise(
     monkeypatch.setenv("DAGTRAIN_PID_DIR", str(pids))
     d = tmp_path / "b"
     box: dict = {}
-    kill = _signal_rank(d, pids, 1, signal.SIGKILL, "ckpt-00000020.pt.json", box)
+    kill = signal_rank(d, pids, 1, signal.SIGKILL, "ckpt-00000020.pt.json", box)
     with pytest.raises(RankFailure) as info:
         run_training(TrainConfig(**cfg, checkpoint_dir=str(d)), on_start=kill, **QUIET)
     took = time.monotonic() - box["at"]
@@ -165,7 +137,7 @@ def test_a_killed_stage_rank_fails_named_and_the_run_resumes_bitwise(
     assert err.rank == 1 and err.signal == "SIGKILL" and err.stage == 1, str(err)
     assert "rank 1 (pipeline stage 1)" in str(err), str(err)
     time.sleep(0.5)
-    assert not [p for p in pids.iterdir() if _alive(int(p.read_text()))], "orphaned ranks"
+    assert not [p for p in pids.iterdir() if alive(int(p.read_text()))], "orphaned ranks"
     monkeypatch.delenv("DAGTRAIN_PID_DIR")
     resumed = run_training(TrainConfig(**cfg, checkpoint_dir=str(d)), **QUIET)
     assert resumed.resumed_from_step is not None and resumed.resumed_from_step >= 20
@@ -200,7 +172,7 @@ def test_a_stalled_stage_rank_fails_the_job_within_the_collective_timeout(tmp_pa
     monkeypatch.setenv("DAGTRAIN_PID_DIR", str(pids))
     d = tmp_path / "b"
     box: dict = {}
-    stop = _signal_rank(d, pids, 1, signal.SIGSTOP, "ckpt-00000020.pt.json", box)
+    stop = signal_rank(d, pids, 1, signal.SIGSTOP, "ckpt-00000020.pt.json", box)
     try:
         with pytest.raises(RankFailure) as info:
             run_training(
@@ -208,13 +180,13 @@ def test_a_stalled_stage_rank_fails_the_job_within_the_collective_timeout(tmp_pa
             )
         took = time.monotonic() - box["at"]
     finally:
-        if "pid" in box and _alive(box["pid"]):
+        if "pid" in box and alive(box["pid"]):
             os.kill(box["pid"], signal.SIGCONT)
     assert took < 5 + 15, took
     msg = str(info.value)
     assert "rank 1 (stage 1)" in msg and "did not finish within 5 s" in msg, msg
     time.sleep(0.5)
-    assert not [p for p in pids.iterdir() if _alive(int(p.read_text()))], "orphaned ranks"
+    assert not [p for p in pids.iterdir() if alive(int(p.read_text()))], "orphaned ranks"
 
 
 def test_a_short_last_batch_with_empty_microbatches_still_equals_one_process(tmp_path):

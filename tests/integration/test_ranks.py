@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -18,6 +17,8 @@ from dagtrain.errors import InputError
 from dagtrain.launch import RankFailure, RankInputError
 from dagtrain.training import TrainConfig, run_training
 from dagtrain.training import checkpoint as ckpt
+
+from .faults import alive, signal_rank
 
 QUIET = {"on_line": lambda line: None}
 
@@ -68,17 +69,6 @@ def test_digits_on_two_ranks_reaches_95_percent():
     assert r.test_accuracy >= 0.95, r.epochs
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is dead for our purposes
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
-
-
 @pytest.mark.parametrize("backend", ["mpi", "torch"])
 def test_a_killed_rank_fails_fast_and_the_resumed_run_is_bitwise_exact(
     tmp_path, backend, monkeypatch
@@ -98,20 +88,8 @@ def test_a_killed_rank_fails_fast_and_the_resumed_run_is_bitwise_exact(
     pids.mkdir()
     monkeypatch.setenv("DAGTRAIN_PID_DIR", str(pids))
     d = tmp_path / "b"
-    killed = {}
-
-    def killer(job):
-        def go():
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                if (d / "ckpt-00000020.pt.json").exists() and (pids / "rank1.pid").exists():
-                    pid = int((pids / "rank1.pid").read_text())
-                    killed["at"] = time.monotonic()
-                    os.kill(pid, signal.SIGKILL)
-                    return
-                time.sleep(0.01)
-
-        threading.Thread(target=go, daemon=True).start()
+    killed: dict = {}
+    killer = signal_rank(d, pids, 1, signal.SIGKILL, "ckpt-00000020.pt.json", killed)
 
     with pytest.raises(RankFailure) as info:
         run_training(TrainConfig(**cfg, checkpoint_dir=str(d)), 2, on_start=killer, **QUIET)
@@ -122,7 +100,7 @@ def test_a_killed_rank_fails_fast_and_the_resumed_run_is_bitwise_exact(
     # its own last lines, not the launcher's banner
     assert any("dagtrain rank 1 reached its first collective" in x for x in err.log_tail), err
     time.sleep(0.5)
-    survivors = [p for p in pids.iterdir() if _alive(int(p.read_text()))]
+    survivors = [p for p in pids.iterdir() if alive(int(p.read_text()))]
     assert not survivors, "orphaned ranks"
 
     monkeypatch.delenv("DAGTRAIN_PID_DIR")
@@ -197,13 +175,13 @@ def test_killing_the_launcher_leaves_no_rank_behind(tmp_path, backend):
     while len(list(pids.iterdir())) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
     ranks = [int(p.read_text()) for p in pids.iterdir()]
-    assert len(ranks) == 2 and all(_alive(p) for p in ranks)
+    assert len(ranks) == 2 and all(alive(p) for p in ranks)
     launcher.send_signal(signal.SIGTERM)
     launcher.wait(timeout=20)
     deadline = time.monotonic() + 15
-    while any(_alive(p) for p in ranks) and time.monotonic() < deadline:
+    while any(alive(p) for p in ranks) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not [p for p in ranks if _alive(p)], "orphaned ranks"
+    assert not [p for p in ranks if alive(p)], "orphaned ranks"
 
 
 def test_a_corrupt_newest_checkpoint_is_skipped_and_the_previous_one_resumed(tmp_path):
@@ -268,7 +246,7 @@ def test_a_rank_hung_before_its_first_collective_is_named_and_nothing_hangs(tmp_
     assert err.rank == 1 and "never reached its first collective" in str(err), str(err)
     assert "rank 0 gave up waiting" in str(err), str(err)
     time.sleep(0.5)
-    assert not [p for p in pids.iterdir() if _alive(int(p.read_text()))], "ranks left"
+    assert not [p for p in pids.iterdir() if alive(int(p.read_text()))], "ranks left"
 
 
 @pytest.mark.parametrize(
@@ -289,10 +267,10 @@ def test_sigkill_of_the_launching_process_leaves_no_rank_behind(tmp_path, backen
     while len(list(pids.iterdir())) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
     ranks = [int(p.read_text()) for p in pids.iterdir()]
-    assert len(ranks) == 2 and all(_alive(p) for p in ranks)
+    assert len(ranks) == 2 and all(alive(p) for p in ranks)
     parent.send_signal(signal.SIGKILL)  # no handler runs: only the kernel can help
     parent.wait(timeout=20)
     deadline = time.monotonic() + 15
-    while any(_alive(p) for p in ranks) and time.monotonic() < deadline:
+    while any(alive(p) for p in ranks) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not [p for p in ranks if _alive(p)], "ranks outlived a SIGKILLed launcher"
+    assert not [p for p in ranks if alive(p)], "ranks outlived a SIGKILLed launcher"

@@ -4,9 +4,7 @@ every source that cannot work is refused naming data.source (or data.connection)
 
 from __future__ import annotations
 
-import os
 import signal
-import threading
 import time
 from pathlib import Path
 
@@ -21,6 +19,7 @@ from dagtrain.stages.train import train_stage
 from dagtrain.training import run_training
 
 from . import user_data
+from .faults import alive, signal_rank
 
 FACTORY = "tests.integration.user_data:dataset"
 QUIET = {"on_line": lambda line: None}
@@ -77,14 +76,6 @@ def test_a_factory_split_holds_indices_and_the_url_is_copied_and_checksummed(tmp
     assert u["source_digest"] == u["copy"]["sha256"]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except (ProcessLookupError, OSError):
-        return False
-
-
 @pytest.mark.slow
 def test_a_killed_run_on_a_dataset_resumes_bitwise(tmp_path, monkeypatch):
     cfg = dict(
@@ -104,22 +95,11 @@ def test_a_killed_run_on_a_dataset_resumes_bitwise(tmp_path, monkeypatch):
     pids.mkdir()
     monkeypatch.setenv("DAGTRAIN_PID_DIR", str(pids))
     d = tmp_path / "b"
-
-    def killer(job):
-        def go():
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                if (d / "ckpt-00000020.pt.json").exists() and (pids / "rank1.pid").exists():
-                    os.kill(int((pids / "rank1.pid").read_text()), signal.SIGKILL)
-                    return
-                time.sleep(0.01)
-
-        threading.Thread(target=go, daemon=True).start()
-
+    killer = signal_rank(d, pids, 1, signal.SIGKILL, "ckpt-00000020.pt.json", {})
     with pytest.raises(RankFailure):
         run_training(TrainConfig(**cfg, checkpoint_dir=str(d)), 2, on_start=killer, **QUIET)
     time.sleep(0.5)
-    assert not [p for p in pids.iterdir() if _alive(int(p.read_text()))], "orphaned ranks"
+    assert not [p for p in pids.iterdir() if alive(int(p.read_text()))], "orphaned ranks"
     monkeypatch.delenv("DAGTRAIN_PID_DIR")
     resumed = run_training(TrainConfig(**cfg, checkpoint_dir=str(d)), 2, **QUIET)
     assert resumed.resumed_from_step is not None and resumed.resumed_from_step >= 20
