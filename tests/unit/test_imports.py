@@ -34,7 +34,7 @@ def test_sync_and_launch_import_no_torch_nor_mpi():
         assert not imported_after(mod) & set(HEAVY), mod
 
 
-DEEP = ("torch", "horovod", "mpi4py")
+DEEP = ("torch", "horovod", "mpi4py", "mlflow")
 
 
 def test_operator_modules_and_config_import_no_torch_nor_mpi():

@@ -1,6 +1,7 @@
 """The layers import downward only, and the package layout says so.
 
-    taskgraph      sync      launch        (base: atomic, changes, config, errors, rank_env)
+    taskgraph      sync      launch        (base: atomic, changes, config, errors, rank_env,
+                                            tracking)
           \\         |        /
                training
                   |
@@ -31,6 +32,7 @@ BASE = {
     "dagtrain.errors",
     "dagtrain.names",
     "dagtrain.rank_env",
+    "dagtrain.tracking",
 }
 # what each part may import of dagtrain, besides itself (a module's full name where only
 # that module of a part is allowed)
@@ -41,6 +43,8 @@ ALLOWED = {
     "dagtrain.names": set(),
     "dagtrain.rank_env": {"dagtrain.atomic", "dagtrain.errors", "dagtrain.names"},
     "dagtrain.config": {"dagtrain.errors"},
+    # MLflow (optional): the stages' logging and the records the training page reads
+    "dagtrain.tracking": {"dagtrain.atomic", "dagtrain.config", "dagtrain.errors"},
     "dagtrain.taskgraph": {"dagtrain.atomic"},
     "dagtrain.sync": BASE | {"dagtrain.taskgraph"},
     "dagtrain.launch": BASE,
@@ -52,6 +56,7 @@ ALLOWED = {
         "dagtrain.errors",
         "dagtrain.stages",
         "dagtrain.plugins.links",
+        "dagtrain.tracking",
     },
     "dagtrain.pipelines": {"dagtrain.config", "dagtrain.operators", "dagtrain.stages.files"},
     "dagtrain.plugins": BASE | {"dagtrain.stages"},

@@ -1,0 +1,430 @@
+"""One stage's MLflow logging: the parts it does, the deadline on each call, and what
+happens when the server is down (see the package's docstring for what is logged where).
+
+A stage opens a Tracker (which resolves the connection: InputError for an unknown
+one), calls ``begin()`` (the run's pending parts first), then ``do(part, **args)`` for
+its own parts. A part is recomputed from the files the stages wrote, so doing it again
+(a retry, a pending part) logs what is missing and changes nothing else: params already
+there are kept, epochs whose step is logged are not logged twice, a registry version
+MLflow already has is not registered twice. The first failure of a stage is logged
+once as a warning naming the connection; from then on that stage makes no more calls
+and its parts go to the pending file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import math
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from dagtrain.config import PipelineConfig
+
+from . import records
+
+__all__ = ["DEADLINES", "Tracker"]
+
+# every MLflow call has a deadline: a dead server costs seconds, not MLflow's default
+# of 7 retries with exponential backoff (minutes); the environment may say otherwise
+DEADLINES = {
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0",
+}
+TAG_DAG, TAG_RUN, TAG_TRY, TAG_PAGE = (
+    "airflow.dag_id",
+    "airflow.run_id",
+    "airflow.try_number",
+    "dagtrain.page",
+)
+TAG_VERSION, TAG_VERDICT, TAG_REASON = "dagtrain.version", "dagtrain.verdict", "dagtrain.reason"
+CHAMPION = "champion"
+_PARAM_VALUE_MAX = 6000
+_BATCH = 100  # MLflow's log_batch takes at most 100 params or tags, 1000 metrics
+_NOT_METRICS = ("kind", "epoch", "step", "total_steps", "time", "try")
+
+
+def flatten(d: Any, prefix: str = "") -> dict[str, str]:
+    """A config as MLflow params: dotted keys (``training.lr``), lists and a model's
+    ``args`` as JSON, every value a string."""
+    if not isinstance(d, dict) or (prefix.endswith(".args") and d):
+        return {prefix: _param(d)}
+    out: dict[str, str] = {}
+    for k, v in d.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, key))
+        else:
+            out[key] = _param(v)
+    return out
+
+
+def _param(v: Any) -> str:
+    text = v if isinstance(v, str) else json.dumps(v, sort_keys=True)
+    return text[:_PARAM_VALUE_MAX]
+
+
+def epoch_rows(metrics_file: Path) -> list[dict[str, Any]]:
+    """One row per epoch of a training task's metrics file (the newest try's, when a
+    retry trained an epoch again), in epoch order."""
+    rows: dict[int, dict[str, Any]] = {}
+    try:
+        lines = Path(metrics_file).read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        try:
+            m = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(m, dict) and m.get("kind") == "epoch" and "epoch" in m:
+            rows[int(m["epoch"])] = m
+    return [rows[e] for e in sorted(rows)]
+
+
+def _number(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    return float(v) if math.isfinite(v) else None
+
+
+class Tracker:
+    """A stage's MLflow logging for one DAG run (``run_dir``: its artifact folder).
+
+    ``airflow``: ``dag_id``, ``run_id``, ``try_number`` and ``page`` (the training
+    page's URL), from the task's context. ``run_dir_of``: the artifact folder of another
+    DAG run (promote registers a champion MLflow lacks from its own run). ``log``: the
+    task's logger. ``registry_lock``: the file lock of dagtrain's registry, held while
+    the champion alias is set from it. Raises InputError (the connection) and
+    MissingDependency (no client) on construction, before any work."""
+
+    def __init__(
+        self,
+        cfg: PipelineConfig,
+        run_dir: Path,
+        registry_dir: Path,
+        *,
+        airflow: dict[str, Any] | None = None,
+        run_dir_of: Callable[[str], Path] | None = None,
+        registry_lock: Path | None = None,
+        log: Any = None,
+    ) -> None:
+        from . import check_tracking
+
+        assert cfg.tracking is not None, "a Tracker is for a pipeline with tracking"
+        self.uri: str = check_tracking(cfg) or ""
+        self.connection = cfg.tracking.connection
+        self.experiment = cfg.tracking.experiment or cfg.name
+        self.model_name = cfg.tracking.registered_model or cfg.name
+        self.run_dir, self.registry_dir = Path(run_dir), Path(registry_dir)
+        self.airflow = dict(airflow or {})
+        self.run_dir_of = run_dir_of
+        self.registry_lock = registry_lock
+        self.log = log
+        self.error: str | None = None
+        self.failed: list[str] = []
+        self._client: Any = None
+
+    # the stage's view --------------------------------------------------------------
+    def begin(self) -> None:
+        """Do the parts earlier stages of the run could not (the server was down)."""
+        for item in records.read_pending(self.run_dir):
+            self.do(item.get("part", ""), **(item.get("args") or {}))
+
+    def do(self, part: str, **args: Any) -> bool:
+        """Do one part (``start``, ``train``, ``evaluate``, ``promote``); True when it was
+        logged. A failure is never raised: it is logged once, and the part is kept in the
+        pending file for the next stage."""
+        if self.error is None:
+            try:
+                getattr(self, f"_{part}")(**args)
+            except Exception as e:  # tracking never fails a task
+                self._down(part, e)
+            else:
+                self._pending(part, args, keep=False)
+                return True
+        self.failed.append(part)
+        self._pending(part, args, keep=True)
+        return False
+
+    def report(self) -> dict[str, Any]:
+        """How tracking went in this stage (the task's XCom ``tracking``)."""
+        rec = records.read(self.run_dir / records.RECORD)
+        return {
+            "ok": self.error is None,
+            "connection": self.connection,
+            "uri": self.uri,
+            "experiment": self.experiment,
+            "run_id": rec.get("run_id"),
+            "error": self.error,
+            "pending": [i["part"] for i in records.read_pending(self.run_dir)],
+        }
+
+    def _down(self, part: str, e: BaseException) -> None:
+        self.error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''}"[:500]
+        if self.log is not None:
+            self.log.warning(
+                "MLflow tracking: connection %r (%s) failed in %s: %s. Training and "
+                "dagtrain's registry go on without it; what was not logged is kept in %s "
+                "and retried by the run's next stage",
+                self.connection,
+                self.uri,
+                part,
+                self.error,
+                self.run_dir / records.PENDING,
+            )
+
+    def _pending(self, part: str, args: dict[str, Any], keep: bool) -> None:
+        item = {"part": part, "args": args}
+        items = [i for i in records.read_pending(self.run_dir) if i != item]
+        records.write_pending(self.run_dir, [*items, item] if keep else items)
+
+    # MLflow ------------------------------------------------------------------------
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            for k, v in DEADLINES.items():
+                os.environ.setdefault(k, v)
+            from mlflow.tracking import MlflowClient
+
+            self._client = MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
+        return self._client
+
+    def _run_id(self) -> str:
+        """The DAG run's MLflow run: the one its record names, or the one tagged with its
+        dag_id and run_id, or a new one; recorded before anything is logged to it."""
+        path = self.run_dir / records.RECORD
+        rec = records.read(path)
+        if rec.get("run_id") and rec.get("uri") == self.uri:
+            return rec["run_id"]
+        c = self.client
+        exp = c.get_experiment_by_name(self.experiment)
+        exp_id = exp.experiment_id if exp is not None else c.create_experiment(self.experiment)
+        dag_id = str(self.airflow.get("dag_id") or "")
+        run_id = str(self.airflow.get("run_id") or self.run_dir.name)
+        found = c.search_runs(
+            [exp_id],
+            filter_string=f"tags.`{TAG_DAG}` = '{_quoted(dag_id)}' and "
+            f"tags.`{TAG_RUN}` = '{_quoted(run_id)}'",
+            max_results=1,
+        )
+        if found:
+            mlflow_run = found[0].info.run_id
+        else:
+            tags = {TAG_DAG: dag_id, TAG_RUN: run_id, "dagtrain.pipeline": self.experiment}
+            mlflow_run = c.create_run(exp_id, run_name=run_id, tags=tags).info.run_id
+        rec = {
+            "uri": self.uri,
+            "connection": self.connection,
+            "experiment": self.experiment,
+            "experiment_id": str(exp_id),
+            "run_id": mlflow_run,
+        }
+        records.write(path, rec)
+        return mlflow_run
+
+    def _tags(self, run: str, tags: dict[str, Any]) -> None:
+        from mlflow.entities import RunTag
+
+        items = [RunTag(k, str(v)) for k, v in tags.items() if v is not None]
+        for i in range(0, len(items), _BATCH):
+            self.client.log_batch(run, tags=items[i : i + _BATCH])
+
+    def _metrics(self, run: str, rows: list[tuple[str, float, int]]) -> None:
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [Metric(k, v, now, step) for k, v, step in rows]
+        for i in range(0, len(items), 1000):
+            self.client.log_batch(run, metrics=items[i : i + 1000])
+
+    # the parts -----------------------------------------------------------------------
+    def _start(self, try_number: int = 1) -> None:
+        """A training try begins: the run found or created, and tagged."""
+        a = self.airflow
+        self._tags(
+            self._run_id(),
+            {
+                TAG_DAG: a.get("dag_id"),
+                TAG_RUN: a.get("run_id"),
+                TAG_TRY: try_number,
+                TAG_PAGE: a.get("page"),
+            },
+        )
+
+    def _train(self, train_dir: str, manifest: str | None = None) -> None:
+        """The training task's params, metrics and artifacts (from its folder)."""
+        from mlflow.entities import Param
+
+        run = self._run_id()
+        folder = Path(train_dir)
+        config = records.read(folder / "config.json")
+        result = records.read(folder / "result.json")
+        have = self.client.get_run(run).data.params
+        params = [Param(k, v) for k, v in flatten(config).items() if k not in have]
+        for i in range(0, len(params), _BATCH):
+            self.client.log_batch(run, params=params[i : i + _BATCH])
+        logged = {m.step for m in self.client.get_metric_history(run, "epoch")}
+        rows: list[tuple[str, float, int]] = []
+        for e in epoch_rows(folder / "metrics.jsonl"):
+            step = int(e.get("step") or 0)
+            if step in logged:
+                continue
+            rows.append(("epoch", float(e["epoch"]), step))
+            rows += [(k, v, step) for k, v in _numbers(e) if k not in _NOT_METRICS]
+        last = int(result.get("steps") or 0)
+        changes = result.get("world_changes") or []
+        for k, v in (
+            ("ranks", result.get("world")),
+            ("world_changes", len(changes)),
+            ("run_samples_per_second", result.get("samples_per_second")),
+            ("skipped_steps", result.get("skipped_steps")),
+        ):
+            if (n := _number(v)) is not None:
+                rows.append((k, n, last))
+        self._metrics(run, rows)
+        self._tags(run, {"dagtrain.backend": result.get("backend")})
+        traces = folder / "traces"
+        if traces.is_dir() and any(traces.iterdir()):
+            self.client.log_artifacts(run, str(traces), "traces")
+        if (folder / "result.json").exists():
+            self.client.log_artifact(run, str(folder / "result.json"), "dagtrain")
+        if manifest and Path(manifest).exists():
+            self.client.log_artifact(run, manifest, "data")
+        if changes:
+            with tempfile.TemporaryDirectory() as tmp:
+                f = Path(tmp) / "world_changes.json"
+                f.write_text(json.dumps(changes, indent=1, default=str))
+                self.client.log_artifact(run, str(f), "dagtrain")
+
+    def _evaluate(self, evaluation: str) -> None:
+        """The test metrics (the evaluate task's output file), in the same run."""
+        run = self._run_id()
+        ev = records.read(Path(evaluation))
+        step = int(records.read(self.run_dir / "train" / "result.json").get("steps") or 0)
+        self._metrics(run, [(k, v, step) for k, v in _numbers(ev.get("metrics") or {})])
+        self._tags(run, {"dagtrain.evaluation": ev.get("reason")})
+
+    def _promote(self, version: int, registry_file: str) -> None:
+        """Register dagtrain's version ``version`` as an MLflow model version, then set
+        the champion alias where dagtrain's registry says (``registry_file``), holding
+        the registry's lock: two promotes at once leave the alias where the registry
+        ends."""
+        with _flocked(self.registry_lock):
+            self._sync(int(version), records.read(Path(registry_file)))
+
+    def _sync(self, version: int, reg: dict[str, Any]) -> None:
+        by_version = {v["version"]: v for v in reg.get("versions", [])}
+        run = self._run_id()
+        self._ensure_model()
+        have = self._mlflow_versions()
+        entry = by_version[int(version)]
+        if str(version) not in have:
+            have[str(version)] = self._register(run, entry)
+        champ = reg.get("champion")
+        if champ is not None and str(champ) not in have:  # registered while MLflow was down
+            other = self._run_of(by_version[champ])
+            if other is not None:
+                have[str(champ)] = self._register(other, by_version[champ])
+        if champ is not None and str(champ) in have:
+            self.client.set_registered_model_alias(self.model_name, CHAMPION, have[str(champ)])
+        else:  # no champion MLflow can show: no alias rather than a wrong one
+            self._drop_alias()
+        rec_path = self.registry_dir / records.REGISTRY_RECORD
+        rec = records.read(rec_path)
+        versions = rec.get("versions") or {}
+        versions.update({k: {"name": self.model_name, "version": v} for k, v in have.items()})
+        records.write(rec_path, {"uri": self.uri, "name": self.model_name, "versions": versions})
+        self._tags(run, {"dagtrain.model_version": have[str(version)]})
+        run_rec = records.read(self.run_dir / records.RECORD)
+        records.write(
+            self.run_dir / records.RECORD,
+            run_rec | {"model": self.model_name, "model_version": have[str(version)]},
+        )
+        self.client.set_terminated(run, "FINISHED")
+
+    def _ensure_model(self) -> None:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self.client.get_registered_model(self.model_name)
+        except MlflowException as e:
+            if getattr(e, "error_code", "") != "RESOURCE_DOES_NOT_EXIST":
+                raise
+            self.client.create_registered_model(
+                self.model_name,
+                tags={"dagtrain.pipeline": self.experiment},
+                description=f"dagtrain pipeline {self.experiment!r}: every challenger a "
+                "version; the champion alias follows dagtrain's registry",
+            )
+
+    def _mlflow_versions(self) -> dict[str, str]:
+        """{dagtrain version: MLflow version} of the registered model."""
+        found = self.client.search_model_versions(f"name = '{_quoted(self.model_name)}'")
+        return {mv.tags[TAG_VERSION]: str(mv.version) for mv in found if TAG_VERSION in mv.tags}
+
+    def _register(self, run: str, entry: dict[str, Any]) -> str:
+        model = Path(entry["path"])
+        self.client.log_artifact(run, str(model), "model")
+        sidecar = model.with_name(model.name + ".json")
+        if sidecar.exists():
+            self.client.log_artifact(run, str(sidecar), "model")
+        source = f"{self.client.get_run(run).info.artifact_uri}/model"
+        mv = self.client.create_model_version(
+            self.model_name,
+            source,
+            run_id=run,
+            tags={
+                TAG_VERSION: str(entry["version"]),
+                TAG_VERDICT: "promoted" if entry.get("promoted") else "not promoted",
+                TAG_REASON: str(entry.get("reason", ""))[:5000],
+                "dagtrain.sha256": entry.get("sha256", ""),
+            },
+            description=f"dagtrain registry v{entry['version']}: {entry.get('reason', '')}",
+            await_creation_for=0,
+        )
+        return str(mv.version)
+
+    def _run_of(self, entry: dict[str, Any]) -> str | None:
+        """The MLflow run of the DAG run that registered ``entry`` (its record), if any."""
+        run_id = (entry.get("lineage") or {}).get("run_id")
+        if not run_id or self.run_dir_of is None:
+            return None
+        rec = records.read(self.run_dir_of(run_id) / records.RECORD)
+        return rec["run_id"] if rec.get("run_id") and rec.get("uri") == self.uri else None
+
+    def _drop_alias(self) -> None:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self.client.delete_registered_model_alias(self.model_name, CHAMPION)
+        except MlflowException as e:
+            if getattr(e, "error_code", "") != "RESOURCE_DOES_NOT_EXIST":
+                raise
+
+
+@contextlib.contextmanager
+def _flocked(path: Path | None) -> Iterator[None]:
+    if path is None:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _numbers(d: dict[str, Any]) -> list[tuple[str, float]]:
+    return [(k, n) for k, v in d.items() if (n := _number(v)) is not None]
+
+
+def _quoted(s: str) -> str:
+    return s.replace("\\", "\\\\").replace("'", "\\'")

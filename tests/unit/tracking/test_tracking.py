@@ -1,0 +1,107 @@
+"""dagtrain.tracking without a server: refusals before any work, the connection read as
+a tracking URI, params flattened, and the page's links from the records."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from dagtrain.config import PipelineConfig
+from dagtrain.errors import InputError, MissingDependency
+from dagtrain.tracking import check_tracking, mlflow_links, require_client, tracking_uri
+from dagtrain.tracking.tracker import epoch_rows, flatten
+
+
+def tracked(**tracking) -> PipelineConfig:
+    return PipelineConfig.model_validate({"name": "p", "tracking": tracking})
+
+
+def test_no_tracking_section_needs_nothing():
+    assert check_tracking(PipelineConfig.model_validate({"name": "p"})) is None
+
+
+def test_a_missing_client_is_refused_saying_what_to_install(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: None if n == "mlflow" else real(n, *a)
+    )
+    with pytest.raises(
+        MissingDependency, match=r"pip install 'airflow-provider-dagtrain\[mlflow\]'"
+    ):
+        require_client(tracked())
+
+
+def test_an_unknown_connection_is_refused_naming_the_field(monkeypatch):
+    monkeypatch.delenv("AIRFLOW_CONN_NO_SUCH_MLFLOW", raising=False)
+    with pytest.raises(
+        InputError, match=r"tracking.connection: there is no Airflow connection 'no_such_mlflow'"
+    ):
+        check_tracking(tracked(connection="no_such_mlflow"))
+
+
+@pytest.mark.parametrize(
+    ("conn", "uri"),
+    [
+        ("http://127.0.0.1:5000", "http://127.0.0.1:5000"),
+        ("https://mlflow.example.com", "https://mlflow.example.com"),
+        ('{"conn_type": "http", "host": "mlflow", "port": 5000}', "http://mlflow:5000"),
+        ('{"conn_type": "http", "host": "http://mlflow:5000/"}', "http://mlflow:5000"),
+        ('{"conn_type": "http", "host": "m", "schema": "https", "port": 8443}', "https://m:8443"),
+    ],
+)
+def test_the_connection_s_host_schema_and_port_are_the_tracking_uri(monkeypatch, conn, uri):
+    monkeypatch.setenv("AIRFLOW_CONN_MLFLOW_TEST", conn)
+    assert tracking_uri("mlflow_test") == uri
+
+
+def test_a_connection_without_host_is_refused(monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_MLFLOW_EMPTY", '{"conn_type": "http"}')
+    with pytest.raises(
+        InputError, match=r"tracking\.connection: Airflow connection 'mlflow_empty' has no host"
+    ):
+        tracking_uri("mlflow_empty")
+
+
+def test_params_are_dotted_keys_with_json_values():
+    cfg = {"training": {"lr": 0.1, "epochs": 3}, "model": {"name": "mlp", "args": {"hidden": [16]}}}
+    assert flatten(cfg) == {
+        "training.lr": "0.1",
+        "training.epochs": "3",
+        "model.name": "mlp",
+        "model.args": '{"hidden": [16]}',
+    }
+
+
+def test_epoch_rows_keep_the_newest_try_of_each_epoch(tmp_path):
+    f = tmp_path / "metrics.jsonl"
+    lines = [
+        {"kind": "try", "try": 1},
+        {"kind": "epoch", "epoch": 0, "step": 20, "train_loss": 1.0},
+        {"kind": "epoch", "epoch": 1, "step": 40, "train_loss": 0.9},
+        {"kind": "try", "try": 2},
+        {"kind": "epoch", "epoch": 1, "step": 40, "train_loss": 0.8},
+    ]
+    f.write_text("".join(json.dumps(x) + "\n" for x in lines) + "{half a line")
+    assert [(r["epoch"], r["train_loss"]) for r in epoch_rows(f)] == [(0, 1.0), (1, 0.8)]
+
+
+def test_links_come_from_the_records_and_only_for_http(tmp_path):
+    run, reg = tmp_path / "run", tmp_path / "registry"
+    run.mkdir()
+    reg.mkdir()
+    rec = {"uri": "http://m:5000", "experiment_id": "3", "run_id": "abc", "experiment": "p"}
+    (run / "mlflow.json").write_text(json.dumps(rec))
+    (reg / "mlflow.json").write_text(
+        json.dumps(
+            {"uri": "http://m:5000", "versions": {"2": {"name": "my model", "version": "5"}}}
+        )
+    )
+    links = mlflow_links(run, reg)
+    assert links["run"]["url"] == "http://m:5000/#/experiments/3/runs/abc"
+    assert links["run"]["pending"] is False
+    assert links["versions"]["2"]["url"] == "http://m:5000/#/models/my%20model/versions/5"
+    (run / "mlflow.json").write_text(json.dumps(rec | {"uri": "javascript:alert(1)"}))
+    assert mlflow_links(run, None)["run"] is None
+    assert mlflow_links(tmp_path / "none", tmp_path / "none") == {"run": None, "versions": {}}
