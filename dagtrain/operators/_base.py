@@ -3,7 +3,9 @@
 An operator is given the pipeline config as the path of its YAML file (as the example
 DAGs do) or as a PipelineConfig. At execute time the run's ``conf`` is merged in
 (``dagtrain.config.merge_conf``: author-only fields refused), so the file, the UI's
-trigger form, the REST API and ``dagtrain run --set`` all mean the same thing.
+trigger form, the REST API and ``dagtrain run --set`` all mean the same thing. A config
+with ``tracking`` (MLflow) is refused there, before the task does any work, when the
+MLflow client is not installed or the connection does not exist.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from dagtrain.config import PipelineConfig, load_config, merge_conf
 from dagtrain.errors import FAIL_FAST
+from dagtrain.tracking import check_tracking
 
 __all__ = ["BadInput", "DagtrainOperator", "fails_fast_on_bad_input"]
 
@@ -71,11 +74,33 @@ class DagtrainOperator(BaseOperator):
         dag_run = context.get("dag_run")
         conf = getattr(dag_run, "conf", None) or {}
         cfg = merge_conf(self.file_config(), conf)
+        check_tracking(cfg)  # MissingDependency / InputError: no retry
         # a model module beside the config file is importable here as on the ranks
         # (Airflow puts the DAGs folder on sys.path; a generated DAG file lives apart)
         if cfg.base_dir and cfg.base_dir not in sys.path:
             sys.path.append(cfg.base_dir)
         return cfg
+
+    @staticmethod
+    def airflow_run(context: Any) -> dict[str, Any]:
+        """What the stages tag an MLflow run with: the task's ``dag_id``, ``run_id``,
+        ``try_number`` and ``page`` (the run's training page)."""
+        from dagtrain.plugins.links import page_url
+
+        dag = context.get("dag")
+        dag_id = getattr(dag, "dag_id", None)
+        run_id = context["run_id"]
+        try:
+            page = page_url(dag_id, run_id) if dag_id else None
+        except ImportError:  # a worker with the Task SDK alone
+            page = None
+        ti = context.get("ti")
+        return {
+            "dag_id": dag_id,
+            "run_id": run_id,
+            "try_number": getattr(ti, "try_number", 1),
+            "page": page,
+        }
 
     @staticmethod
     def code_dirs(cfg: PipelineConfig, context: Any) -> tuple[str | None, ...]:

@@ -33,7 +33,14 @@ class EvaluateOperator(DagtrainOperator):
         from dagtrain.stages.registry import evaluate_stage
 
         cfg = self.run_config(context)
-        return evaluate_stage(cfg, context["run_id"], self.data, self.model, log=self.log)
+        return evaluate_stage(
+            cfg,
+            context["run_id"],
+            self.data,
+            self.model,
+            log=self.log,
+            airflow=self.airflow_run(context),
+        )
 
 
 class PromoteOperator(DagtrainOperator):
@@ -68,12 +75,22 @@ class PromoteOperator(DagtrainOperator):
             "data_version": ev["data_version"],
             "checkpoint": ev["checkpoint"],
         }
-        entry = promote(cfg, ev["checkpoint"], ev["metrics"], lineage)
+        entry = promote(
+            cfg,
+            ev["checkpoint"],
+            ev["metrics"],
+            lineage,
+            log=self.log,
+            airflow=self.airflow_run(context),
+        )
         self.log.info("registered v%d: %s", entry["version"], entry["reason"])
-        if not entry["promoted"]:
-            raise AirflowSkipException(f"not promoted: {entry['reason']}")
+        if not entry["promoted"]:  # a skipped task has no XCom: the message says it all
+            t = entry.get("tracking") or {"ok": True}
+            mlflow = "" if t["ok"] else f"; MLflow ({t['connection']!r}) failed: {t['error']}"
+            raise AirflowSkipException(f"not promoted: {entry['reason']}{mlflow}")
         for outlet in self.outlets or []:
             context["outlet_events"][outlet].extra.update(
                 {"version": entry["version"], "path": entry["path"], **ev["metrics"]}
             )
-        return {k: entry[k] for k in ("version", "path", "sha256", "metrics", "reason")}
+        keys = ("version", "path", "sha256", "metrics", "reason", "tracking")
+        return {k: entry[k] for k in keys if k in entry}

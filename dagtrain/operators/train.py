@@ -75,4 +75,5 @@ class DistributedTrainOperator(DagtrainOperator):
             log=self.log,
             on_start=self._on_start,
             code_dirs=self.code_dirs(cfg, context),
+            airflow=self.airflow_run(context),
         )

@@ -5,6 +5,14 @@ The registry lives in the artifact store, ``<root>/<pipeline>/registry/``:
 data manifest, source checkpoint) and names the champion; ``models/vNNNN/model.pt`` is
 the model's state with a sha256 sidecar. Updates take a file lock and replace
 ``registry.json`` atomically, so two runs promoting at once cannot lose a version.
+
+With ``tracking`` set, MLflow's Model Registry follows this one (``dagtrain.tracking``):
+evaluate logs the test metrics to the run's MLflow run; promote registers the
+challenger as a version of the MLflow registered model, then, under the registry's
+lock, moves the ``champion`` alias to the version this registry names champion. The
+registry here decides and never waits on MLflow: a server that is down leaves the
+version registered and promoted here, a warning in the task's log and ``tracking`` in
+the task's XCom saying so; the next promote repairs the alias.
 """
 
 from __future__ import annotations
@@ -32,7 +40,32 @@ __all__ = [
     "evaluate_stage",
     "promote",
     "promoted_in",
+    "tracker_of",
 ]
+
+
+def tracker_of(
+    cfg: PipelineConfig, run_id: str, airflow: dict[str, Any] | None, log: Any = None
+) -> Any:
+    """The MLflow Tracker of a stage of DAG run ``run_id`` (None: no ``tracking``), its
+    run's pending logging done first. Raises MissingDependency (no MLflow client) and
+    InputError (``tracking.connection`` names no connection) before any work."""
+    if cfg.tracking is None:
+        return None
+    from dagtrain.tracking import Tracker
+
+    lay = _layout(cfg)
+    tracker = Tracker(
+        cfg,
+        lay.run(run_id).dir,
+        lay.registry,
+        airflow=airflow,
+        run_dir_of=lambda other: lay.run(other).dir,
+        registry_lock=lay.registry_lock,
+        log=log,
+    )
+    tracker.begin()
+    return tracker
 
 
 def evaluate_checkpoint(
@@ -56,14 +89,21 @@ def evaluate_checkpoint(
 
 
 def evaluate_stage(
-    cfg: PipelineConfig, run_id: str, data: Any, model: Any, log: Any = None
+    cfg: PipelineConfig,
+    run_id: str,
+    data: Any,
+    model: Any,
+    log: Any = None,
+    airflow: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The evaluate task of DAG run ``run_id``: the test metrics of ``model`` (a
     training or sync task's output, a dict with ``checkpoint``, or a checkpoint path)
     on the prepare stage's output ``data``, compared with the champion's; kept as the
-    run's evaluation and returned (the task's XCom)."""
+    run's evaluation and returned (the task's XCom; with ``tracking``, its
+    ``tracking`` says how MLflow's logging went)."""
     from .prep import manifest_of
 
+    tracker = tracker_of(cfg, run_id, airflow, log)
     manifest = manifest_of(data, ("test",))
     ckpt = model["checkpoint"] if isinstance(model, dict) else str(model)
     if not ckpt:
@@ -83,7 +123,11 @@ def evaluate_stage(
         "data_version": manifest["version"],
         "manifest": str(DataFiles(Path(manifest["dir"])).manifest),
     }
-    write_json(ArtifactLayout.of(cfg).run(run_id).evaluation, out)
+    path = ArtifactLayout.of(cfg).run(run_id).evaluation
+    write_json(path, out)
+    if tracker is not None:
+        tracker.do("evaluate", evaluation=str(path))
+        return out | {"tracking": tracker.report()}
     return out
 
 
@@ -92,11 +136,18 @@ def _layout(cfg: PipelineConfig) -> ArtifactLayout:
 
 
 @contextlib.contextmanager
+def registry_locked(lock_file: Path) -> Iterator[None]:
+    """The registry's lock held (a file lock: across processes and hosts sharing it)."""
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_file, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+@contextlib.contextmanager
 def _locked(cfg: PipelineConfig) -> Iterator[dict[str, Any]]:
     lay = _layout(cfg)
-    lay.registry.mkdir(parents=True, exist_ok=True)
-    with open(lay.registry_lock, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with registry_locked(lay.registry_lock):
         path = lay.registry_file
         reg = read_json(path) if path.exists() else {"champion": None, "versions": []}
         yield reg
@@ -127,10 +178,16 @@ def promote(
     ckpt: str,
     metrics: dict[str, float],
     lineage: dict[str, Any],
+    log: Any = None,
+    airflow: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Register the challenger; make it the champion if it is better. Returns the entry
-    with ``promoted`` and ``reason``."""
+    with ``promoted`` and ``reason`` (and, with ``tracking``, ``tracking``: how MLflow's
+    registration and champion alias went; ``lineage["run_id"]`` is the DAG run)."""
     from dagtrain.training import checkpoint
+
+    run_id = lineage.get("run_id") or ""
+    tracker = tracker_of(cfg, run_id, airflow, log)
 
     state = checkpoint.load(ckpt)["model"]  # verified against its checksum
     import io
@@ -162,4 +219,7 @@ def promote(
         reg["versions"].append(entry)
         if ok:
             reg["champion"] = version
+    if tracker is not None:  # after the registry's update: MLflow follows it
+        tracker.do("promote", version=version, registry_file=str(_layout(cfg).registry_file))
+        return entry | {"tracking": tracker.report()}
     return entry

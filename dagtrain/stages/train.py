@@ -22,6 +22,13 @@ temporary folder. The summary's ``placement`` says which host each rank ran on.
 Beside the checkpoints: ``result.json`` (rank 0's result, with ``config``, what the
 ranks received), ``config.json`` (that config alone: the run's effective config) and
 ``metrics.jsonl`` (rank 0's progress, a line per epoch, appended by every try).
+
+With ``tracking`` set (MLflow, ``dagtrain.tracking``): before any rank starts, the DAG
+run's MLflow run is found or created and tagged with this try; once the ranks are done,
+the effective config, every epoch's metrics and the artifacts are logged to it. A
+server that is down costs a warning and an entry in the run's pending file, never the
+training; the summary's ``tracking`` says how it went. (A round's shard logs nothing:
+the round's evaluate and promote do.)
 """
 
 from __future__ import annotations
@@ -118,6 +125,7 @@ def train_stage(
     log: Any = None,
     on_start: Callable[[Any], None] | None = None,
     code_dirs: tuple[str | Path | None, ...] = (),
+    airflow: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The training task of DAG run ``run_id``: its ranks launched on the run's files;
     returns the summary (the task's XCom).
@@ -127,8 +135,11 @@ def train_stage(
     global model, trains ``rounds.local_steps`` steps on its shard and writes its
     parameter delta (the summary's ``delta``). ``log``: a logger (the task's). A try
     that fails with a RankFailure leaves its record (``TrainFiles.failure``) for the
-    training page, then the failure is raised."""
+    training page, then the failure is raised. ``airflow``: the task's ``dag_id``,
+    ``run_id`` and ``page`` (for MLflow's tags; ``dagtrain.stages.registry.tracker_of``)."""
     from dagtrain.launch import RankFailure
+
+    from .registry import tracker_of
 
     run = ArtifactLayout.of(cfg).run(run_id)
     dist = cfg.distributed
@@ -180,6 +191,9 @@ def train_stage(
             else "",
             tcfg.checkpoint_dir,
         )
+    tracker = None if round is not None else tracker_of(cfg, run_id, airflow, log)
+    if tracker is not None:
+        tracker.do("start", try_number=int(try_number))
     record_try(out.metrics, try_number)
     try:
         summary = run_train(
@@ -206,7 +220,17 @@ def train_stage(
         summary["delta"] = shard_delta(cfg, manifest, run, round, shard, summary["checkpoint"])
         summary["shard"] = shard
         summary["dir"] = str(out.dir)
+    if tracker is not None:
+        tracker.do("train", train_dir=str(out.dir), manifest=str(manifest_path(manifest)))
+        summary["tracking"] = tracker.report()
     return summary
+
+
+def manifest_path(manifest: dict[str, Any]) -> Path:
+    """The manifest file of a prepared data version (``manifest_of``'s output)."""
+    from .files import DataFiles
+
+    return DataFiles(Path(manifest["dir"])).manifest
 
 
 def train_paths(out: TrainFiles) -> dict[str, str]:
