@@ -29,6 +29,8 @@ from dagtrain.stages.files import (
     round_train_task,
 )
 
+from . import tracking_links
+
 __all__ = [
     "artifact_root",
     "bubble_of",
@@ -559,7 +561,8 @@ def tries_of(
 
 def registry_of(root: Path) -> dict[str, Any]:
     reg = _json(root, ArtifactLayout(root).registry_file)
-    return reg if isinstance(reg, dict) else {"champion": None, "versions": []}
+    reg = reg if isinstance(reg, dict) else {"champion": None, "versions": []}
+    return reg | {"mlflow": tracking_links.version_links(root)}
 
 
 def curves_of(root: Path, run_ids: list[str]) -> list[dict[str, Any]]:
@@ -672,4 +675,5 @@ def run_report(
         "failures": failures,
         "trace_steps": _step_list(files, result),
         "rounds": _rounds(root, run, stages),
+        "mlflow": tracking_links.run_link(root, run_id),
     }

@@ -66,10 +66,11 @@ function registry(reg) {
     ["config", `<code>${esc(l.config)}</code>`],
     ...["model", "training", "distributed"].filter((s) => l.config_values?.[s]).map((s) => [esc(s), `<code>${esc(JSON.stringify(l.config_values[s]))}</code>`]),
   ])}</details>` : "";
+  const mv = (v) => { const m = reg.mlflow?.[String(v.version)]; return m ? ` <a class="mlflow" href="${esc(m.url)}" target="_blank" rel="noopener">MLflow ${esc(m.name)} v${esc(m.version)}</a>` : ""; };
   return `<h2 id="registry">Model registry</h2>` + (reg.versions.length ? table(
     ["version", "test accuracy", "test loss", "promoted", "why", "lineage"],
     reg.versions.slice().reverse().map((v) => [
-      `v${v.version} ${v.version === reg.champion ? '<span class="badge">champion</span>' : ""}`,
+      `v${v.version} ${v.version === reg.champion ? '<span class="badge">champion</span>' : ""}${mv(v)}`,
       `<span class="num">${num(v.metrics.test_accuracy)}</span>`, `<span class="num">${num(v.metrics.test_loss)}</span>`,
       v.promoted ? '<span class="good">yes</span>' : '<span class="bad">no</span>', esc(v.reason), lineage(v.lineage),
     ]), "registry") : `<p class="muted">No model registered yet.</p>`);
@@ -234,6 +235,7 @@ async function run(dagId, runId) {
     <h2>Result</h2>${res ? table(["validation accuracy", "test accuracy", "samples/s", "median step (s)", "skipped steps"], [[num(res.val_accuracy), num(ev?.metrics?.test_accuracy), num(res.samples_per_second, 0), num(res.median_step_seconds, 4), esc(res.skipped_steps)]]) : '<p class="muted">No result yet.</p>'}
     ${pipelineSummary(res?.pipeline)}
     ${ev ? `<p class="verdict">${ev.better ? "promoted" : "not promoted"}: ${esc(ev.reason)}</p>` : ""}
+    ${r.mlflow ? `<p class="mlflow">MLflow: <a href="${esc(r.mlflow.url)}" target="_blank" rel="noopener">run ${esc(r.mlflow.run_id)}</a> in experiment ${esc(r.mlflow.experiment)}${r.mlflow.pending ? ' <span class="bad">(some logging is waiting for the server)</span>' : ""}</p>` : ""}
     <h2 id="ranks">Ranks</h2>${ranksTable(r.ranks)}
     ${changes.length ? `<h2 id="world-changes">World changes</h2>${worldTable(changes)}` : ""}
     <h2>Tries and resumes</h2>${r.tries.length ? table(["try", "resumed from step", "epochs already done", ...(changes.length ? ["world changes"] : []), "failure"], r.tries.map((t) => {
