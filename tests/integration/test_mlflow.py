@@ -30,7 +30,9 @@ DAGTRAIN = [sys.executable, "-m", "dagtrain"]
 CONN = "mlflow_default"
 NOT_METRICS = {"kind", "epoch", "step", "total_steps", "time", "try"}
 
-pytestmark = pytest.mark.slow
+# up to three `dagtrain run`s a test (each starts an embedded Airflow): more than the
+# suite's 300 s default on a loaded machine; each run has its own deadline too
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 
 @pytest.fixture(scope="module")
