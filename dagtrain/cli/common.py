@@ -66,15 +66,17 @@ def preflight(cfg: PipelineConfig, home: Path | None = None) -> None:
     the backend's library, and, in a process that imports as the ranks will
     (``dagtrain.training.preflight``), the data's labels, the model factory, the model
     built with ``model.args`` on the meta device (and cut as ``parallel`` says),
-    ``distributed.device``. Exits 2
-    naming the field."""
+    ``distributed.device``; the MLflow client when the pipeline has ``tracking`` (its
+    connection is read when each task starts). Exits 2 naming the field."""
     from dagtrain.errors import InputError, MissingDependency
     from dagtrain.stages.sources import check_source
     from dagtrain.sync import require
+    from dagtrain.tracking import require_client
 
     try:
         check_source(cfg)
         require(cfg.distributed.backend)
+        require_client(cfg)
         _check_model(cfg, home)
     except (InputError, MissingDependency) as e:
         raise fail(str(e), 2) from None

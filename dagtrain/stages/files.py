@@ -48,6 +48,7 @@ from typing import Any
 from dagtrain.atomic import atomic_write
 from dagtrain.config import PipelineConfig
 from dagtrain.names import CHECKPOINT, EPOCH_TRACE, LAST_TRACE, RANK_RECORD, SIDECAR, Name
+from dagtrain.tracking import PENDING, RECORD, REGISTRY_RECORD
 
 __all__ = [
     "PREPARE_TASK",
@@ -373,6 +374,8 @@ def _describe(parts: tuple[str, ...]) -> str | None:
         run, rest = RunLayout(Path()), parts[2:]
         if rest == (run.evaluation.name,):
             return "run evaluation"
+        if rest in ((RECORD,), (PENDING,)):
+            return "run mlflow record"
         if rest[0] == run.train.dir.name:
             what = _train_file(rest[1:])
             return None if what is None else f"run train {what}"
@@ -392,6 +395,8 @@ def _describe(parts: tuple[str, ...]) -> str | None:
         rest = parts[1:]
         if rest in ((lay.registry_file.name,), (lay.registry_lock.name,)):
             return "registry"
+        if rest == (REGISTRY_RECORD,):
+            return "registry mlflow record"
         model = lay.model(1)
         if (
             len(rest) == 3

@@ -76,16 +76,17 @@ def evaluate_checkpoint(
     ``test_samples``."""
     from dagtrain.training import checkpoint
     from dagtrain.training.data import load_dataset
-    from dagtrain.training.models import build_model, evaluate
+    from dagtrain.training.models import build_model, evaluate_samples
 
     from .prep import data_file
 
+    # a Dataset's split is read EVAL_BATCH samples at a time, never whole
     test = load_dataset(data_file(manifest, split), 0.0, 0, normalize=False)
     model = build_model(
         cfg.model.name, tuple(manifest["in_shape"]), manifest["classes"], **cfg.model.args
     )
     model.load_state_dict(checkpoint.load(ckpt)["model"])
-    return evaluate(model, test.x_train, test.y_train, split)
+    return evaluate_samples(model, test.train, split)
 
 
 def evaluate_stage(
