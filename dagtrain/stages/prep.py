@@ -45,6 +45,9 @@ def _npz_bytes(**arrays: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
+_NOT_IN_VERSION = {"source", "workers", "connection"}
+
+
 def _source_digest(cfg: PipelineConfig) -> str:
     src = check_source(cfg)
     if src == "digits":
@@ -122,8 +125,10 @@ def prepare(cfg: PipelineConfig, shards: int = 0) -> dict[str, Any]:
         digest = scanned.digest
     else:
         digest = _source_digest(cfg)
+    # what changes the prepared files: the source's bytes and the split's settings (not
+    # how they are read: data.workers, data.connection)
     key = json.dumps(
-        {"source": digest, **d.model_dump(exclude={"source"}), "shards": shards},
+        {"source": digest, **d.model_dump(exclude=_NOT_IN_VERSION), "shards": shards},
         sort_keys=True,
     )
     version = hashlib.sha256(key.encode()).hexdigest()[:16]

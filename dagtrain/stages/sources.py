@@ -34,6 +34,24 @@ _HOW = (
 )
 
 
+# what installs a scheme's filesystem for Airflow's ObjectStoragePath, and the type of
+# connection that holds its credentials
+_PACKAGES = {
+    "s3": "apache-airflow-providers-amazon[s3fs]",
+    "gs": "apache-airflow-providers-google",
+    "gcs": "apache-airflow-providers-google",
+    "abfs": "apache-airflow-providers-microsoft-azure",
+    "az": "apache-airflow-providers-microsoft-azure",
+}
+_CONN_TYPES = {
+    "s3": "aws",
+    "gs": "google_cloud_platform",
+    "gcs": "google_cloud_platform",
+    "abfs": "wasb",
+    "az": "wasb",
+}
+
+
 def source_kind(cfg: PipelineConfig) -> str:
     """``digits``, ``factory``, ``url`` or ``file``."""
     s = cfg.data.source
@@ -90,11 +108,10 @@ def _check_url(cfg: PipelineConfig) -> None:
     try:
         fsspec.get_filesystem_class(scheme)
     except ImportError as e:
+        hint = _PACKAGES.get(scheme)
         raise MissingDependency(
             f"data.source {cfg.data.source!r}: no filesystem for {scheme}:// is installed in "
-            f"this environment ({sys.prefix}): {e} (for s3:// pip install "
-            "apache-airflow-providers-amazon[s3fs], for gs:// "
-            "apache-airflow-providers-google)"
+            f"this environment ({sys.prefix}): {e}" + (f"; pip install '{hint}'" if hint else "")
         ) from None
     except ValueError:
         raise InputError(
@@ -109,6 +126,7 @@ def _connection(cfg: PipelineConfig) -> str | None:
     conn_id = cfg.data.connection
     if conn_id is None:
         return None
+    scheme = cfg.data.source.split("://", 1)[0].lower()
     from airflow.sdk import BaseHook
     from airflow.sdk.exceptions import AirflowNotFoundException
 
@@ -118,8 +136,8 @@ def _connection(cfg: PipelineConfig) -> str | None:
         raise InputError(
             f"data.connection: there is no Airflow connection {conn_id!r} (for "
             f"data.source {cfg.data.source!r}); create it (`airflow connections add "
-            f"{conn_id} --conn-type aws ...`, or the UI's Admin > Connections), or fix the "
-            "name in the pipeline's file"
+            f"{conn_id} --conn-type {_CONN_TYPES.get(scheme, 'generic')} ...`, or the UI's "
+            "Admin > Connections), or fix the name in the pipeline's file"
         ) from None
     return conn_id
 

@@ -113,8 +113,12 @@ def call_factory(spec: str, code_dirs: Iterable[str | None] = ()) -> Any:
     try:
         return fn()
     except Exception as e:
+        import traceback
+
+        frame = traceback.extract_tb(e.__traceback__)[-1]
         raise InputError(
-            f"data.source {spec!r}: the factory raised {type(e).__name__}: {e}"
+            f"data.source {spec!r}: the factory raised {type(e).__name__}: {e} (at "
+            f"{frame.filename}:{frame.lineno})"
         ) from None
 
 

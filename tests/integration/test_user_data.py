@@ -118,6 +118,7 @@ def test_a_killed_run_on_a_dataset_resumes_bitwise(tmp_path, monkeypatch):
         ("tests.integration.user_data:ragged", "item 300's features have shape"),
         ("tests.integration.user_data:fractional", "item 0's label is 0.5"),
         ("tests.integration.user_data:text", "item 0's features are"),
+        ("tests.integration.user_data:raises", "bucket credentials expired (at "),
         ("zz://bucket/x.npz", "zz:// is not a storage scheme"),
         ("file:///nonexistent/x.npz", "no such object"),
     ],
@@ -142,8 +143,9 @@ def test_an_unknown_data_connection_is_refused_naming_it(tmp_path):
     npz = tmp_path / "digits.npz"
     user_data.save_npz(npz)
     cfg = pipeline(tmp_path, npz.as_uri(), 1, ", connection: no_such_conn")
-    with pytest.raises(InputError, match=r"data\.connection.*'no_such_conn'"):
+    with pytest.raises(InputError, match=r"data\.connection.*'no_such_conn'") as info:
         prepare(cfg)
+    assert "--conn-type generic" in str(info.value)  # file://: no cloud's type
 
 
 def test_a_run_conf_cannot_choose_the_source_or_its_connection(tmp_path):
@@ -153,3 +155,9 @@ def test_a_run_conf_cannot_choose_the_source_or_its_connection(tmp_path):
     for conf in ({"data": {"source": "os:getcwd"}}, {"data": {"connection": "other"}}):
         with pytest.raises(ConfigError, match="only in the config file"):
             merge_conf(cfg, conf)
+
+
+def test_how_a_source_is_read_is_not_part_of_the_data_version(tmp_path):
+    a = prepare(pipeline(tmp_path, FACTORY, 1))
+    b = prepare(pipeline(tmp_path, FACTORY, 1, ", workers: 2"))
+    assert a["version"] == b["version"]

@@ -78,3 +78,7 @@ def fractional() -> _Items:  # a label that is not a class
 
 def text() -> _Items:  # features that are not numbers
     return _Items(lambda i: (np.array(["a", "b"]), 0))
+
+
+def raises() -> None:
+    raise RuntimeError("bucket credentials expired")
