@@ -3,8 +3,11 @@ checks a run would fail on at once."""
 
 from __future__ import annotations
 
+import os
+import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import IO, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -19,13 +22,79 @@ from dagtrain.config import (
     parse_sets,
 )
 
-__all__ = ["ConfigArg", "HomeOpt", "Sets", "err", "fail", "home_of", "load", "out", "preflight"]
+__all__ = [
+    "ConfigArg",
+    "HomeOpt",
+    "Sets",
+    "Unbroken",
+    "err",
+    "fail",
+    "home_of",
+    "load",
+    "out",
+    "preflight",
+]
+
+
+class Unbroken:
+    """A text stream whose reader may go away — ``dagtrain up | tee log`` and Ctrl-C:
+    the terminal's SIGINT ends ``tee`` too — without taking the command's cleanup with
+    it: what is written after the reader left is dropped, not raised (and the stream's
+    descriptor is pointed at /dev/null, so the interpreter's last flush is quiet).
+    ``stream``: the stream, or a function giving it (``sys.stdout`` as it is then:
+    tests swap it)."""
+
+    def __init__(self, stream: IO[str] | Callable[[], IO[str]]) -> None:
+        self._stream = stream
+        self.gone = False
+
+    @property
+    def stream(self) -> IO[str]:
+        return self._stream() if callable(self._stream) else self._stream
+
+    def write(self, text: str) -> int:
+        if not self.gone:
+            try:
+                self.stream.write(text)
+            except (BrokenPipeError, ConnectionResetError, ValueError):
+                self._left()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.gone:
+            try:
+                self.stream.flush()
+            except (BrokenPipeError, ConnectionResetError, ValueError):
+                self._left()
+
+    def _left(self) -> None:
+        self.gone = True
+        try:
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, self.stream.fileno())
+            os.close(null)
+        except (OSError, ValueError, AttributeError):  # no descriptor (a test's buffer)
+            pass
+
+    def isatty(self) -> bool:
+        try:
+            return self.stream.isatty()
+        except ValueError:
+            return False
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    @property
+    def encoding(self) -> str:
+        return getattr(self.stream, "encoding", "utf-8")
+
 
 # soft: a long path stays one line, whole when copied. No markup: what is printed is
 # often text the CLI did not write (a path, an error, "pip install 'x[train]'"); style
 # is given as such (style=, Text)
-out = Console(soft_wrap=True, markup=False, highlight=False)
-err = Console(stderr=True, soft_wrap=True, markup=False, highlight=False)
+out = Console(file=Unbroken(lambda: sys.stdout), soft_wrap=True, markup=False, highlight=False)
+err = Console(file=Unbroken(lambda: sys.stderr), soft_wrap=True, markup=False, highlight=False)
 
 Sets = Annotated[
     list[str] | None,

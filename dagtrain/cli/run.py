@@ -35,7 +35,7 @@ from rich.live import Live
 
 from dagtrain.config import PipelineConfig
 
-from .common import ConfigArg, HomeOpt, Sets, fail, home_of, load, out, preflight
+from .common import ConfigArg, HomeOpt, Sets, Unbroken, fail, home_of, load, out, preflight
 from .stop import Interrupts, fail_run, kill_family
 
 __all__ = ["run"]
@@ -67,7 +67,8 @@ def _terminal() -> Console:
     fd = os.dup(sys.stdout.fileno())
     f = os.fdopen(fd, "w", buffering=1, encoding="utf-8", errors="replace")
     width = shutil.get_terminal_size().columns if f.isatty() else None
-    return Console(file=f, width=width, soft_wrap=True, highlight=False, markup=False)
+    # a pipe whose reader Ctrl-C ended (| tee) must not stop the run's orderly stop
+    return Console(file=Unbroken(f), width=width, soft_wrap=True, highlight=False, markup=False)
 
 
 class _Session:
