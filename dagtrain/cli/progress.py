@@ -148,13 +148,12 @@ class Progress:
         """Read what is new in the files (the listener's events, the metrics files under
         the run's folder), then print its lines."""
         with self.lock:
-            for e in self.events.lines() if self.events is not None else []:
-                self._event(e)
+            events = list(self.events.lines()) if self.events is not None else []
+            metrics = []
             for path in self._metric_files():
                 tail = self.metrics.setdefault(path, _Tail(path))
-                for m in tail.lines():
-                    self._metric(label_of(path), m)
-        self.flush()
+                metrics += [(label_of(path), m) for m in tail.lines()]
+        self.feed(events, metrics)  # in the order they happened, as feed() has them
 
     def feed(self, events: list[dict[str, Any]], metrics: list[tuple[str, dict]]) -> None:
         """What another source read (``dagtrain trigger --wait``: the REST API): events

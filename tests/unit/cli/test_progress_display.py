@@ -188,3 +188,28 @@ def test_an_elastic_world_change_is_a_line_and_its_relaunch_is_not_a_resume():
     assert shown[0] == "train world 3 -> 2 ranks at step 57: rank 1 was killed by SIGKILL"
     assert shown[1].strip() == "recovered in 5.3 s, 1 step lost", shown
     assert all(len(x) < 80 for x in shown), shown
+
+
+def test_polled_files_give_their_lines_in_the_order_things_happened(tmp_path):
+    # the task's end was in the events file before the poll read its last epoch: the
+    # epoch line still comes first, as from the REST API (feed)
+    import json
+
+    events = tmp_path / "events.jsonl"
+    events.write_text(
+        "".join(
+            json.dumps(e) + "\n" for e in (ev("running", "train", 1.0), ev("success", "train", 9.0))
+        )
+    )
+    metrics = tmp_path / "run" / "train" / "metrics.jsonl"
+    metrics.parent.mkdir(parents=True)
+    start = {"kind": "start", "step": 0, "total_steps": 40, "steps_per_epoch": 20, "time": 1.5}
+    last = {"kind": "epoch", "epoch": 1, "train_loss": 0.25, "step": 40, "total_steps": 40}
+    metrics.write_text(json.dumps(start) + "\n" + json.dumps(last | {"time": 8.5}) + "\n")
+    buf = io.StringIO()
+    console = Console(file=buf, width=80, soft_wrap=True, markup=False, highlight=False)
+    p = Progress(console, "t", events, tmp_path / "run", ["prepare_data", "train"])
+    p.poll()
+    lines = buf.getvalue().splitlines()
+    assert lines[0] == "train started" and lines[-1].startswith("train succeeded"), lines
+    assert any(line.startswith("train epoch 2/2") for line in lines[1:-1]), lines
