@@ -151,9 +151,11 @@ def merge_conf(cfg: PipelineConfig, conf: dict[str, Any] | None) -> PipelineConf
     for field, value in _author_only(cfg).items():
         got = _get(conf, field)
         if got is not _MISSING and got != value:
+            said = f"the file says {value!r}" if value is not None else "the file leaves it unset"
             raise ConfigError(
-                f"conf: {field} may be set only in the config file in the DAGs folder, "
-                f"not by a run's conf: {FILE_ONLY[field]} (the file says {value!r})"
+                f"conf: {field} may be set only in the pipeline's config file, not by a "
+                f"run's conf (--set, the trigger form, the REST API): {FILE_ONLY[field]} "
+                f"({said}); edit the file to change it"
             )
     values = cfg.model_dump(mode="json")
     for section in NOT_APPLICABLE[cfg.pipeline]:
