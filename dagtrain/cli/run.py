@@ -337,6 +337,32 @@ def _log_files(dag_id: str, run_id: str) -> None:
         out.print(f"  {label} try {n}: {path}")
 
 
+def _mlflow_lines(cfg: PipelineConfig, run_dir: Path, champ: dict | None) -> list[str]:
+    """Where the run is in MLflow (a pipeline with ``tracking``), from the records its
+    stages wrote: the run, the champion's model version, or what is still to log."""
+    if cfg.tracking is None:
+        return []
+    from dagtrain.stages.files import ArtifactLayout
+    from dagtrain.tracking import mlflow_links
+
+    links = mlflow_links(run_dir, ArtifactLayout.of(cfg).registry)
+    lines = []
+    if links["run"] is not None:
+        pending = " (some logging missed; the next stage of this run retries it)"
+        lines.append(
+            f"MLflow run: {links['run']['url']}{pending if links['run']['pending'] else ''}"
+        )
+    else:
+        lines.append(
+            f"MLflow: nothing logged: connection {cfg.tracking.connection!r} failed (its "
+            "warning is in the task logs)"
+        )
+    version = links["versions"].get(str(champ["version"])) if champ else None
+    if version is not None:
+        lines.append(f"MLflow champion: {version['name']} v{version['version']} {version['url']}")
+    return lines
+
+
 def _summary(
     cfg: PipelineConfig,
     state: str | None,
@@ -375,6 +401,8 @@ def _summary(
     traced = next((t.traces for t in run.training_folders() if t.trace_files()), None)
     if traced is not None:
         out.print(f"step traces (open in https://ui.perfetto.dev): {traced}")
+    for line in _mlflow_lines(cfg, run.dir, champ):
+        out.print(line)
     if run.dir.exists():  # a run stopped or refused before training wrote nothing there
         out.print(f"artifacts: {run.dir}")
     out.print(f"Airflow's output: {log}")
