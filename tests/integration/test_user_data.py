@@ -153,7 +153,7 @@ def test_a_run_conf_cannot_choose_the_source_or_its_connection(tmp_path):
 
     cfg = pipeline(tmp_path, FACTORY, 1)
     for conf in ({"data": {"source": "os:getcwd"}}, {"data": {"connection": "other"}}):
-        with pytest.raises(ConfigError, match="only in the pipeline.s config file"):
+        with pytest.raises(ConfigError, match="only in the pipeline's config file"):
             merge_conf(cfg, conf)
 
 
