@@ -9,7 +9,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -60,9 +59,7 @@ def failed(airflow) -> str:
 
 def test_the_train_tasks_log_from_the_home_shows_every_ranks_lines(airflow):
     run_id = tiny_run_id(airflow)
-    t0 = time.monotonic()
-    r = logs(airflow, run_id, "train")
-    took = time.monotonic() - t0
+    r = logs(airflow, run_id, "train")  # (its deadline: logs()'s timeout)
     assert r.returncode == 0, r.stdout + r.stderr
     assert headers(r.stdout) == [("train", 1, 1, "success")], r.stdout
     lines = r.stdout.splitlines()
@@ -80,7 +77,6 @@ def test_the_train_tasks_log_from_the_home_shows_every_ranks_lines(airflow):
     assert "\x1b[" not in r.stdout + r.stderr  # piped: plain text
     # Airflow's own console lines (a plugin's warning, say) are not among the log's
     assert r.stdout.startswith("train  try 1  success"), r.stdout[:500]
-    assert took < 60, took
 
 
 def test_without_a_task_every_task_is_shown_in_the_dags_order(airflow):

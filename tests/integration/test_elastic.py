@@ -160,11 +160,10 @@ def test_a_stalled_rank_is_named_and_left_out(tmp_path):
 def test_a_loss_past_the_bound_on_world_changes_fails_the_try_named(tmp_path):
     cfg = elastic(tmp_path, min_ranks=1, max_world_changes=1, regrow=False)
     faults = Faults((1, 0.8, signal.SIGKILL), (1, 0.8, signal.SIGKILL))
-    t0 = time.monotonic()
     with pytest.raises(RankFailure) as info:
         run_training(cfg, on_start=faults, **QUIET)
     assert info.value.rank == 1 and info.value.signal == "SIGKILL", str(info.value)
-    assert faults.worlds == 2 and time.monotonic() - t0 < 90
+    assert faults.worlds == 2  # the second loss ended the try: no third world
     assert len(world_lines(cfg)) == 1
     assert not faults.left()
 

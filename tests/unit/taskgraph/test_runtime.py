@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import _thread
 import gc
-import signal
 import json
+import signal
 import threading
 import time
 import tracemalloc
