@@ -173,6 +173,7 @@ def _check_model(cfg: PipelineConfig, home: Path | None) -> None:
         "model": cfg.model.model_dump(mode="json"),
         "parallel": cfg.parallel.model_dump(mode="json"),
         "data": cfg.data_source(),
+        "data_workers": cfg.data.workers,
         # the ranks of a host list run elsewhere: their devices are theirs to check
         "device": "cpu"
         if cfg.distributed.hosts or cfg.distributed.hosts_connection

@@ -42,7 +42,7 @@ def check(spec: dict[str, Any]) -> dict[str, Any]:
         )
     model_spec = spec["model"]
     if is_factory(spec["data"]):  # the DAG author's code: imported and checked here
-        in_shape, classes = _factory_shape(spec["data"])
+        in_shape, classes = _factory_shape(spec["data"], spec.get("data_workers", 0))
     else:
         try:
             _, _, in_shape, classes = read_arrays(spec["data"])
@@ -80,18 +80,20 @@ def check(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _factory_shape(spec: str) -> tuple[tuple[int, ...], int | None]:
+def _factory_shape(spec: str, workers: int = 0) -> tuple[tuple[int, ...], int | None]:
     """A factory's samples' shape and, for arrays, classes: a Dataset's first item is
     read and checked (its classes are counted by the data-prep stage, which reads them
-    all)."""
+    all); with ``workers``, that it pickles, as its worker processes receive it."""
     from .data import open_source, read_arrays
-    from .samples import item_arrays
+    from .samples import check_picklable, item_arrays
 
     src = open_source(spec)
     if isinstance(src, tuple):
         _, _, in_shape, classes = read_arrays(spec)
         return in_shape, classes
     x, _ = item_arrays(spec, 0, src[0])  # type: ignore[index]
+    if workers:
+        check_picklable(spec, src)
     return tuple(x.shape), None
 
 

@@ -33,6 +33,7 @@ __all__ = [
     "DatasetSamples",
     "RunningStats",
     "call_factory",
+    "check_picklable",
     "is_factory",
     "loader",
     "read_items",
@@ -178,6 +179,42 @@ def _items(batch: list[Any]) -> list[Any]:  # the loader's collate: the items as
     return batch
 
 
+def check_picklable(spec: str, ds: Any) -> None:
+    """InputError naming ``data.source`` and ``data.workers`` when the Dataset does not
+    pickle: DataLoader workers start in a fresh process (:func:`_workers`) and receive
+    it pickled."""
+    import pickle
+
+    try:
+        pickle.dumps(ds)
+    except Exception as e:
+        raise InputError(
+            f"data.source {spec!r}: with data.workers, the Dataset is sent to its worker "
+            f"processes, and it does not pickle ({type(e).__name__}: {e}); keep no lambda, "
+            "open file or connection in it (open them in __getitem__), or set data.workers "
+            "to 0"
+        ) from None
+
+
+def _workers() -> Any:
+    """How DataLoader worker processes start: from a fork server, never by forking the
+    process that reads. A rank starts its workers from a task-graph thread while its
+    other threads (the step's, gloo's, the transfers') run; ``fork`` copies any lock
+    one of them holds at that instant, and a worker that then needs it waits forever
+    (torch's thread-pool set-up takes one in ``__cxa_atexit``: pytorch#130610). A CI
+    run saw it: rank 1's worker never delivered a batch, and rank 0's allreduce timed
+    out 60 s later. The fork server is a fresh interpreter without threads; each worker
+    imports the Dataset's module there, so the Dataset must pickle (``dagtrain
+    validate`` and prep check that it does)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("forkserver")
+    # the server imports torch once; each worker forked from it has it (not its own
+    # import: seconds per worker on a busy machine)
+    ctx.set_forkserver_preload([__name__])
+    return ctx
+
+
 def read_items(
     spec: str, ds: Any, workers: int = 0, chunk: int = 256
 ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
@@ -186,8 +223,13 @@ def read_items(
     processes read them."""
     batches: Iterable[list[Any]]
     if workers:
+        check_picklable(spec, ds)
         batches = torch.utils.data.DataLoader(
-            ds, batch_size=chunk, num_workers=workers, collate_fn=_items
+            ds,
+            batch_size=chunk,
+            num_workers=workers,
+            collate_fn=_items,
+            multiprocessing_context=_workers(),
         )
     else:
         n = len(ds)
@@ -291,6 +333,7 @@ def loader(
                 batch_size=None,
                 num_workers=workers,
                 prefetch_factor=2,
+                multiprocessing_context=_workers(),
             )
         )
     return (samples.batch(idx) for idx in plan)

@@ -129,6 +129,16 @@ def test_a_source_that_cannot_work_is_refused_naming_the_field(tmp_path, source,
     assert needle in str(info.value)
 
 
+def test_with_workers_a_dataset_that_does_not_pickle_is_refused_naming_both_fields(tmp_path):
+    # DataLoader workers start from a fork server (never by forking a rank that runs
+    # threads: see dagtrain.training.samples._workers), so they receive the Dataset pickled
+    cfg = pipeline(tmp_path, "tests.integration.user_data:unpicklable", 1, ", workers: 2")
+    with pytest.raises(InputError, match=r"data\.source.*data\.workers") as info:
+        prepare(cfg)
+    assert "does not pickle" in str(info.value)
+    prepare(pipeline(tmp_path, "tests.integration.user_data:unpicklable", 1))  # 0 workers
+
+
 def test_a_url_whose_filesystem_is_not_installed_says_what_to_install(tmp_path):
     pytest.importorskip("fsspec")
     import importlib.util

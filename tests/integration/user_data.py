@@ -82,3 +82,7 @@ def text() -> _Items:  # features that are not numbers
 
 def raises() -> None:
     raise RuntimeError("bucket credentials expired")
+
+
+def unpicklable() -> _Items:  # good items, but a lambda inside: no worker can receive it
+    return _Items(lambda i: (torch.zeros(4), i % 2))
