@@ -163,6 +163,7 @@ def test_a_pipeline_checkpoint_resumes_with_another_number_of_stages(tmp_path):
         assert torch.allclose(a[k], b[k], rtol=1e-5, atol=1e-6), k
 
 
+@pytest.mark.alone  # a 5 s collective deadline
 def test_a_stalled_stage_rank_fails_the_job_within_the_collective_timeout(tmp_path, monkeypatch):
     par = {"stages": 2, "microbatches": 4, "order": "1f1b", "split": [4]}
     cfg = dict(SLOW, backend="torch", ranks=2, parallel=par, collective_timeout=5, max_steps=400)

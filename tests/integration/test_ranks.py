@@ -198,6 +198,7 @@ def test_a_corrupt_newest_checkpoint_is_skipped_and_the_previous_one_resumed(tmp
     assert again.params_sha256 == whole.params_sha256
 
 
+@pytest.mark.alone  # a 3 s collective deadline: a busy machine would trip it elsewhere
 @pytest.mark.parametrize("backend", ["mpi", "torch"])
 def test_a_rank_that_hangs_makes_the_others_time_out_instead_of_waiting(backend):
     cfg = small(
@@ -219,6 +220,7 @@ def test_a_host_list_on_one_machine():
     assert r.world == 2 and r.steps == 6
 
 
+@pytest.mark.alone  # a 5 s collective deadline
 @pytest.mark.parametrize("backend", ["mpi", "torch"])
 def test_a_rank_hung_before_its_first_collective_is_named_and_nothing_hangs(tmp_path, backend):
     pids = tmp_path / "pids"

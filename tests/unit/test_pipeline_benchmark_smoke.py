@@ -55,6 +55,7 @@ def test_balanced_split_minimises_the_largest_part():
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # a benchmark: it times its phases
 def test_smoke_run_writes_every_figure(tmp_path):
     pytest.importorskip("dagtrain.training.pipeline")
     out = tmp_path / "pipeline.json"
