@@ -97,6 +97,9 @@ class MlflowServer:
         argv += ["--artifacts-destination", str(self.folder / "artifacts")]
         argv += ["--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"]
         env = {**os.environ, "PATH": f"{self.venv / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+        # lean: no job runner, whose ~10 huey consumer processes (GenAI scoring jobs,
+        # unused here) competed with the tests' ranks for the two cores
+        env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"
         for k in ("PYTHONPATH", "VIRTUAL_ENV"):
             env.pop(k, None)
         with open(self.log, "ab") as log:
@@ -122,7 +125,7 @@ class MlflowServer:
         raise RuntimeError(f"mlflow server not up in {timeout} s: {self.log.read_text()[-2000:]}")
 
     def stop(self, kill: bool = False) -> None:
-        """Stop the server and its workers (its process group: uvicorn, huey consumers)
+        """Stop the server and its workers (its process group: uvicorn's)
         and wait for it; ``kill``: at once, as a server that dies (SIGKILL)."""
         p, self.proc = self.proc, None
         if p is None:
