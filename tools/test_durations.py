@@ -111,6 +111,15 @@ def readme_part(report: Report, n: int = 30) -> str:
         f"| {i} | {c.seconds:.1f} | `{c.nodeid}` |" for i, c in enumerate(report.slowest(n), 1)
     ]
     ran = [c for c in report.cases if c.outcome != "skipped"]
+    modules: dict[str, list[str]] = defaultdict(list)
+    for c in report.cases:  # a test a line, its parametrisations as one
+        module, _, name = c.nodeid.partition("::")
+        name = name.split("[")[0].replace("::", ".")
+        if name not in modules[module]:
+            modules[module].append(name)
+    behaviours = []
+    for module in sorted(modules):
+        behaviours += [f"- `{module}`", *(f"  - {n}" for n in modules[module])]
     return "\n".join(
         [
             START,
@@ -125,6 +134,11 @@ def readme_part(report: Report, n: int = 30) -> str:
             f"The {n} slowest tests:",
             "",
             *slow,
+            "",
+            "Every test, by module (what the suite checks; the pipeline grid's opt-in",
+            "cases are among the skipped):",
+            "",
+            *behaviours,
             "",
             END,
         ]
