@@ -62,24 +62,31 @@ multihost-setup:
 multihost: setup multihost-setup
 	$(BIN)/python -m pytest -q -m multihost tests/multihost
 
-# The tests in one pytest run (serial: run on 2 pytest-xdist workers, `-n 2 --dist
-# loadgroup -m "not alone"` then `-m alone`, took longer here and failed two tests under
-# load; see tests/README.md). It writes a JUnit report to TEST_REPORTS; the end of the
-# output is the slowest tests, each folder's time and one closing line.
+# The tests in two pytest runs: first every test that can share the machine, on
+# TEST_WORKERS processes (pytest-xdist; the tests of a module that share a fixture run
+# on one of them: their xdist_group, see tests/conftest.py), then those marked `alone`
+# (collective deadlines, faults timed against progress, benchmark smoke runs), one at a
+# time with nothing beside them. Each writes a JUnit report to TEST_REPORTS; the end of
+# the output is the slowest tests, each folder's time and one closing line for both.
+TEST_WORKERS ?= 2
 TEST_REPORTS := .dagtrain/test-reports
 
 test: setup horovod browser multihost-setup
 	@rm -rf $(TEST_REPORTS) && mkdir -p $(TEST_REPORTS)
 	@status=0; \
-	$(BIN)/python -m pytest -q --junitxml=$(TEST_REPORTS)/suite.xml || status=$$?; \
-	$(BIN)/python tools/test_durations.py $(TEST_REPORTS)/suite.xml --slowest 15 \
-	  || status=$$?; \
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not alone" \
+	  --junitxml=$(TEST_REPORTS)/shared.xml || status=$$?; \
+	$(BIN)/python -m pytest -q -m alone \
+	  --junitxml=$(TEST_REPORTS)/alone.xml || status=$$?; \
+	$(BIN)/python tools/test_durations.py $(TEST_REPORTS)/shared.xml $(TEST_REPORTS)/alone.xml \
+	  --slowest 15 || status=$$?; \
 	exit $$status
 
 # tests/README.md's generated part (each folder's time, the 30 slowest tests, every
 # test by folder) from the reports of the last `make test`
 test-durations:
-	$(BIN)/python tools/test_durations.py $(TEST_REPORTS)/suite.xml --readme tests/README.md
+	$(BIN)/python tools/test_durations.py $(TEST_REPORTS)/shared.xml $(TEST_REPORTS)/alone.xml \
+	  --readme tests/README.md
 
 lint: setup
 	$(BIN)/ruff check .

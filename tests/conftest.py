@@ -13,10 +13,33 @@ os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{_home}/airflow.db"
 
 
+# Where make test's first run (pytest-xdist, --dist loadgroup) puts tests that share an
+# expensive fixture: one group runs on one worker, so the fixture is made once. The
+# rest are handed out one test at a time.
+GROUPS = {
+    # the session's Airflow (tests/airflow/conftest.py): dagtrain run, then dagtrain up
+    "tests/airflow/test_logs.py": "airflow",
+    "tests/airflow/test_page.py": "airflow",
+    "tests/airflow/test_rest.py": "airflow",
+    "tests/airflow/test_trigger.py": "airflow",
+    "tests/e2e/test_install.py": "install",  # one venv without extras
+    "tests/integration/test_mlflow.py": "mlflow",  # one MLflow server
+    "tests/integration/test_pipeline.py": "pipeline",  # one single-process reference
+    "tests/multihost/": "multihost",  # one cluster (PostgreSQL, Redis, Celery, hosts)
+    "tests/unit/plugins/test_page_in_browser.py": "browser",  # one Chromium
+}
+
+
 def pytest_collection_modifyitems(config, items):
-    """The full pipeline-parallel grid runs only when asked (``-m pipeline_grid``)."""
+    """The full pipeline-parallel grid runs only when asked (``-m pipeline_grid``); the
+    tests of a GROUPS entry share an xdist group."""
     import pytest
 
+    for item in items:
+        path = item.nodeid.split("::")[0]
+        for prefix, group in GROUPS.items():
+            if path.startswith(prefix):
+                item.add_marker(pytest.mark.xdist_group(group))
     if "pipeline_grid" in (config.option.markexpr or ""):
         return
     skip = pytest.mark.skip(reason="the full pipeline grid: pytest -m pipeline_grid")

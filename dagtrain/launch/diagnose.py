@@ -55,6 +55,11 @@ _TORCHRUN = re.compile(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s+exitcode\s*:\s*(
 STALLED = "never reached its first collective"
 # a rank that gave up waiting (its recorded error): ours (CollectiveTimeout), gloo's, NCCL's
 _TIMED_OUT = re.compile(r"did not finish within|[Tt]imed out|[Tt]imeout")
+# a rank that failed because a peer did (its recorded error): it gave up waiting, its
+# peer's connection closed, or Horovod shut down after an exception on another rank
+_FOLLOWED = re.compile(
+    _TIMED_OUT.pattern + r"|Horovod has been shut down|[Cc]onnection (closed|reset) by peer"
+)
 
 
 class RankFailure(RuntimeError):
@@ -214,9 +219,12 @@ def diagnose(job: Job, ending: Ending) -> RankFailure:
     lost = _lost_host(job, ending.codes)
     if lost is not None:
         return _host_lost(job, *lost)
+    # the failures in the order they happened, except that a rank which failed because
+    # a peer did comes after every rank that failed of its own accord: on a loaded
+    # machine the peer's record can be written before the cause's
     failures = sorted(
         (r for r in job.records.values() if r.get("status") == "failed"),
-        key=lambda r: float(r.get("time") or 0),
+        key=lambda r: (_FOLLOWED.search(_error(r)) is not None, float(r.get("time") or 0)),
     )
     rank, code, sig = _first_failed(job, ending, failures)
     failure = next((f for f in failures if f["rank"] == rank), None)
@@ -268,7 +276,8 @@ def _first_failed(
     job: Job, ending: Ending, failures: list[dict[str, Any]]
 ) -> tuple[int | None, int | None, str | None]:
     """(rank, exit code, signal) of the rank that failed first: a rank killed by a
-    signal as the launcher saw it, else the earliest failure recorded, else what the
+    signal as the launcher saw it, else the first failure recorded (a rank failing of
+    its own accord before one failing because of a peer), else what the
     launcher said of a rank that aborted or exited non-zero. The code is None where
     there is a signal."""
     earliest = failures[0]["rank"] if failures else None

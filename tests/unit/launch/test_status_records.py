@@ -139,6 +139,28 @@ def test_the_earliest_recorded_failure_is_the_cause_and_fail_fast_is_bad_input(t
     assert err.host == "h" and "on host" not in str(err)  # one host: not in the message
 
 
+@pytest.mark.parametrize(
+    "followed",
+    [
+        "HorovodInternalError: Horovod has been shut down. This was caused by an exception"
+        " on one of the ranks",
+        "RuntimeError: [gloo] Connection closed by peer [127.0.0.1]:1234",
+        "CollectiveTimeout: rank 0: broadcast did not finish within 5 s",
+    ],
+)
+def test_a_rank_failing_because_of_a_peer_is_not_the_cause_even_when_recorded_first(
+    tmp_path, followed
+):
+    # a loaded machine can write the peer's record first (horovodrun, seen under xdist)
+    kind, _, message = followed.partition(": ")
+    records = [
+        {"rank": 0, "status": "failed", "type": kind, "message": message, "time": 1},
+        {"rank": 1, "status": "failed", "type": "RuntimeError", "message": "boom", "time": 2},
+    ]
+    err = diagnose(_failed_job(tmp_path, records), Ending([(0, 1)], [1]))
+    assert err.rank == 1 and err.error == "RuntimeError: boom", str(err)
+
+
 def test_a_rank_that_never_got_ready_is_named_when_another_gave_up_waiting(tmp_path):
     records = [
         {
