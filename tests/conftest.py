@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import tempfile
 
+import pytest
+
 _home = tempfile.mkdtemp(prefix="dagtrain-test-airflow-")
 # set, not defaulted: a developer's own AIRFLOW_HOME must never see the tests
 os.environ["AIRFLOW_HOME"] = _home
@@ -30,11 +32,10 @@ GROUPS = {
 }
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
 def pytest_collection_modifyitems(config, items):
     """The full pipeline-parallel grid runs only when asked (``-m pipeline_grid``); the
     tests of a GROUPS entry share an xdist group."""
-    import pytest
-
     for item in items:
         path = item.nodeid.split("::")[0]
         for prefix, group in GROUPS.items():

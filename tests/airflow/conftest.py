@@ -1,7 +1,7 @@
 """The Airflow the tests of this folder talk to: ``dagtrain run`` of the tiny pipeline
 in an 80-column pseudo-terminal, then ``dagtrain up`` (api-server, scheduler,
-dag-processor, triggerer; SQLite, LocalExecutor) on the same home, for the whole
-session. Its DAGs folder has ``dagtrain_tiny``, ``dagtrain_tiny_fail`` (rank 1 killed
+dag-processor, triggerer; SQLite, LocalExecutor) on the same home, for the tests of
+this package (see the fixture). Its DAGs folder has ``dagtrain_tiny``, ``dagtrain_tiny_fail`` (rank 1 killed
 mid-training), three pipelines with bad input only the ranks meet (``..._badargs``,
 ``..._nocuda``, ``..._rankimport``) and one whose model module lies beside the DAG
 files (``dagtrain_tiny_mine``)."""
@@ -30,7 +30,11 @@ DAG_IDS = (
 )
 
 
-@pytest.fixture(scope="session")
+# the package's: it ends when its last test has run (with pytest-xdist: on the one worker
+# that runs the group, see tests/conftest.py), not with the session, so that an idle
+# Airflow (scheduler, dag-processor, triggerer, api-server) does not take CPU from the
+# tests that follow it
+@pytest.fixture(scope="package")
 def airflow(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("up")
     dags = tmp / "dags"

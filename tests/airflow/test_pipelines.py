@@ -32,11 +32,17 @@ def stage(tmp_path: Path, example: str, yaml_text: str) -> Path:
     return cfg
 
 
-def dagtrain_run(tmp_path: Path, cfg: Path, *sets: str) -> subprocess.CompletedProcess:
+def dagtrain_run(
+    tmp_path: Path, cfg: Path, *sets: str, pythonpath: bool = True
+) -> subprocess.CompletedProcess:
+    """``dagtrain run`` piped; without ``pythonpath``, no PYTHONPATH at all (a model
+    module beside the config must be found through its folder alone)."""
     args = [*DAGTRAIN, "run", str(cfg), "--home", str(tmp_path / "home")]
     for s in sets:
         args += ["--set", s]
     env = {**os.environ, "COLUMNS": "200"}
+    if not pythonpath:
+        env.pop("PYTHONPATH", None)
     return subprocess.run(
         args, cwd=REPO, capture_output=True, text=True, env=env, timeout=600, check=False
     )
@@ -167,16 +173,28 @@ def test_scheduled_retraining_runs_end_to_end(tmp_path):
 
 
 def test_asset_scheduled_retraining_runs_and_a_worse_model_is_not_promoted(tmp_path):
+    """Its model is the DAG author's own module, beside the config and on no PYTHONPATH
+    (once a test of its own, with a run of its own): it trains in both runs, and each
+    task try's log file is named at the end."""
     cfg = stage(
         tmp_path,
         "digits_on_new_data",
         "name: fresh\nschedule: {asset: digits_incoming}\n"
-        "evaluation: {min_improvement: 0.5}\n" + TINY,
+        "evaluation: {min_improvement: 0.5}\n"
+        + TINY.replace(
+            "model: {name: mlp, args: {hidden: [32]}}",
+            "model: {name: 'my_models:small_mlp', args: {width: 16}}",
+        ),
     )
-    first = dagtrain_run(tmp_path, cfg)
+    assert "my_models:small_mlp" in cfg.read_text()
+    shutil.copy(Path(__file__).parent / "pylib" / "my_models.py", cfg.parent / "my_models.py")
+    first = dagtrain_run(tmp_path, cfg, pythonpath=False)
     assert first.returncode == 0, first.stdout + first.stderr
-    second = dagtrain_run(tmp_path, cfg)  # cannot beat the champion by 0.5
+    second = dagtrain_run(tmp_path, cfg, pythonpath=False)  # cannot beat the champion by 0.5
     assert second.returncode == 0, second.stdout + second.stderr
+    logs = re.findall(r"^  (\w+) try (\d+): (\S+)$", first.stdout, re.M)
+    assert [t for t, _, _ in logs] == ["prepare_data", "train", "evaluate", "promote"], first.stdout
+    assert all(Path(p).exists() for _, _, p in logs)
     # each run's progress is its own: the second shows nothing of the first
     ids = [re.search(r"run (manual__\S+): success", x.stdout).group(1) for x in (first, second)]
     assert ids[0] != ids[1] and ids[0] not in second.stdout
@@ -264,20 +282,6 @@ def test_a_training_task_that_fails_once_resumes_on_its_retry(tmp_path):
 BAD_LABELS = "1.0,2.0,0.5\n3.0,4.0,1.5\n5.0,6.0,0.5\n"  # labels that are not classes
 
 
-def test_a_failing_pipeline_exits_non_zero_naming_the_stage_and_why(tmp_path):
-    cfg = stage(
-        tmp_path,
-        "digits_retraining",
-        "name: broken\ndata: {source: bad.csv}\n"
-        "training: {retries: 0}\ndistributed: {backend: local, ranks: 1}\n",
-    )
-    (cfg.parent / "bad.csv").write_text(BAD_LABELS)
-    r = dagtrain_run(tmp_path, cfg)
-    assert r.returncode != 0
-    assert "prepare_data" in r.stderr and "labels must be integers" in r.stderr, r.stderr
-    assert task_rows(tmp_path)["prepare_data"][0] == "failed"
-
-
 def test_a_missing_data_file_is_refused_before_airflow_starts(tmp_path):
     cfg = stage(tmp_path, "digits_retraining", "name: nodata\ndata: {source: missing.npz}\n")
     r = dagtrain_run(tmp_path, cfg)
@@ -287,6 +291,9 @@ def test_a_missing_data_file_is_refused_before_airflow_starts(tmp_path):
 
 
 def test_a_bare_config_runs_through_a_generated_dag_and_bad_input_is_not_retried(tmp_path):
+    """Also what a failing pipeline does (once a test of its own, with the example's DAG
+    file: the same run through the same operators): it exits non-zero naming the stage
+    and why, and the stage's task is failed."""
     cfg = tmp_path / "elsewhere" / "bare.yaml"
     cfg.parent.mkdir()
     (cfg.parent / "bad.csv").write_text(BAD_LABELS)
@@ -296,36 +303,10 @@ def test_a_bare_config_runs_through_a_generated_dag_and_bad_input_is_not_retried
     )
     r = dagtrain_run(tmp_path, cfg)
     assert r.returncode != 0
+    assert "prepare_data" in r.stderr and "labels must be integers" in r.stderr, r.stderr
     assert task_rows(tmp_path)["prepare_data"] == ("failed", 1)  # no retry of bad input
     # the path is resolved against the config's own folder, and the error says so
     assert str(cfg.parent / "bad.csv") in r.stderr, r.stderr
-
-
-def test_a_model_module_beside_the_config_trains_and_each_tries_log_is_named(tmp_path):
-    cfg = stage(
-        tmp_path,
-        "digits_retraining",
-        "name: mine\ndata: {source: digits}\n"
-        "model: {name: 'my_models:small_mlp', args: {width: 16}}\n"
-        "training: {epochs: 1, batch_size: 64, retries: 0}\n"
-        "distributed: {backend: mpi, ranks: 2}\n",
-    )
-    shutil.copy(Path(__file__).parent / "pylib" / "my_models.py", cfg.parent / "my_models.py")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # only its folder
-    r = subprocess.run(
-        [*DAGTRAIN, "run", str(cfg), "--home", str(tmp_path / "home")],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env={**env, "COLUMNS": "200"},
-        timeout=600,
-        check=False,
-    )
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert task_rows(tmp_path)["train"] == ("success", 1)
-    logs = re.findall(r"^  (\w+) try (\d+): (\S+)$", r.stdout, re.M)
-    assert [t for t, _, _ in logs] == ["prepare_data", "train", "evaluate", "promote"], r.stdout
-    assert all(Path(p).exists() for _, _, p in logs)
 
 
 def test_the_pipeline_parallel_example_trains_evaluates_and_promotes(tmp_path):
