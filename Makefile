@@ -9,12 +9,9 @@ SAGA   := .venv-saga
 
 setup: $(VENV)/.installed
 
-# --no-compile: a module is byte-compiled when it is first imported, not all of torch,
-# Airflow and MLflow at install (about 70 of the install's 180 s here)
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-compile \
-	  -c constraints.txt -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	touch $@
 
 # Horovod 0.28.1 from source (about 10 minutes once per machine; the wheel is cached in
