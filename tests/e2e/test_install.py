@@ -47,9 +47,7 @@ def bare(tmp_path_factory):
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     py = venv / "bin" / "python"
     subprocess.run(
-        # --no-compile: what is imported compiles when it is (byte-compiling all of
-        # Airflow at install is most of the install's time)
-        [py, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile",
+        [py, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
          "-c", str(REPO / "constraints.txt"), str(src)],
         check=True, timeout=900,
     )  # fmt: skip
