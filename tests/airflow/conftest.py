@@ -1,10 +1,10 @@
 """The Airflow the tests of this folder talk to: ``dagtrain run`` of the tiny pipeline
 in an 80-column pseudo-terminal, then ``dagtrain up`` (api-server, scheduler,
 dag-processor, triggerer; SQLite, LocalExecutor) on the same home, for the tests of
-this package (see the fixture). Its DAGs folder has ``dagtrain_tiny``, ``dagtrain_tiny_fail`` (rank 1 killed
-mid-training), three pipelines with bad input only the ranks meet (``..._badargs``,
-``..._nocuda``, ``..._rankimport``) and one whose model module lies beside the DAG
-files (``dagtrain_tiny_mine``)."""
+this package (see the fixture). Its DAGs folder has ``dagtrain_tiny``,
+``dagtrain_tiny_fail`` (rank 1 killed mid-training), three pipelines with bad input
+only the ranks meet (``..._badargs``, ``..._nocuda``, ``..._rankimport``) and one whose
+model module lies beside the DAG files (``dagtrain_tiny_mine``)."""
 
 from __future__ import annotations
 
