@@ -62,13 +62,15 @@ multihost-setup:
 multihost: setup multihost-setup
 	$(BIN)/python -m pytest -q -m multihost tests/multihost
 
-# The tests in two pytest runs: first every test that can share the machine, on
-# TEST_WORKERS processes (pytest-xdist; the tests of a module that share a fixture run
-# on one of them: their xdist_group, see tests/conftest.py), then those marked `alone`
-# (collective deadlines, faults timed against progress, benchmark smoke runs), one at a
-# time with nothing beside them. Each writes a JUnit report to TEST_REPORTS; the end of
-# the output is the slowest tests, each folder's time and one closing line for both.
-TEST_WORKERS ?= 2
+# The tests in two pytest runs: first every test not marked `alone`, on TEST_WORKERS
+# pytest-xdist processes (the tests of a module that share a fixture stay on one: their
+# xdist_group, see tests/conftest.py), then those marked `alone` (collective deadlines,
+# faults timed against progress, benchmark smoke runs), one at a time with nothing
+# beside them. One worker: on this 2-core machine two were slower, not faster (the
+# tests' ranks already use both cores; see tests/README.md). Each run writes a JUnit
+# report to TEST_REPORTS; the end of the output is the slowest tests, each folder's
+# time and one closing line for both.
+TEST_WORKERS ?= 1
 TEST_REPORTS := .dagtrain/test-reports
 
 test: setup horovod browser multihost-setup
