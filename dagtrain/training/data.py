@@ -89,7 +89,7 @@ def _digits() -> tuple[np.ndarray, np.ndarray]:
     """The digits set's features and labels, read from the file scikit-learn ships as
     its ``load_digits`` reads it, without importing scikit-learn (about 2 s of a
     rank's, the data-prep task's and the preflight's start); ``load_digits`` itself
-    where the file is not where it has been since scikit-learn 0.16."""
+    where scikit-learn keeps the file elsewhere."""
     import gzip
     import importlib.util
 
