@@ -66,8 +66,8 @@ multihost: setup multihost-setup
 # pytest-xdist processes (the tests of a module that share a fixture stay on one: their
 # xdist_group, see tests/conftest.py), then those marked `alone` (collective deadlines,
 # faults timed against progress, benchmark smoke runs), one at a time with nothing
-# beside them. One worker: on this 2-core machine two were slower, not faster (the
-# tests' ranks already use both cores; see tests/README.md). Each run writes a JUnit
+# beside them. One worker: on this 2-core machine two were at most a little faster
+# (the tests' ranks already use both cores; see tests/README.md). Each run writes a JUnit
 # report to TEST_REPORTS; the end of the output is the slowest tests, each folder's
 # time and one closing line for both.
 TEST_WORKERS ?= 1
