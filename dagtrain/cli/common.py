@@ -3,8 +3,10 @@ checks a run would fail on at once."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Annotated, Any
@@ -21,6 +23,7 @@ from dagtrain.config import (
     merge_conf,
     parse_sets,
 )
+from dagtrain.errors import InputError, MissingDependency
 
 __all__ = [
     "ConfigArg",
@@ -30,9 +33,11 @@ __all__ = [
     "err",
     "fail",
     "home_of",
+    "ModelCheck",
     "load",
     "out",
     "preflight",
+    "start_preflight",
 ]
 
 
@@ -131,13 +136,20 @@ def load(
 
 
 def preflight(cfg: PipelineConfig, home: Path | None = None) -> None:
-    """What a run of ``cfg`` would fail on at once, checked here and now: the data file,
-    the backend's library, and, in a process that imports as the ranks will
-    (``dagtrain.training.preflight``), the data's labels, the model factory, the model
-    built with ``model.args`` on the meta device (and cut as ``parallel`` says),
-    ``distributed.device``; the MLflow client when the pipeline has ``tracking`` (its
-    connection is read when each task starts). Exits 2 naming the field."""
-    from dagtrain.errors import InputError, MissingDependency
+    """What a run of ``cfg`` would fail on at once, checked here and now (``start_preflight``,
+    then the model check's verdict). Exits 2 naming the field."""
+    check = start_preflight(cfg, home)
+    try:
+        check.verdict()
+    except (InputError, MissingDependency) as e:
+        raise fail(str(e), 2) from None
+
+
+def start_preflight(cfg: PipelineConfig, home: Path | None = None) -> ModelCheck:
+    """The checks that take no time, here and now: the data file, the backend's library,
+    the MLflow client when the pipeline has ``tracking`` (its connection is read when
+    each task starts); exits 2 naming the field. Returns the model check, started in its
+    own process (``ModelCheck``), whose ``verdict()`` is the rest."""
     from dagtrain.stages.sources import check_source
     from dagtrain.sync import require
     from dagtrain.tracking import require_client
@@ -146,71 +158,105 @@ def preflight(cfg: PipelineConfig, home: Path | None = None) -> None:
         check_source(cfg)
         require(cfg.distributed.backend)
         require_client(cfg)
-        _check_model(cfg, home)
+        return ModelCheck(cfg, home)
     except (InputError, MissingDependency) as e:
         raise fail(str(e), 2) from None
 
 
-def _check_model(cfg: PipelineConfig, home: Path | None) -> None:
-    import importlib.util
-    import json
-    import os
-    import signal
-    import subprocess
-    import sys
+class ModelCheck:
+    """In a process that imports as the ranks will (``dagtrain.training.preflight``), the
+    data's labels, the model factory, the model built with ``model.args`` on the meta
+    device (and cut as ``parallel`` says), ``distributed.device``: started at once,
+    so that ``dagtrain run`` starts Airflow's processes while it runs (seconds: it
+    imports torch)."""
 
-    from dagtrain.errors import InputError, MissingDependency
-    from dagtrain.rank_env import parent_death_signal
-    from dagtrain.stages.train import code_path
+    TIMEOUT = 300.0
 
-    if importlib.util.find_spec("torch") is None:
-        raise MissingDependency(
-            "training needs torch, which is not installed in this environment "
-            f"({sys.prefix}): pip install 'airflow-provider-dagtrain[train]'"
-        )
-    plugins = (home or Path(".dagtrain")).resolve() / "airflow" / "plugins"
-    spec = {
-        "model": cfg.model.model_dump(mode="json"),
-        "parallel": cfg.parallel.model_dump(mode="json"),
-        "data": cfg.data_source(),
-        "data_workers": cfg.data.workers,
-        # the ranks of a host list run elsewhere: their devices are theirs to check
-        "device": "cpu"
-        if cfg.distributed.hosts or cfg.distributed.hosts_connection
-        else cfg.distributed.device,
-    }
-    env = {**os.environ, **code_path(cfg.base_dir, plugins)}
-    try:
-        r = subprocess.run(
+    def __init__(self, cfg: PipelineConfig, home: Path | None) -> None:
+        import importlib.util
+        import json
+        import signal
+        import subprocess
+
+        from dagtrain.rank_env import parent_death_signal
+        from dagtrain.stages.train import code_path
+
+        if importlib.util.find_spec("torch") is None:
+            raise MissingDependency(
+                "training needs torch, which is not installed in this environment "
+                f"({sys.prefix}): pip install 'airflow-provider-dagtrain[train]'"
+            )
+        self.name = cfg.model.name
+        plugins = (home or Path(".dagtrain")).resolve() / "airflow" / "plugins"
+        spec = {
+            "model": cfg.model.model_dump(mode="json"),
+            "parallel": cfg.parallel.model_dump(mode="json"),
+            "data": cfg.data_source(),
+            "data_workers": cfg.data.workers,
+            # the ranks of a host list run elsewhere: their devices are theirs to check
+            "device": "cpu"
+            if cfg.distributed.hosts or cfg.distributed.hosts_connection
+            else cfg.distributed.device,
+        }
+        self.proc = subprocess.Popen(
             [sys.executable, "-m", "dagtrain.training.preflight", json.dumps(spec)],
-            env=env,
-            capture_output=True,
+            env={**os.environ, **code_path(cfg.base_dir, plugins)},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=300,
-            check=False,
             # the terminal's Ctrl-C is the command's to handle, not the check's: it ends
             # in seconds, and dies with the command (SIGKILL on a second Ctrl-C)
             start_new_session=True,
-            preexec_fn=parent_death_signal(signal.SIGKILL),
+            preexec_fn=parent_death_signal(signal.SIGKILL),  # noqa: PLW1509 (a bare prctl)
         )
-    except subprocess.TimeoutExpired:
-        raise InputError(
-            f"checking model.name {cfg.model.name!r} and data.source took over 300 s "
-            "(importing the factory, or reading the data): look at what they do at import"
-        ) from None
-    lines = r.stdout.strip().splitlines()
-    try:
-        result = json.loads(lines[-1]) if lines else None
-    except ValueError:
-        result = None
-    if not isinstance(result, dict):
-        tail = "\n".join((r.stderr or r.stdout).strip().splitlines()[-8:])
-        raise InputError(
-            f"the check of model.name {cfg.model.name!r} and data.source did not finish "
-            f"(exit code {r.returncode}); its last lines:\n{tail}"
-        )
-    if not result.get("ok"):
-        raise InputError(str(result.get("error")))
+        self.started = time.monotonic()
+
+    def verdict(self, cancelled: Callable[[], bool] = lambda: False) -> bool:
+        """Waits for the check: True when it passed; raises InputError naming the field
+        when it did not (or did not finish within ``TIMEOUT`` seconds); False, the
+        check stopped, once ``cancelled()``."""
+        import json
+        import subprocess
+
+        while True:
+            try:
+                stdout, stderr = self.proc.communicate(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                if cancelled():
+                    self.stop()
+                    return False
+                if time.monotonic() - self.started > self.TIMEOUT:
+                    self.stop()
+                    raise InputError(
+                        f"checking model.name {self.name!r} and data.source took over "
+                        f"{self.TIMEOUT:g} s (importing the factory, or reading the data): "
+                        "look at what they do at import"
+                    ) from None
+        lines = stdout.strip().splitlines()
+        try:
+            result = json.loads(lines[-1]) if lines else None
+        except ValueError:
+            result = None
+        if not isinstance(result, dict):
+            tail = "\n".join((stderr or stdout).strip().splitlines()[-8:])
+            raise InputError(
+                f"the check of model.name {self.name!r} and data.source did not finish "
+                f"(exit code {self.proc.returncode}); its last lines:\n{tail}"
+            )
+        if not result.get("ok"):
+            raise InputError(str(result.get("error")))
+        return True
+
+    def stop(self) -> None:
+        """The check's process (and its session) killed, if it still runs."""
+        import signal
+
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.communicate()
 
 
 def home_of(home: Path, dags: Path | None = None, port: int = 8080, host: str = "127.0.0.1"):

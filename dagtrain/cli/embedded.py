@@ -8,8 +8,8 @@ simple auth manager); they must be set before ``airflow`` is first imported.
 does: a real DAG run in the metadata database (visible in the web UI of ``dagtrain
 up``), each task sent to the LocalExecutor, whose supervisor runs it and writes its log
 where the UI reads it, as for a scheduler-run task. The supervisor reports to Airflow's
-execution API: ``execution_api()`` serves it (``airflow api-server --apps execution``)
-for the duration of the run.
+execution API: ``ExecutionAPI`` serves it (Airflow's app, as ``airflow api-server --apps
+execution`` serves it) for the duration of the run.
 """
 
 from __future__ import annotations
@@ -33,13 +33,15 @@ from dagtrain.config import HOME_VARIABLE, PipelineConfig
 
 __all__ = [
     "AIRFLOW",
+    "ExecutionAPI",
     "Home",
     "dag_file_for",
-    "execution_api",
     "free_port",
+    "go",
     "output_to",
     "run_pipeline",
     "stop_all",
+    "the_dag",
 ]
 
 USER = "admin"
@@ -233,45 +235,71 @@ def stop_all(procs: list[subprocess.Popen], grace: float = 15.0) -> None:
             p.wait(timeout=1)  # reap
 
 
-@contextlib.contextmanager
-def execution_api(
-    home: Home, log: Path, timeout: float = 120.0, cancelled: Callable[[], bool] = lambda: False
-) -> Iterator[str]:
+class ExecutionAPI:
     """Airflow's execution API (what a task's supervisor talks to) on ``home.port`` of
-    127.0.0.1, for the duration; yields its URL. Fails with RuntimeError naming the log
-    if it does not answer its health check within ``timeout`` seconds; stops waiting
-    for it when ``cancelled()``. It gets SIGTERM if this process dies."""
-    import httpx
+    127.0.0.1 (``dagtrain.cli.apiserver``): started at once, it builds its routes while
+    the run is checked and serves once ``serve()`` says the database is ready. It gets
+    SIGTERM if this process dies; ``stop()`` ends it."""
 
-    from dagtrain.rank_env import parent_death_signal
+    def __init__(self, home: Home, log: Path) -> None:
+        from dagtrain.rank_env import parent_death_signal
 
-    url = f"http://127.0.0.1:{home.port}/execution"
-    argv = [*AIRFLOW, "api-server", "--apps", "execution", "--workers", "1"]
-    argv += ["--host", "127.0.0.1", "--port", str(home.port)]
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(
-            argv,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=parent_death_signal(signal.SIGTERM),  # noqa: PLW1509 (a bare prctl)
-        )
-    try:
+        self.url = f"http://127.0.0.1:{home.port}/execution"
+        self.log = log
+        with open(log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-P", "-m", "dagtrain.cli.apiserver", str(home.port)],
+                stdin=subprocess.PIPE,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=parent_death_signal(signal.SIGTERM),  # noqa: PLW1509 (a bare prctl)
+            )
+
+    def serve(self, timeout: float = 120.0, cancelled: Callable[[], bool] = lambda: False) -> bool:
+        """Tells it the database is ready and waits for its health check: True once it
+        answers, False when ``cancelled()`` first; RuntimeError naming the log if it
+        exits or does not answer within ``timeout`` seconds."""
+        import httpx
+
+        go(self.proc)
         deadline = time.monotonic() + timeout
         while not cancelled():
-            if proc.poll() is not None:
-                raise RuntimeError(f"Airflow's execution API exited at start; see {log}")
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"Airflow's execution API exited at start; see {self.log}")
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return True
             if time.monotonic() > deadline:
                 raise RuntimeError(
-                    f"Airflow's execution API did not answer within {timeout:g} s; see {log}"
+                    f"Airflow's execution API did not answer within {timeout:g} s; see {self.log}"
                 )
-            time.sleep(0.2)
-        yield url
-    finally:
-        stop_all([proc])
+            time.sleep(0.1)
+        return False
+
+    def stop(self) -> None:
+        stop_all([self.proc])
+
+
+def go(proc: subprocess.Popen) -> None:
+    """The line a process started to wait (``apiserver``, ``dagrun``) goes on at; a
+    process that has ended already is not told."""
+    with contextlib.suppress(BrokenPipeError, OSError, ValueError):
+        proc.stdin.write(b"go\n")
+        proc.stdin.flush()
+        proc.stdin.close()
+
+
+def the_dag(dag_file: Path | str) -> Any:
+    """The DAG that ``dag_file`` defines (its first); ValueError saying why there is none."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(str(dag_file))
+    if bag.import_errors:
+        raise ValueError(f"{dag_file} does not import:\n" + "\n".join(bag.import_errors.values()))
+    if not bag.dags:
+        raise ValueError(f"{dag_file} defines no DAG")
+    return next(iter(bag.dags.values()))
 
 
 def run_pipeline(dag: Any, conf: dict[str, Any], logical_date: datetime) -> Any:

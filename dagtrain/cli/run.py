@@ -25,7 +25,7 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,18 @@ from rich.live import Live
 
 from dagtrain.config import PipelineConfig
 
-from .common import ConfigArg, HomeOpt, Sets, Unbroken, fail, home_of, load, out, preflight
+from .common import (
+    ConfigArg,
+    HomeOpt,
+    ModelCheck,
+    Sets,
+    Unbroken,
+    fail,
+    home_of,
+    load,
+    out,
+    start_preflight,
+)
 from .stop import Interrupts, fail_run, kill_family
 
 __all__ = ["run"]
@@ -54,7 +65,11 @@ _STOPPING = "stopping the run … (press Ctrl-C again to stop at once)"
 
 
 class _Stop(Exception):
-    """Something to tell the user once the terminal is theirs again."""
+    """Something to tell the user once the terminal is theirs again, and the exit code."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class _Interrupted(Exception):
@@ -122,9 +137,8 @@ def run(config: ConfigArg, sets: Sets = None, home: HomeOpt = Path(".dagtrain"))
 
 def _main(config, loaded, home: Path, term: Console, session: _Session, interrupts) -> None:
     cfg, conf, eff = loaded
-    preflight(eff, home)
-    if interrupts.count:
-        raise _exit_interrupted(term, "before the run started")
+    check = start_preflight(eff, home)  # the data, the backend's library: refused at once
+    fresh = not home.exists()
     from .embedded import dag_file_for, free_port, output_to
 
     dag_file = dag_file_for(config.resolve(), cfg, home.resolve())
@@ -136,22 +150,25 @@ def _main(config, loaded, home: Path, term: Console, session: _Session, interrup
     log = h.logs / f"run-{cfg.name}-{stamp}.log"
     events = h.logs / f"run-{cfg.name}-{stamp}.events.jsonl"
     os.environ[PROGRESS_VARIABLE] = str(events)  # the tasks' listener appends there
-    term.print(f"starting Airflow (metadata: {h.db}; its output: {log})")
-    term.print(f"artifacts: {eff.artifact_root()}")
     t0 = time.monotonic()
     stop: _Stop | None = None
     result: tuple[Any, Any] | None = None
     with output_to(log):
         try:
-            result = _run(h, dag_file, conf, eff, term, log, events, session, interrupts)
+            result = _run(h, dag_file, conf, eff, term, log, events, session, interrupts, check)
         except _Stop as e:
             stop = e
         except _Interrupted:
             pass
+        finally:
+            check.stop()
+    if result is None and fresh and not h.db.exists():
+        # refused, or stopped, before Airflow had a database: no home is left behind
+        shutil.rmtree(h.root, ignore_errors=True)
     if result is None and interrupts.count:
         raise _exit_interrupted(term, "before the run started")
     if stop is not None:
-        raise fail(str(stop))
+        raise fail(str(stop), stop.code)
     assert result is not None
     state, dag_id, run_id, progress = result
     _summary(eff, state, dag_id, run_id, progress, time.monotonic() - t0, log, interrupts)
@@ -163,75 +180,108 @@ def _exit_interrupted(term: Console, when: str) -> typer.Exit:
 
 
 def _run(
-    h, dag_file: Path, conf: dict, eff: PipelineConfig, term, log: Path, events, session, interrupts
+    h,
+    dag_file: Path,
+    conf: dict,
+    eff: PipelineConfig,
+    term,
+    log: Path,
+    events,
+    session,
+    interrupts,
+    check: ModelCheck,
 ):
-    from airflow.dag_processing.dagbag import DagBag
-    from airflow.sdk import timezone
-    from airflow.sdk.definitions.mappedoperator import MappedOperator
-
+    """Airflow's execution API and the DAG run's process start at once and make ready
+    (imports, routes, the DAG parsed) while the model check runs; the metadata database
+    is migrated once the check has passed, then the API serves and the run starts."""
+    from dagtrain.errors import InputError, MissingDependency
     from dagtrain.stages.files import ArtifactLayout
 
-    from .embedded import execution_api
-    from .progress import Progress
-    from .stop import run_id_for
+    from .embedded import ExecutionAPI, go, stop_all, the_dag
 
-    def check() -> None:
-        if interrupts.count:
-            raise _Interrupted
+    def cancelled() -> bool:
+        return interrupts.count > 0
 
-    h.migrate()
-    check()
-    bag = DagBag(str(dag_file))
-    if bag.import_errors:
-        raise _Stop(f"{dag_file} does not import:\n" + "\n".join(bag.import_errors.values()))
-    if not bag.dags:
-        raise _Stop(f"{dag_file} defines no DAG")
-    dag = next(iter(bag.dags.values()))
-    when = timezone.utcnow()
-    run_id = run_id_for(when)
-    stages = [t.task_id for t in dag.topological_sort() if not isinstance(t, MappedOperator)]
-    progress = Progress(
-        term, f"{dag.dag_id}  {run_id}", events, ArtifactLayout.of(eff).run(run_id).dir, stages
-    )
-    check()
+    when = datetime.now(UTC)
+    api = ExecutionAPI(h, log)
+    session.back = back = _start(h, dag_file, when, conf, log)
+    started = False
     try:
-        with execution_api(h, log, cancelled=lambda: interrupts.count > 0):
-            check()
-            term.print(f"running {dag.dag_id} ({dag_file.name}), run {run_id}")
-            session.run = (dag.dag_id, run_id)
-            session.back = _start(h, dag_file, dag.dag_id, when, conf, log)
-            live = (  # sys.stdout/err stay Airflow's (the log): no redirect into the display
-                Live(
-                    get_renderable=progress.table,
-                    console=term,
-                    refresh_per_second=2,
-                    redirect_stdout=False,
-                    redirect_stderr=False,
-                )
-                if term.is_terminal
-                else contextlib.nullcontext()
+        from sqlalchemy.exc import SQLAlchemyError
+
+        from .progress import Progress
+        from .stop import run_id_for
+
+        try:
+            dag = the_dag(dag_file)
+        except ValueError as e:
+            raise _Stop(str(e)) from None
+        run_id = run_id_for(when)
+        stages = [t.task_id for t in dag.topological_sort() if not _mapped(t)]
+        progress = Progress(
+            term, f"{dag.dag_id}  {run_id}", events, ArtifactLayout.of(eff).run(run_id).dir, stages
+        )
+        try:
+            if not check.verdict(cancelled):
+                raise _Interrupted
+        except (InputError, MissingDependency) as e:
+            raise _Stop(str(e), code=2) from None
+        term.print(f"starting Airflow (metadata: {h.db}; its output: {log})")
+        term.print(f"artifacts: {eff.artifact_root()}")
+        try:
+            h.migrate()
+        except SQLAlchemyError as e:
+            raise _Stop(f"the metadata database {h.db}: {e}") from None
+        if cancelled() or not api.serve(cancelled=cancelled):
+            raise _Interrupted
+        term.print(f"running {dag.dag_id} ({dag_file.name}), run {run_id}")
+        session.run = (dag.dag_id, run_id)
+        go(back)
+        started = True
+        live = (  # sys.stdout/err stay Airflow's (the log): no redirect into the display
+            Live(
+                get_renderable=progress.table,
+                console=term,
+                refresh_per_second=2,
+                redirect_stdout=False,
+                redirect_stderr=False,
             )
-            with live:
-                _follow(session, interrupts, progress)
-                progress.poll()  # the last events, written before the tasks ended
-                progress.settle(_task_states(dag.dag_id, run_id))  # the table's last look
+            if term.is_terminal
+            else contextlib.nullcontext()
+        )
+        with live:
+            _follow(session, interrupts, progress)
+            progress.poll()  # the last events, written before the tasks ended
+            progress.settle(_task_states(dag.dag_id, run_id))  # the table's last look
     except RuntimeError as e:
         raise _Stop(str(e)) from None
+    finally:
+        if not started:  # it waits for its go, or imports: nothing of the run exists
+            stop_all([back], grace=1.0)
+        api.stop()
     return _state(dag.dag_id, run_id), dag.dag_id, run_id, progress
 
 
-def _start(h, dag_file: Path, dag_id: str, when: datetime, conf: dict, log: Path):
+def _mapped(task) -> bool:
+    from airflow.sdk.definitions.mappedoperator import MappedOperator
+
+    return isinstance(task, MappedOperator)
+
+
+def _start(h, dag_file: Path, when: datetime, conf: dict, log: Path):
     """The DAG run's own process (``dagrun``): a session of its own (the terminal's
-    signals are this process's), SIGTERM when this process dies."""
+    signals are this process's), SIGTERM when this process dies. It makes ready, then
+    waits for its ``go`` on stdin."""
     from dagtrain.rank_env import parent_death_signal
 
     conf_file = log.with_suffix(".conf.json")
     conf_file.write_text(json.dumps(conf or {}))
     argv = [sys.executable, "-P", "-m", "dagtrain.cli.dagrun"]
-    argv += [str(dag_file), dag_id, when.isoformat(), str(conf_file)]
+    argv += [str(dag_file), when.isoformat(), str(conf_file)]
     with open(log, "ab") as f:
         return subprocess.Popen(
             argv,
+            stdin=subprocess.PIPE,
             stdout=f,
             stderr=subprocess.STDOUT,
             start_new_session=True,

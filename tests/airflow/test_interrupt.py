@@ -21,12 +21,12 @@ pytestmark = pytest.mark.slow
 STOPPING = "stopping the run … (press Ctrl-C again to stop at once)"
 
 
-def pipeline(tmp_path: Path, model: str) -> Path:
+def pipeline(tmp_path: Path, model: str, epochs: int) -> Path:
     cfg = tmp_path / "dags" / "stop.yaml"
     cfg.parent.mkdir(exist_ok=True)
     cfg.write_text(
         f"name: stop\nmodel: {model}\n"
-        "training: {epochs: 200, batch_size: 64, retries: 2, retry_delay_seconds: 0}\n"
+        f"training: {{epochs: {epochs}, batch_size: 64, retries: 2, retry_delay_seconds: 0}}\n"
         "distributed: {backend: mpi, ranks: 2}\n"
     )
     return cfg
@@ -36,11 +36,12 @@ SLOW_TRAIN = "{name: 'tests.unit.training.factory:slow', args: {seconds: 0.05}}"
 SLOW_EVAL = "{name: 'tests.unit.training.factory:slow_to_evaluate', args: {seconds: 120}}"
 
 
-def run_and_interrupt(tmp_path, model: str, when: str, ctrl_c: int = 1, sigterm=False):
+def run_and_interrupt(
+    tmp_path, model: str, when: str, ctrl_c: int = 1, sigterm=False, epochs: int = 200
+):
     home = tmp_path / "home"
-    term = Terminal(
-        [*DAGTRAIN, "run", str(pipeline(tmp_path, model))], env={"DAGTRAIN_HOME": str(home)}
-    )
+    cfg = pipeline(tmp_path, model, epochs)
+    term = Terminal([*DAGTRAIN, "run", str(cfg)], env={"DAGTRAIN_HOME": str(home)})
     term.wait_for(when)
     if sigterm:
         term.proc.send_signal(signal.SIGTERM)
@@ -92,7 +93,8 @@ def test_ctrl_c_before_training_stops_before_any_rank_starts(tmp_path, attempt):
 
 
 def test_ctrl_c_during_evaluation_stops_it(tmp_path):
-    code, text, home = run_and_interrupt(tmp_path, SLOW_EVAL, "evaluate started")
+    # two epochs: training is not what this test stops
+    code, text, home = run_and_interrupt(tmp_path, SLOW_EVAL, "evaluate started", epochs=2)
     assert_stopped_cleanly(code, text, home)
     assert "train succeeded" in text and "promote" in text
     assert run_states(home, "dagtrain_stop") == ["failed"]

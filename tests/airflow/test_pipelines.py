@@ -288,6 +288,14 @@ def test_a_missing_data_file_is_refused_before_airflow_starts(tmp_path):
     assert r.returncode == 2
     assert "data.source 'missing.npz': no such file" in r.stderr, r.stderr
     assert not (tmp_path / "home" / "airflow" / "airflow.db").exists()
+    # the model's check runs while Airflow's processes make ready: its refusal stops them
+    # before the database exists, and a home this command made is not left behind
+    cfg = stage(tmp_path, "digits_retraining", "name: badargs\nmodel: {args: {hiddn: [16]}}\n")
+    r = dagtrain_run(tmp_path, cfg)
+    assert r.returncode == 2, r.stderr
+    assert "model.args {'hiddn': [16]}" in r.stderr, r.stderr
+    assert "starting Airflow" not in r.stdout, r.stdout
+    assert not (tmp_path / "home").exists()
 
 
 def test_a_bare_config_runs_through_a_generated_dag_and_bad_input_is_not_retried(tmp_path):

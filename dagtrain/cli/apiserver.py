@@ -1,0 +1,66 @@
+"""Airflow's execution API for one ``dagtrain run``, made ready while the run is checked:
+
+    python -P -m dagtrain.cli.apiserver PORT
+
+builds the app as ``airflow api-server --apps execution`` does (Airflow's own
+``create_app(apps="execution")``) and answers one request in-process, which is when
+Cadwyn builds the routes of every API version (seconds of CPU, most of the server's
+start). It then waits for one line on stdin: ``go`` once ``dagtrain run`` has checked
+the config and migrated the metadata database (the database is not touched before),
+anything else or end of file: exit. Then it serves on 127.0.0.1:PORT with uvicorn, as
+Airflow does, until SIGTERM, and exits without the interpreter's teardown (seconds for
+a process holding the whole app; a server has nothing left to write).
+
+Started so, the seconds of the server's start run beside the config's checks and the
+DAG run's own start instead of after them (``dagtrain.cli.run``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+__all__ = ["main"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or not args[0].isdigit():
+        print(__doc__, file=sys.stderr)
+        return 2
+    port = int(args[0])
+    os.environ["AIRFLOW_API_APPS"] = "execution"
+    os.environ["_AIRFLOW_PROCESS_CONTEXT"] = "server"  # as airflow.api_fastapi.main sets it
+
+    import uvicorn
+    from airflow.api_fastapi.app import create_app
+    from airflow.api_fastapi.auth.tokens import get_signing_args
+    from airflow.configuration import conf
+    from starlette.testclient import TestClient
+
+    get_signing_args()  # as `airflow api-server` does before it serves
+    app = create_app(apps="execution")
+    # no lifespan (it opens the database): the routes alone, built by the first request
+    TestClient(app, raise_server_exceptions=False).get("/execution/health")
+    print("dagtrain: the execution API is built; waiting for the database", flush=True)
+    if sys.stdin.readline().strip() != "go":
+        return 1
+    timeout = conf.getint("api", "worker_timeout", fallback=120)
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=port,
+        timeout_keep_alive=timeout,
+        timeout_graceful_shutdown=timeout,
+        access_log=False,  # Airflow's HttpAccessLogMiddleware logs each request
+        log_level=conf.get("logging", "uvicorn_logging_level", fallback="info").lower(),
+        log_config=None,  # Airflow's structlog setup stays
+    )
+    uvicorn.Server(config).run()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
