@@ -174,6 +174,28 @@ def promoted_in(cfg: PipelineConfig, run_id: str) -> dict[str, Any] | None:
     )
 
 
+def finite_metrics(metrics: Any) -> dict[str, int | float]:
+    """The evaluation's metrics as the registry keeps them: each a finite number, or
+    InputError naming the metric (they reach promote through the evaluate task's XCom,
+    which a user who may change XComs could have rewritten; nothing but a number is
+    ever registered, compared or shown)."""
+    import math
+
+    if not isinstance(metrics, dict) or not metrics:
+        raise InputError(f"the evaluation's metrics are {type(metrics).__name__}, not a mapping")
+    out = {}
+    for name, v in metrics.items():
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+            shown = repr(v) if len(repr(v)) <= 40 else f"{type(v).__name__} of {len(repr(v))} chars"
+            raise InputError(
+                f"evaluation metric {str(name)[:40]!r} is {shown}, not a finite number: the "
+                "evaluate task's output was changed or is corrupt; promotion refused (run "
+                "evaluate again)"
+            )
+        out[str(name)] = v
+    return out
+
+
 def promote(
     cfg: PipelineConfig,
     ckpt: str,
@@ -187,6 +209,7 @@ def promote(
     registration and champion alias went; ``lineage["run_id"]`` is the DAG run)."""
     from dagtrain.training import checkpoint
 
+    metrics = finite_metrics(metrics)
     run_id = lineage.get("run_id") or ""
     tracker = tracker_of(cfg, run_id, airflow, log)
 

@@ -2,7 +2,15 @@
 "use strict";
 const q = new URLSearchParams(location.search);
 const main = document.getElementById("main");
+// Markup is made one way only: html`…`, whose every ${value} is escaped unless it is
+// itself html`…` (or a list of them). No value from the server (a metric, a run id, a
+// rank's last lines: text a task, a rank or an XCom wrote) is ever read as markup.
+class Html { constructor(s) { this.s = s; } toString() { return this.s; } }
 const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
+const part = (v) => (v instanceof Html ? v.s : Array.isArray(v) ? v.map(part).join("") : esc(v));
+const html = (strings, ...values) => new Html(strings.reduce((out, s, i) => out + s + (i < values.length ? part(values[i]) : ""), ""));
+const joined = (items, sep) => items.map((x, i) => (i ? [sep, x] : x));
+// a number to d places; what is not a number is shown as the text it is (escaped, as all)
 const num = (v, d = 4) => (typeof v === "number" ? v.toFixed(d) : v ?? "");
 const pct = (v) => (typeof v === "number" ? `${(100 * v).toFixed(0)}%` : "");
 const link = (p) => `?${new URLSearchParams(p)}`;
@@ -17,11 +25,11 @@ async function get(path) {
   return r.json();
 }
 
-// A table in a box of its own that scrolls sideways when the window is narrower.
+// A table in a box of its own that scrolls sideways when the window is narrower. Each
+// cell is a value (shown as text) or html`…`.
 function table(head, rows, cls = "") {
-  return `<div class="scroll"><table class="${cls}"><tr>${head.map((h) => `<th>${esc(h)}</th>`).join("")}</tr>${rows
-    .map((r) => `<tr>${r.map((c) => `<td>${c}</td>`).join("")}</tr>`)
-    .join("")}</table></div>`;
+  return html`<div class="scroll"><table class="${cls}"><tr>${head.map((h) => html`<th>${h}</th>`)}</tr>${rows
+    .map((r) => html`<tr>${r.map((c) => html`<td>${c}</td>`)}</tr>`)}</table></div>`;
 }
 
 // One chart: `lines` are [label, epochs, key, {dash, width}]; x is the epoch (from 1).
@@ -43,49 +51,49 @@ function chart(el, title, lines) {
 
 async function pipelines() {
   const list = await get("api/pipelines");
-  main.innerHTML = `<h1>Training pipelines</h1>` + (list.length ? table(
+  main.innerHTML = html`<h1>Training pipelines</h1>${list.length ? table(
     ["pipeline", "description", "recent runs"],
     list.map((p) => [
-      `<a href="${link({ dag_id: p.dag_id })}">${esc(p.dag_id)}</a>`, esc(p.description),
-      p.runs.map((r) => `<a href="${link({ dag_id: p.dag_id, run_id: r.run_id })}">${esc(r.run_id)}</a> <span class="${stateCls(r.state)}">${esc(r.state)}</span>`).join("<br>"),
-    ])) : `<p class="muted">No dagtrain pipeline you may read.</p>`);
+      html`<a href="${link({ dag_id: p.dag_id })}">${p.dag_id}</a>`, p.description,
+      joined(p.runs.map((r) => html`<a href="${link({ dag_id: p.dag_id, run_id: r.run_id })}">${r.run_id}</a> <span class="${stateCls(r.state)}">${r.state}</span>`), html`<br>`),
+    ])) : html`<p class="muted">No dagtrain pipeline you may read.</p>`}`;
 }
 
 async function pipeline(dagId) {
   const d = `api/dags/${encodeURIComponent(dagId)}`;
   const [runs, reg] = await Promise.all([get(`${d}/runs`), get(`${d}/registry`)]);
-  main.innerHTML = `<p><a href="?">all pipelines</a></p><h1>${esc(dagId)}</h1><h2>Runs</h2>` +
+  main.innerHTML = html`<p><a href="?">all pipelines</a></p><h1>${dagId}</h1><h2>Runs</h2>${
     table(["run", "state", "started", "ended"], runs.map((r) => [
-      `<a href="${link({ dag_id: dagId, run_id: r.run_id })}">${esc(r.run_id)}</a>`, `<span class="${stateCls(r.state)}">${esc(r.state)}</span>`, esc(r.start), esc(r.end)])) +
-    registry(reg);
+      html`<a href="${link({ dag_id: dagId, run_id: r.run_id })}">${r.run_id}</a>`, html`<span class="${stateCls(r.state)}">${r.state}</span>`, r.start, r.end]))}${
+    registry(reg)}`;
 }
 
 function registry(reg) {
-  const lineage = (l) => l ? `<details><summary>run ${esc(l.run_id)}</summary>${table(["", ""], [
-    ["data version", esc(l.data_version)], ["data manifest", `<code>${esc(l.data_manifest)}</code>`],
-    ["config", `<code>${esc(l.config)}</code>`],
-    ...["model", "training", "distributed"].filter((s) => l.config_values?.[s]).map((s) => [esc(s), `<code>${esc(JSON.stringify(l.config_values[s]))}</code>`]),
+  const lineage = (l) => l ? html`<details><summary>run ${l.run_id}</summary>${table(["", ""], [
+    ["data version", l.data_version], ["data manifest", html`<code>${l.data_manifest}</code>`],
+    ["config", html`<code>${l.config}</code>`],
+    ...["model", "training", "distributed"].filter((s) => l.config_values?.[s]).map((s) => [s, html`<code>${JSON.stringify(l.config_values[s])}</code>`]),
   ])}</details>` : "";
-  const mv = (v) => { const m = reg.mlflow?.[String(v.version)]; return m ? ` <a class="mlflow" href="${esc(m.url)}" target="_blank" rel="noopener">MLflow ${esc(m.name)} v${esc(m.version)}</a>` : ""; };
-  return `<h2 id="registry">Model registry</h2>` + (reg.versions.length ? table(
+  const mv = (v) => { const m = reg.mlflow?.[String(v.version)]; return m ? html` <a class="mlflow" href="${m.url}" target="_blank" rel="noopener">MLflow ${m.name} v${m.version}</a>` : ""; };
+  return html`<h2 id="registry">Model registry</h2>${reg.versions.length ? table(
     ["version", "test accuracy", "test loss", "promoted", "why", "lineage"],
     reg.versions.slice().reverse().map((v) => [
-      `v${v.version} ${v.version === reg.champion ? '<span class="badge">champion</span>' : ""}${mv(v)}`,
-      `<span class="num">${num(v.metrics.test_accuracy)}</span>`, `<span class="num">${num(v.metrics.test_loss)}</span>`,
-      v.promoted ? '<span class="good">yes</span>' : '<span class="bad">no</span>', esc(v.reason), lineage(v.lineage),
-    ]), "registry") : `<p class="muted">No model registered yet.</p>`);
+      html`v${v.version} ${v.version === reg.champion ? html`<span class="badge">champion</span>` : ""}${mv(v)}`,
+      html`<span class="num">${num(v.metrics?.test_accuracy)}</span>`, html`<span class="num">${num(v.metrics?.test_loss)}</span>`,
+      v.promoted ? html`<span class="good">yes</span>` : html`<span class="bad">no</span>`, v.reason, lineage(v.lineage),
+    ]), "registry") : html`<p class="muted">No model registered yet.</p>`}`;
 }
 
 function diff(rows, other) {
-  return rows.length ? table(["field", "this run", other], rows.map((d) => [esc(d.field), `<code>${esc(JSON.stringify(d.run))}</code>`, `<code>${esc(JSON.stringify(d.other))}</code>`]))
-    : `<p class="muted">Same as the ${esc(other)}.</p>`;
+  return rows.length ? table(["field", "this run", other], rows.map((d) => [d.field, html`<code>${JSON.stringify(d.run)}</code>`, html`<code>${JSON.stringify(d.other)}</code>`]))
+    : html`<p class="muted">Same as the ${other}.</p>`;
 }
 
 // Every rank's trace of one step: a lane per worker thread per rank, a bar per op, the
 // critical path (args.critical, from the server) outlined in black.
 function timeline(trace) {
   const spans = trace.traceEvents.filter((e) => e.ph === "X");
-  if (!spans.length) return `<p class="muted">No step trace (executor.trace is off, or the run did not get that far).</p>`;
+  if (!spans.length) return html`<p class="muted">No step trace (executor.trace is off, or the run did not get that far).</p>`;
   if (isPipelined(trace, spans)) return pipelineTimeline(trace, spans);
   const names = {};
   for (const e of trace.traceEvents) if (e.ph === "M" && e.name === "thread_name") names[`${e.pid}:${e.tid}`] = e.args.name;
@@ -95,11 +103,11 @@ function timeline(trace) {
   const colour = (n) => n.startsWith("allreduce") ? "#c8571e" : n.startsWith("update") ? "#0e7c3a" : n.startsWith("forward") ? "#0b69a3" : n.startsWith("bucket") ? "#e0a96d" : "#9aa5b1";
   const rects = spans.map((e) => {
     const y = lanes.indexOf(`${e.pid}:${e.tid}`) * H, crit = e.args?.critical;
-    return `<rect class="op${crit ? " critical" : ""}" x="${L + (e.ts - t0) * scale}" y="${y + 3}" width="${Math.max(e.dur * scale, 1)}" height="${H - 6}" fill="${colour(e.name)}"${crit ? ' stroke="#111" stroke-width="2"' : ""}><title>rank ${e.pid} · ${esc(e.name)}: ${(e.dur / 1000).toFixed(2)} ms${crit ? " (critical path)" : ""}</title></rect>`;
-  }).join("");
-  const labels = lanes.map((l, i) => { const [p, t] = l.split(":"); return `<text class="lane" x="0" y="${i * H + 14}">rank ${p} · ${esc(names[l] ?? `thread ${t}`)}</text>`; }).join("");
-  const seps = lanes.map((l, i) => i && l.split(":")[0] !== lanes[i - 1].split(":")[0] ? `<line x1="0" x2="${W}" y1="${i * H}" y2="${i * H}" stroke="#cbd2d9"/>` : "").join("");
-  return `<div class="scroll"><svg class="timeline" width="${W}" height="${lanes.length * H}" data-lanes="${lanes.length}" data-ranks="${new Set(spans.map((e) => e.pid)).size}">${seps}${labels}${rects}</svg></div>
+    return html`<rect class="op${crit ? " critical" : ""}" x="${L + (e.ts - t0) * scale}" y="${y + 3}" width="${Math.max(e.dur * scale, 1)}" height="${H - 6}" fill="${colour(String(e.name))}"${crit ? html` stroke="#111" stroke-width="2"` : ""}><title>rank ${e.pid} · ${e.name}: ${(e.dur / 1000).toFixed(2)} ms${crit ? " (critical path)" : ""}</title></rect>`;
+  });
+  const labels = lanes.map((l, i) => { const [p, t] = l.split(":"); return html`<text class="lane" x="0" y="${i * H + 14}">rank ${p} · ${names[l] ?? `thread ${t}`}</text>`; });
+  const seps = lanes.map((l, i) => i && l.split(":")[0] !== lanes[i - 1].split(":")[0] ? html`<line x1="0" x2="${W}" y1="${i * H}" y2="${i * H}" stroke="#cbd2d9"/>` : "");
+  return html`<div class="scroll"><svg class="timeline" width="${W}" height="${lanes.length * H}" data-lanes="${lanes.length}" data-ranks="${new Set(spans.map((e) => e.pid)).size}">${seps}${labels}${rects}</svg></div>
     <p class="muted">${((t1 - t0) / 1000).toFixed(1)} ms. <span style="color:#0b69a3">■</span> forward/backward <span style="color:#e0a96d">■</span> bucket ready <span style="color:#c8571e">■</span> allreduce <span style="color:#0e7c3a">■</span> update <span style="color:#9aa5b1">■</span> other (prefetch, snapshot); outlined: the critical path.</p>`;
 }
 
@@ -131,27 +139,27 @@ function pipelineTimeline(trace, spans) {
   const first = (l, i) => !i || l.split(":")[0] !== lanes[i - 1].split(":")[0];
   const rankLabel = (pid) => `rank ${pid}${info[pid]?.stage != null ? ` · stage ${info[pid].stage}` : ""}`;
   const bars = spans.map((e) => {
-    const y = lanes.indexOf(`${e.pid}:${e.tid}`) * H, crit = e.args?.critical, op = pipeOp(e.name);
+    const y = lanes.indexOf(`${e.pid}:${e.tid}`) * H, crit = e.args?.critical, op = pipeOp(String(e.name));
     const x = L + (e.ts - t0) * scale, w = Math.max(e.dur * scale, 1);
     const fits = (t) => w >= t.length * 6 + 2;  // 10px digits are about 6px wide
     const text = op.mb == null ? "" : "FBW".includes(op.kind) && fits(e.name) ? e.name : fits(op.mb) ? op.mb : "";
-    return `<g class="op ${op.kind}${crit ? " critical" : ""}" data-name="${esc(e.name)}"${op.mb != null ? ` data-microbatch="${op.mb}"` : ""}><rect x="${x}" y="${y + 3}" width="${w}" height="${H - 6}" fill="${PIPE_COLOURS[op.kind]}"${crit ? ' stroke="#111" stroke-width="2"' : ""}><title>${esc(rankLabel(e.pid))} · ${esc(e.name)}: ${(e.dur / 1000).toFixed(2)} ms${crit ? " (critical path)" : ""}</title></rect>${text ? `<text class="mb${op.kind === "recv" ? " dark" : ""}" x="${x + w / 2}" y="${y + H / 2 + 4}">${esc(text)}</text>` : ""}</g>`;
-  }).join("");
+    return html`<g class="op ${op.kind}${crit ? " critical" : ""}" data-name="${e.name}"${op.mb != null ? html` data-microbatch="${op.mb}"` : ""}><rect x="${x}" y="${y + 3}" width="${w}" height="${H - 6}" fill="${PIPE_COLOURS[op.kind]}"${crit ? html` stroke="#111" stroke-width="2"` : ""}><title>${rankLabel(e.pid)} · ${e.name}: ${(e.dur / 1000).toFixed(2)} ms${crit ? " (critical path)" : ""}</title></rect>${text ? html`<text class="mb${op.kind === "recv" ? " dark" : ""}" x="${x + w / 2}" y="${y + H / 2 + 4}">${text}</text>` : ""}</g>`;
+  });
   const labels = lanes.map((l, i) => {
     const [pid, tid] = l.split(":");
-    if (!first(l, i)) return `<text class="lane sub" x="12" y="${i * H + 15}">${esc(names[l] ?? `thread ${tid}`)}</text>`;
+    if (!first(l, i)) return html`<text class="lane sub" x="12" y="${i * H + 15}">${names[l] ?? `thread ${tid}`}</text>`;
     const b = info[pid]?.bubble;
-    return `<text class="lane rank" x="0" y="${i * H + 15}">${esc(rankLabel(pid))}</text>` +
-      (b != null ? `<text class="lane bubble" x="${W - R + 6}" y="${i * H + 15}">bubble ${pct(b)}</text>` : "");
-  }).join("");
-  const seps = lanes.map((l, i) => i && first(l, i) ? `<line x1="0" x2="${W}" y1="${i * H}" y2="${i * H}" stroke="#cbd2d9"/>` : "").join("");
-  const sw = (k, what) => `<span class="swatch" style="background:${PIPE_COLOURS[k]}"></span>${what}`;
+    return html`<text class="lane rank" x="0" y="${i * H + 15}">${rankLabel(pid)}</text>${
+      b != null ? html`<text class="lane bubble" x="${W - R + 6}" y="${i * H + 15}">bubble ${pct(b)}</text>` : ""}`;
+  });
+  const seps = lanes.map((l, i) => i && first(l, i) ? html`<line x1="0" x2="${W}" y1="${i * H}" y2="${i * H}" stroke="#cbd2d9"/>` : "");
+  const sw = (k, what) => html`<span class="swatch" style="background:${PIPE_COLOURS[k]}"></span>${what}`;
   const S = p.stages, M = p.microbatches;
   const formula = p.reference_bubble != null
-    ? ` · for reference, (S−1)/(M+S−1) = (${S}−1)/(${M}+${S}−1) = <b>${pct(p.reference_bubble)}</b>, ${p.order === "zero-bubble" ? "1F1B's and GPipe's bubble (zero-bubble aims below it)" : `${esc(p.order)}'s bubble in theory`}` : "";
+    ? html` · for reference, (S−1)/(M+S−1) = (${S}−1)/(${M}+${S}−1) = <b>${pct(p.reference_bubble)}</b>, ${p.order === "zero-bubble" ? "1F1B's and GPipe's bubble (zero-bubble aims below it)" : `${p.order}'s bubble in theory`}` : "";
   const mean = p.mean_bubble != null
-    ? `<p class="bubble-summary">bubble, this step: ${p.ranks.filter((x) => x.bubble != null).map((x) => `${esc(rankLabel(x.rank))} ${pct(x.bubble)}`).join(", ")}; mean <b>${pct(p.mean_bubble)}</b>${formula}${p.reported_bubble != null ? ` · rank 0's own figure in the result: ${pct(p.reported_bubble)}` : ""}.<br><span class="muted">measured per stage rank: 1 − (time its F, B and W ops ran) ÷ (its step: first op's start to last op's end)</span></p>` : "";
-  return `<div class="scroll"><svg class="timeline pipelined" width="${W}" height="${lanes.length * H}" data-lanes="${lanes.length}" data-ranks="${new Set(spans.map((e) => e.pid)).size}">${seps}${labels}${bars}</svg></div>
+    ? html`<p class="bubble-summary">bubble, this step: ${joined(p.ranks.filter((x) => x.bubble != null).map((x) => `${rankLabel(x.rank)} ${pct(x.bubble)}`), ", ")}; mean <b>${pct(p.mean_bubble)}</b>${formula}${p.reported_bubble != null ? ` · rank 0's own figure in the result: ${pct(p.reported_bubble)}` : ""}.<br><span class="muted">measured per stage rank: 1 − (time its F, B and W ops ran) ÷ (its step: first op's start to last op's end)</span></p>` : "";
+  return html`<div class="scroll"><svg class="timeline pipelined" width="${W}" height="${lanes.length * H}" data-lanes="${lanes.length}" data-ranks="${new Set(spans.map((e) => e.pid)).size}">${seps}${labels}${bars}</svg></div>
     <p class="legend muted">${((t1 - t0) / 1000).toFixed(1)} ms. ${sw("F", "F forward")} ${sw("B", "B backward (input gradient)")} ${sw("W", "W weight gradient")} ${sw("send", "send")} ${sw("recv", "recv")} (activations and gradients between stages) ${sw("allreduce", "allreduce")} ${sw("update", "update")} ${sw("other", "other (load-next)")}; the number on a bar is its microbatch; outlined: the critical path.</p>${mean}`;
 }
 
@@ -159,17 +167,17 @@ function pipelineTimeline(trace, spans) {
 // An elastic run's ranks that a shrink lost come last, "left at step S", numbered as the
 // world they left numbered them; a record an earlier world wrote is marked so.
 function ranksTable(ranks) {
-  if (!ranks.length) return '<p class="muted">No rank has reported yet.</p>';
+  if (!ranks.length) return html`<p class="muted">No rank has reported yet.</p>`;
   const staged = ranks.some((k) => k.stage != null);
   const status = (k) => k.status === "left"
-    ? `<span class="warn">left</span>${k.left_at_step != null ? ` at step ${esc(k.left_at_step)}` : ""}${k.back_at_step != null ? `<br><span class="muted">its host back at step ${esc(k.back_at_step)}</span>` : ""}`
-    : `<span class="${stateCls(k.status)}">${esc(k.status)}</span>${k.earlier_world ? ' <span class="muted">(an earlier world\'s record)</span>' : ""}`;
+    ? html`<span class="warn">left</span>${k.left_at_step != null ? ` at step ${k.left_at_step}` : ""}${k.back_at_step != null ? html`<br><span class="muted">its host back at step ${k.back_at_step}</span>` : ""}`
+    : html`<span class="${stateCls(k.status)}">${k.status}</span>${k.earlier_world ? html` <span class="muted">(an earlier world's record)</span>` : ""}`;
   return table(["rank", ...(staged ? ["stage", "replica"] : []), "host", "status", "step", "samples/s", "median step (ms)", "p95 step (ms)", "exit", "how", "last lines"], ranks.map((k) => [
-    esc(k.rank) + (k.slowest ? ' <span class="warn">slowest</span>' : "") + (k.left_world != null ? ` <span class="muted" title="as the world of ${esc(k.left_world)} ranks it left numbered it">of ${esc(k.left_world)}</span>` : ""),
-    ...(staged ? [esc(k.stage), esc(k.replica)] : []), esc(k.host), status(k),
-    k.step == null ? "" : `${esc(k.step)}${k.total_steps ? ` / ${esc(k.total_steps)}` : ""}`,
-    `<span class="num">${num(k.samples_per_second, 0)}</span>`, `<span class="num">${num(k.median_step_ms, 1)}</span>`, `<span class="num">${num(k.p95_step_ms, 1)}</span>`,
-    esc(k.signal ?? k.exit_code), k.how ? `<div class="prose">${esc(howOf(k.how))}</div>` : "", k.last_lines.length ? `<pre>${esc(k.last_lines.join("\n"))}</pre>` : "",
+    html`${k.rank}${k.slowest ? html` <span class="warn">slowest</span>` : ""}${k.left_world != null ? html` <span class="muted" title="as the world of ${k.left_world} ranks it left numbered it">of ${k.left_world}</span>` : ""}`,
+    ...(staged ? [k.stage, k.replica] : []), k.host, status(k),
+    k.step == null ? "" : `${k.step}${k.total_steps ? ` / ${k.total_steps}` : ""}`,
+    html`<span class="num">${num(k.samples_per_second, 0)}</span>`, html`<span class="num">${num(k.median_step_ms, 1)}</span>`, html`<span class="num">${num(k.p95_step_ms, 1)}</span>`,
+    k.signal ?? k.exit_code, k.how ? html`<div class="prose">${howOf(k.how)}</div>` : "", k.last_lines?.length ? html`<pre>${k.last_lines.join("\n")}</pre>` : "",
   ]), "ranks");
 }
 
@@ -177,23 +185,23 @@ function ranksTable(ranks) {
 // new world started, its size, the ranks and hosts lost or taken back, the seconds from
 // the loss to the new world's first step, the steps trained again, why.
 function worldTable(changes) {
-  const plural = (v, w) => `${esc(v)} ${w}${v === 1 ? "" : "s"}`;
+  const plural = (v, w) => `${v} ${w}${v === 1 ? "" : "s"}`;
   return table(["try", "at step", "world", "ranks lost", "hosts", "recovered in", "steps lost", "why"], changes.map((c) => [
-    esc(c.try), `<span class="num">${esc(c.step ?? "?")}</span>`,
-    `${esc(c.from)} → ${plural(c.to, "rank")} <span class="${c.change === "shrink" ? "warn" : "good"}">${esc(c.change)}</span>`,
-    c.ranks?.length ? esc(c.ranks.join(", ")) : '<span class="muted">none</span>',
-    c.hosts?.length ? `${esc(c.hosts.join(", "))} <span class="muted">${c.change === "grow" ? "back" : "lost"}</span>` : "",
-    c.seconds != null ? `<span class="num">${num(c.seconds, 1)} s</span>` : '<span class="muted">unknown</span>',
-    `<span class="num">${esc(c.steps_lost ?? "")}</span>`, `<div class="prose" title="${esc(c.line)}">${esc(c.why)}</div>`,
+    c.try, html`<span class="num">${c.step ?? "?"}</span>`,
+    html`${c.from} → ${plural(c.to, "rank")} <span class="${c.change === "shrink" ? "warn" : "good"}">${c.change}</span>`,
+    c.ranks?.length ? c.ranks.join(", ") : html`<span class="muted">none</span>`,
+    c.hosts?.length ? html`${c.hosts.join(", ")} <span class="muted">${c.change === "grow" ? "back" : "lost"}</span>` : "",
+    c.seconds != null ? html`<span class="num">${num(c.seconds, 1)} s</span>` : html`<span class="muted">unknown</span>`,
+    html`<span class="num">${c.steps_lost ?? ""}</span>`, html`<div class="prose" title="${c.line}">${c.why}</div>`,
   ]), "world");
 }
 
 // One try's failure (failure-try<N>.json): the rank and how it ended, or, before any
 // rank failed, the error; bad input is not retried.
 function failureOf(f) {
-  const what = f.rank != null ? `rank ${esc(f.rank)} ${esc(howOf(f.how))}` : esc(f.how ?? f.error ?? "failed");
-  const why = f.error && f.rank != null && !String(f.how ?? "").includes(f.error) ? `<br><span class="muted">${esc(f.error)}</span>` : "";
-  return `<span class="bad">${what}</span>${f.bad_input ? " (bad input: not retried)" : ""}${why}`;
+  const what = f.rank != null ? `rank ${f.rank} ${howOf(f.how)}` : f.how ?? f.error ?? "failed";
+  const why = f.error && f.rank != null && !String(f.how ?? "").includes(f.error) ? html`<br><span class="muted">${f.error}</span>` : "";
+  return html`<span class="bad">${what}</span>${f.bad_input ? " (bad input: not retried)" : ""}${why}`;
 }
 
 // result.json's pipeline: S stages x D replicas, M microbatches, the order, the split
@@ -203,17 +211,17 @@ function pipelineSummary(p) {
   const n = Array.isArray(p.blocks) ? p.blocks.length : typeof p.blocks === "number" ? p.blocks : null;
   const edges = Array.isArray(p.split) && n ? [0, ...p.split, n] : null;
   const ranges = edges ? ` (blocks ${edges.slice(1).map((b, i) => (b - 1 > edges[i] ? `${edges[i]}–${b - 1}` : `${edges[i]}`)).join(" | ")})` : "";
-  const plural = (v, w) => `${esc(v)} ${w}${v === 1 ? "" : "s"}`;
-  return `<p class="pipeline"><b>pipeline</b>: ${plural(p.stages, "stage")} × ${plural(p.replicas, "replica")}, ${plural(p.microbatches, "microbatch").replace(/hs$/, "hes")}, order ${esc(p.order)}, split ${esc(JSON.stringify(p.split))}${ranges}` +
-    `${typeof p.peak_activation_bytes === "number" ? ` · peak activations ${bytes(p.peak_activation_bytes)}${p.stage != null ? ` (stage ${esc(p.stage)})` : ""}` : ""}</p>`;
+  const plural = (v, w) => `${v} ${w}${v === 1 ? "" : "s"}`;
+  return html`<p class="pipeline"><b>pipeline</b>: ${plural(p.stages, "stage")} × ${plural(p.replicas, "replica")}, ${plural(p.microbatches, "microbatch").replace(/hs$/, "hes")}, order ${p.order}, split ${JSON.stringify(p.split)}${ranges}${
+    typeof p.peak_activation_bytes === "number" ? ` · peak activations ${bytes(p.peak_activation_bytes)}${p.stage != null ? ` (stage ${p.stage})` : ""}` : ""}</p>`;
 }
 
 function roundsView(rounds) {
-  return rounds.map((r) => `<h3>Round ${r.round} <span class="muted">sync: ${esc(r.sync_state ?? "not yet")}</span></h3>` +
+  return rounds.map((r) => html`<h3>Round ${r.round} <span class="muted">sync: ${r.sync_state ?? "not yet"}</span></h3>${
     table(["shard", "task", "contribution", "steps", "samples/s", "validation accuracy"], r.shards.map((s) => [
-      esc(s.shard), `<span class="${stateCls(s.state)}">${esc(s.state)}</span>`, s.contributed ? '<span class="good">written</span>' : '<span class="muted">none</span>',
-      esc(s.steps), `<span class="num">${num(s.samples_per_second, 0)}</span>`, `<span class="num">${num(s.val_accuracy)}</span>`])) +
-    (r.global ? `<p>global model after round ${r.round}: validation accuracy <b>${num(r.global.metrics?.val_accuracy)}</b>, loss ${num(r.global.metrics?.val_loss)}, |pseudo-gradient| ${num(r.global.pseudo_gradient_norm)}</p>` : "")).join("");
+      s.shard, html`<span class="${stateCls(s.state)}">${s.state}</span>`, s.contributed ? html`<span class="good">written</span>` : html`<span class="muted">none</span>`,
+      s.steps, html`<span class="num">${num(s.samples_per_second, 0)}</span>`, html`<span class="num">${num(s.val_accuracy)}</span>`]))}${
+    r.global ? html`<p>global model after round ${r.round}: validation accuracy <b>${num(r.global.metrics?.val_accuracy)}</b>, loss ${num(r.global.metrics?.val_loss)}, |pseudo-gradient| ${num(r.global.pseudo_gradient_norm)}</p>` : ""}`);
 }
 
 async function run(dagId, runId) {
@@ -224,34 +232,34 @@ async function run(dagId, runId) {
   const ev = r.evaluation, res = r.result;
   const failed = r.ranks.filter((k) => k.status === "failed");
   const changes = r.world_changes ?? [];
-  const steps = r.trace_steps.map((s) => `<option value="${s.step ?? ""}"${String(s.step ?? "") === (step ?? "") ? " selected" : ""}>${esc(s.label)}</option>`).join("");
-  const assets = r.asset_events?.length ? r.asset_events.map((a) => `<a href="/assets/${encodeURIComponent(a.asset_id)}">${esc(a.name)}</a> <span class="muted">(${esc(a.task_id)}, ${esc(a.timestamp)})</span>`).join("<br>") : "";
-  main.innerHTML = `<p><a href="?">all pipelines</a> · <a href="${link({ dag_id: dagId })}">${esc(dagId)}</a></p>
-    <h1>${esc(dagId)} <span class="muted">${esc(runId)}</span></h1>
-    ${failed.length ? `<p class="bad failure">rank ${failed.map((k) => `${esc(k.rank)}${k.host ? ` on ${esc(k.host)}` : ""} ${esc(howOf(k.how))}`).join("; ")}</p>` : ""}
-    <h2>Stages</h2>${table(["stage", "state", "try", "seconds"], r.stages.map((s) => [esc(s.task_id + (s.map_index >= 0 ? `[${s.map_index}]` : "")), `<span class="${stateCls(s.state)}">${esc(s.state)}</span>`, esc(s.try_number), `<span class="num">${num(s.duration, 1)}</span>`]))}
+  const steps = r.trace_steps.map((s) => html`<option value="${s.step ?? ""}"${String(s.step ?? "") === (step ?? "") ? html` selected` : ""}>${s.label}</option>`);
+  const assets = r.asset_events?.length ? joined(r.asset_events.map((a) => html`<a href="/assets/${encodeURIComponent(a.asset_id)}">${a.name}</a> <span class="muted">(${a.task_id}, ${a.timestamp})</span>`), html`<br>`) : "";
+  main.innerHTML = html`<p><a href="?">all pipelines</a> · <a href="${link({ dag_id: dagId })}">${dagId}</a></p>
+    <h1>${dagId} <span class="muted">${runId}</span></h1>
+    ${failed.length ? html`<p class="bad failure">rank ${joined(failed.map((k) => `${k.rank}${k.host ? ` on ${k.host}` : ""} ${howOf(k.how)}`), "; ")}</p>` : ""}
+    <h2>Stages</h2>${table(["stage", "state", "try", "seconds"], r.stages.map((s) => [s.task_id + (s.map_index >= 0 ? `[${s.map_index}]` : ""), html`<span class="${stateCls(s.state)}">${s.state}</span>`, s.try_number, html`<span class="num">${num(s.duration, 1)}</span>`]))}
     <h2>Curves</h2><div class="charts" id="charts"></div>
-    ${r.epochs.length ? (curves.length > 1 ? `<p class="muted">dashed: validation of the pipeline's ${curves.length - 1} other newest run(s), for comparison</p>` : "") : '<p class="muted">No epoch has ended yet.</p>'}
-    <h2>Result</h2>${res ? table(["validation accuracy", "test accuracy", "samples/s", "median step (s)", "skipped steps"], [[num(res.val_accuracy), num(ev?.metrics?.test_accuracy), num(res.samples_per_second, 0), num(res.median_step_seconds, 4), esc(res.skipped_steps)]]) : '<p class="muted">No result yet.</p>'}
+    ${r.epochs.length ? (curves.length > 1 ? html`<p class="muted">dashed: validation of the pipeline's ${curves.length - 1} other newest run(s), for comparison</p>` : "") : html`<p class="muted">No epoch has ended yet.</p>`}
+    <h2>Result</h2>${res ? table(["validation accuracy", "test accuracy", "samples/s", "median step (s)", "skipped steps"], [[num(res.val_accuracy), num(ev?.metrics?.test_accuracy), num(res.samples_per_second, 0), num(res.median_step_seconds, 4), res.skipped_steps]]) : html`<p class="muted">No result yet.</p>`}
     ${pipelineSummary(res?.pipeline)}
-    ${ev ? `<p class="verdict">${ev.better ? "promoted" : "not promoted"}: ${esc(ev.reason)}</p>` : ""}
-    ${r.mlflow ? `<p class="mlflow">MLflow: <a href="${esc(r.mlflow.url)}" target="_blank" rel="noopener">run ${esc(r.mlflow.run_id)}</a> in experiment ${esc(r.mlflow.experiment)}${r.mlflow.pending ? ' <span class="bad">(some logging is waiting for the server)</span>' : ""}</p>` : ""}
+    ${ev ? html`<p class="verdict">${ev.better ? "promoted" : "not promoted"}: ${ev.reason}</p>` : ""}
+    ${r.mlflow ? html`<p class="mlflow">MLflow: <a href="${r.mlflow.url}" target="_blank" rel="noopener">run ${r.mlflow.run_id}</a> in experiment ${r.mlflow.experiment}${r.mlflow.pending ? html` <span class="bad">(some logging is waiting for the server)</span>` : ""}</p>` : ""}
     <h2 id="ranks">Ranks</h2>${ranksTable(r.ranks)}
-    ${changes.length ? `<h2 id="world-changes">World changes</h2>${worldTable(changes)}` : ""}
+    ${changes.length ? html`<h2 id="world-changes">World changes</h2>${worldTable(changes)}` : ""}
     <h2>Tries and resumes</h2>${r.tries.length ? table(["try", "resumed from step", "epochs already done", ...(changes.length ? ["world changes"] : []), "failure"], r.tries.map((t) => {
       const f = t.failure, n = t.world_changes?.length ?? 0;
-      return [esc(t.try), t.started ? esc(t.resumed_from_step ?? "start") : '<span class="muted">did not train</span>', esc(t.epochs_done_before ?? ""),
-        ...(changes.length ? [n ? `<a href="#world-changes">${n}</a>` : ""] : []), f ? failureOf(f) : ""];
-    })) : '<p class="muted">Training has not started.</p>'}
-    <h2>Gradient sync</h2>${r.sync ? table(["buckets", "sizes", "allreduce (ms)", "hidden under backward", "skipped non-finite steps"], [[esc(r.sync.buckets), esc(r.sync.bucket_bytes.map(bytes).join(", ")), num(r.sync.allreduce_ms, 2), pct(r.sync.hidden_share), esc(r.sync.skipped_steps)]]) +
-      (r.sync_by_rank.length > 1 ? `<p class="muted">per rank, last step: ${r.sync_by_rank.map((s) => `rank ${s.rank} ${num(s.allreduce_ms, 2)} ms allreduce, ${pct(s.hidden_share)} hidden`).join("; ")}</p>` : "") : '<p class="muted">No trace.</p>'}
+      return [t.try, t.started ? t.resumed_from_step ?? "start" : html`<span class="muted">did not train</span>`, t.epochs_done_before ?? "",
+        ...(changes.length ? [n ? html`<a href="#world-changes">${n}</a>` : ""] : []), f ? failureOf(f) : ""];
+    })) : html`<p class="muted">Training has not started.</p>`}
+    <h2>Gradient sync</h2>${r.sync ? html`${table(["buckets", "sizes", "allreduce (ms)", "hidden under backward", "skipped non-finite steps"], [[r.sync.buckets, r.sync.bucket_bytes.map(bytes).join(", "), num(r.sync.allreduce_ms, 2), pct(r.sync.hidden_share), r.sync.skipped_steps]])}${
+      r.sync_by_rank.length > 1 ? html`<p class="muted">per rank, last step: ${r.sync_by_rank.map((s) => `rank ${s.rank} ${num(s.allreduce_ms, 2)} ms allreduce, ${pct(s.hidden_share)} hidden`).join("; ")}</p>` : ""}` : html`<p class="muted">No trace.</p>`}
     <h2 id="timeline">Op timeline, every rank</h2>
-    <p>${steps ? `<label>step <select id="step">${steps}</select></label> · ` : ""}<a href="${traceUrl}" download>download the merged trace</a> <span class="muted">(opens in ui.perfetto.dev)</span></p>${timeline(trace)}
-    ${r.rounds.length ? `<h2>Rounds</h2>${roundsView(r.rounds)}` : ""}
-    <h2>Data</h2>${r.data ? table(["version", "rows", "asset events"], [[esc(r.data.version), esc(Object.entries(r.data.rows ?? {}).map(([k, v]) => `${k} ${v}`).join(", ")), assets]]) : ""}
-    <h2>Effective config <span class="muted">(what the ranks received)</span></h2>${r.config ? `<pre class="config">${esc(JSON.stringify(r.config, null, 1))}</pre>` : '<p class="muted">Training has not started.</p>'}
-    ${r.config ? `<h2>Difference from the file</h2>${diff(r.config_vs_file, "file")}
-    <h2>Difference from the champion${r.champion ? ` (v${r.champion})` : ""}</h2>${r.champion ? diff(r.config_vs_champion, "champion") : '<p class="muted">No champion.</p>'}` : ""}
+    <p>${r.trace_steps.length ? html`<label>step <select id="step">${steps}</select></label> · ` : ""}<a href="${traceUrl}" download>download the merged trace</a> <span class="muted">(opens in ui.perfetto.dev)</span></p>${timeline(trace)}
+    ${r.rounds.length ? html`<h2>Rounds</h2>${roundsView(r.rounds)}` : ""}
+    <h2>Data</h2>${r.data ? table(["version", "rows", "asset events"], [[r.data.version, Object.entries(r.data.rows ?? {}).map(([k, v]) => `${k} ${v}`).join(", "), assets]]) : ""}
+    <h2>Effective config <span class="muted">(what the ranks received)</span></h2>${r.config ? html`<pre class="config">${JSON.stringify(r.config, null, 1)}</pre>` : html`<p class="muted">Training has not started.</p>`}
+    ${r.config ? html`<h2>Difference from the file</h2>${diff(r.config_vs_file, "file")}
+    <h2>Difference from the champion${r.champion ? ` (v${r.champion})` : ""}</h2>${r.champion ? diff(r.config_vs_champion, "champion") : html`<p class="muted">No champion.</p>`}` : ""}
     ${registry(reg)}`;
   document.getElementById("step")?.addEventListener("change", (e) => {
     const p = new URLSearchParams(location.search);
@@ -279,6 +287,6 @@ async function run(dagId, runId) {
     else if (q.get("dag_id")) await pipeline(q.get("dag_id"));
     else await pipelines();
   } catch (e) {
-    main.innerHTML = `<p class="bad">${esc(e.message)}</p>`;
+    main.innerHTML = html`<p class="bad">${e.message}</p>`;
   }
 })();

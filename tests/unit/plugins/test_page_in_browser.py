@@ -6,6 +6,8 @@ window."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from dagtrain.plugins import report
@@ -181,6 +183,57 @@ def test_a_run_without_world_changes_has_no_world_changes_table(chromium, tmp_pa
     try:
         assert page.locator("#world-changes, table.world").count() == 0
         assert "world changes" not in texts(page, "th")
+        assert errors == []
+    finally:
+        page.close()
+
+
+XSS = '<img src=x onerror="window.__xss=1">'
+
+
+def test_values_written_as_html_show_as_text_and_never_run(chromium, tmp_path):
+    """What a task, a rank or an XCom wrote reaches the page as text: a registry, a
+    failure record, a trace and data version holding an HTML payload in every field
+    (as a user who may write XComs through the REST API could make them)."""
+    root, data = make_run(tmp_path)
+    payload = {"a": XSS}
+    (root / "registry").mkdir()
+    (root / "registry" / "registry.json").write_text(
+        json.dumps(
+            {
+                "champion": XSS,
+                "versions": [
+                    {
+                        "version": XSS,
+                        "metrics": {"test_accuracy": XSS, "test_loss": XSS},
+                        "promoted": True,
+                        "reason": XSS,
+                        "lineage": {
+                            "run_id": XSS,
+                            "data_version": XSS,
+                            "data_manifest": XSS,
+                            "config": XSS,
+                            "config_values": {"model": payload},
+                        },
+                    }
+                ],
+            }
+        )
+    )
+    train = report.run_dir_of(root, "manual__1") / "train"
+    (train / "failure-try1.json").write_text(json.dumps({"rank": 1, "how": XSS, "error": XSS}))
+    ev = [{"ph": "X", "name": XSS, "pid": XSS, "tid": XSS, "ts": 0, "dur": 100}]
+    (train / "traces" / "step-rank0.json").write_text(json.dumps({"traceEvents": ev}))
+    page, errors = open_run(chromium, root, data | {"version": XSS}, "manual__1")
+    try:
+        page.wait_for_selector("#registry", timeout=15_000)
+        assert page.evaluate("window.__xss") is None
+        assert page.locator("main img").count() == 0
+        registry = page.locator("table.registry").inner_text()
+        assert registry.count(XSS) >= 5, registry  # version, metrics, why, lineage
+        assert XSS in page.locator("svg.timeline").inner_html().replace("&lt;", "<").replace(
+            "&gt;", ">"
+        ).replace("&quot;", '"')
         assert errors == []
     finally:
         page.close()

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from dagtrain.config import load_config
+from dagtrain.errors import InputError
 from dagtrain.stages.registry import better, champion, promote
 from dagtrain.training import checkpoint
 
@@ -42,3 +44,21 @@ def test_promote_records_every_version_and_keeps_the_best_as_champion(tmp_path):
     assert [v["version"] for v in reg["versions"]] == [1, 2, 3]
     assert reg["versions"][1]["lineage"] == lineage and reg["versions"][2]["previous_champion"] == 1
     assert torch.equal(torch.load(third["path"], weights_only=True)["w"], torch.ones(2))
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["<img src=x onerror=alert(1)>", float("nan"), float("inf"), True, None, [0.99]],
+    ids=["html", "nan", "inf", "bool", "none", "list"],
+)
+def test_a_metric_that_is_not_a_finite_number_is_refused_by_name_and_nothing_registered(
+    tmp_path, bad
+):
+    """The metrics reach promote through the evaluate task's XCom, which a user who may
+    write XComs (Airflow's REST API) could rewrite between evaluate and promote."""
+    cfg = cfg_with(tmp_path)
+    ckpt = checkpoint.save({"model": {"w": torch.ones(2)}}, tmp_path / "ck", 1)
+    with pytest.raises(InputError, match=r"evaluation metric 'test_loss' is .*not a finite"):
+        promote(cfg, str(ckpt), {"test_accuracy": 0.9, "test_loss": bad}, {"run_id": "r1"})
+    assert champion(cfg) is None
+    assert not (cfg.artifact_root() / "registry" / "registry.json").exists()
