@@ -1,15 +1,18 @@
 """Airflow's execution API for one ``dagtrain run``, made ready while the run is checked:
 
-    python -P -m dagtrain.cli.apiserver PORT
+    python -P -m dagtrain.cli.apiserver LOG
 
-builds the app as ``airflow api-server --apps execution`` does (Airflow's own
+binds its own socket on 127.0.0.1 at once, on a port the system chooses, and writes
+that port as one line to stdout (then closes it: everything else it prints goes to
+LOG). The port is this process's from the first moment: no other process can take it
+between a choice and a bind, so the tasks' tokens and requests reach this server only.
+It then builds the app as ``airflow api-server --apps execution`` does (Airflow's own
 ``create_app(apps="execution")``) and answers one request in-process, which is when
 Cadwyn builds the routes of every API version (seconds of CPU, most of the server's
-start). It then waits for one line on stdin: ``go`` once ``dagtrain run`` has checked
-the config and migrated the metadata database (the database is not touched before),
-anything else or end of file: exit. Then it serves on 127.0.0.1:PORT with uvicorn, as
-Airflow does, until SIGTERM, and exits without the interpreter's teardown (seconds for
-a process holding the whole app; a server has nothing left to write).
+start). It waits for one line on stdin: ``go`` once ``dagtrain run`` has checked the
+config and migrated the metadata database (the database is not touched before),
+anything else or end of file: exit. Then it serves with uvicorn on its socket, as
+Airflow does, until SIGTERM.
 
 Started so, the seconds of the server's start run beside the config's checks and the
 DAG run's own start instead of after them (``dagtrain.cli.run``).
@@ -18,6 +21,7 @@ DAG run's own start instead of after them (``dagtrain.cli.run``).
 from __future__ import annotations
 
 import os
+import socket
 import sys
 
 __all__ = ["main"]
@@ -25,10 +29,17 @@ __all__ = ["main"]
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1 or not args[0].isdigit():
+    if len(args) != 1:
         print(__doc__, file=sys.stderr)
         return 2
-    port = int(args[0])
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sys.stdout.write(f"{sock.getsockname()[1]}\n")
+    sys.stdout.flush()
+    log = os.open(args[0], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    os.dup2(log, 1)  # the port was the only line for dagtrain run; the rest is the log's
+    os.dup2(log, 2)
+    os.close(log)
     os.environ["AIRFLOW_API_APPS"] = "execution"
     os.environ["_AIRFLOW_PROCESS_CONTEXT"] = "server"  # as airflow.api_fastapi.main sets it
 
@@ -48,19 +59,17 @@ def main(argv: list[str] | None = None) -> int:
     timeout = conf.getint("api", "worker_timeout", fallback=120)
     config = uvicorn.Config(
         app,
-        host="127.0.0.1",
-        port=port,
         timeout_keep_alive=timeout,
         timeout_graceful_shutdown=timeout,
         access_log=False,  # Airflow's HttpAccessLogMiddleware logs each request
         log_level=conf.get("logging", "uvicorn_logging_level", fallback="info").lower(),
         log_config=None,  # Airflow's structlog setup stays
     )
-    uvicorn.Server(config).run()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    uvicorn.Server(config).run(sockets=[sock])
+    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from .app import end_now
+
+    end_now(main())

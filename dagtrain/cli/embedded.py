@@ -19,7 +19,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -36,7 +35,6 @@ __all__ = [
     "ExecutionAPI",
     "Home",
     "dag_file_for",
-    "free_port",
     "go",
     "output_to",
     "run_pipeline",
@@ -50,12 +48,6 @@ _ANY_OR_LOOPBACK = ("127.0.0.1", "localhost", "0.0.0.0", "::", "::1")
 # (airflow_provider_dagtrain.egg-info beside pyproject.toml) is not found as a second
 # copy of the provider, whose plugin Airflow would then report as registered twice
 AIRFLOW = [sys.executable, "-P", "-m", "airflow"]
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -236,25 +228,35 @@ def stop_all(procs: list[subprocess.Popen], grace: float = 15.0) -> None:
 
 
 class ExecutionAPI:
-    """Airflow's execution API (what a task's supervisor talks to) on ``home.port`` of
-    127.0.0.1 (``dagtrain.cli.apiserver``): started at once, it builds its routes while
-    the run is checked and serves once ``serve()`` says the database is ready. It gets
-    SIGTERM if this process dies; ``stop()`` ends it."""
+    """Airflow's execution API (what a task's supervisor talks to) on 127.0.0.1
+    (``dagtrain.cli.apiserver``): started at once, it binds its own socket and says its
+    port (``port``), builds its routes while the run is checked, and serves once
+    ``serve()`` says the database is ready. It gets SIGTERM if this process dies;
+    ``stop()`` ends it."""
 
-    def __init__(self, home: Home, log: Path) -> None:
+    def __init__(self, log: Path, timeout: float = 30.0) -> None:
+        import selectors
+
         from dagtrain.rank_env import parent_death_signal
 
-        self.url = f"http://127.0.0.1:{home.port}/execution"
         self.log = log
-        with open(log, "ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-P", "-m", "dagtrain.cli.apiserver", str(home.port)],
-                stdin=subprocess.PIPE,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=parent_death_signal(signal.SIGTERM),  # noqa: PLW1509 (a bare prctl)
-            )
+        self.proc = subprocess.Popen(
+            [sys.executable, "-P", "-m", "dagtrain.cli.apiserver", str(log)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,  # until it has said its port; then its log
+            start_new_session=True,
+            preexec_fn=parent_death_signal(signal.SIGTERM),  # noqa: PLW1509 (a bare prctl)
+        )
+        with selectors.DefaultSelector() as sel:  # a deadline on its one line
+            sel.register(self.proc.stdout, selectors.EVENT_READ)
+            line = self.proc.stdout.readline() if sel.select(timeout) else b""
+        self.proc.stdout.close()
+        if not line.strip().isdigit():
+            self.stop()
+            raise RuntimeError(f"Airflow's execution API did not start; see {log}")
+        self.port = int(line)
+        self.url = f"http://127.0.0.1:{self.port}/execution"
 
     def serve(self, timeout: float = 120.0, cancelled: Callable[[], bool] = lambda: False) -> bool:
         """Tells it the database is ready and waits for its health check: True once it
@@ -264,6 +266,7 @@ class ExecutionAPI:
 
         go(self.proc)
         deadline = time.monotonic() + timeout
+        # the socket is the child's own since before the port was known: what answers is it
         while not cancelled():
             if self.proc.poll() is not None:
                 raise RuntimeError(f"Airflow's execution API exited at start; see {self.log}")

@@ -139,11 +139,11 @@ def _main(config, loaded, home: Path, term: Console, session: _Session, interrup
     cfg, conf, eff = loaded
     check = start_preflight(eff, home)  # the data, the backend's library: refused at once
     fresh = not home.exists()
-    from .embedded import dag_file_for, free_port, output_to
+    from .embedded import dag_file_for, output_to
 
     dag_file = dag_file_for(config.resolve(), cfg, home.resolve())
-    h = home_of(home, dag_file.parent, port=free_port())
-    h.activate()  # before anything imports airflow
+    h = home_of(home, dag_file.parent)
+    h.activate()  # before anything imports airflow (its port: the execution API's, in _run)
     from dagtrain.plugins.listener import PROGRESS_VARIABLE
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -203,7 +203,12 @@ def _run(
         return interrupts.count > 0
 
     when = datetime.now(UTC)
-    api = ExecutionAPI(h, log)
+    try:
+        api = ExecutionAPI(log)
+    except RuntimeError as e:
+        raise _Stop(str(e)) from None
+    h.port = api.port  # the socket it bound: the tasks' supervisors reach it there
+    h.activate()
     session.back = back = _start(h, dag_file, when, conf, log)
     started = False
     try:
