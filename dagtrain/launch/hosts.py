@@ -37,7 +37,11 @@ __all__ = ["DEFAULT_RDZV_PORT", "EXTRA_KEYS", "Hosts", "answers", "from_extra"]
 
 DEFAULT_RDZV_PORT = 29400  # torchrun's own default
 EXTRA_KEYS = ("hosts", "rsh_agent", "env", "rdzv_port")
-_HOST = re.compile(r"^(?P<host>[A-Za-z0-9_.\-]+|\[[0-9A-Fa-f:.]+\])(?::(?P<slots>\d+))?$")
+# a name or address; never starting with '-', which ssh (the rsh agent) would read as
+# one of its options (-oProxyCommand=...)
+_HOST = re.compile(
+    r"^(?P<host>[A-Za-z0-9_.][A-Za-z0-9_.\-]*|\[[0-9A-Fa-f:.]+\])(?::(?P<slots>\d+))?$"
+)
 _VAR = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LOCAL_NAMES = {"localhost", "127.0.0.1", "::1", "[::1]"}
 

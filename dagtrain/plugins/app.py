@@ -124,15 +124,26 @@ def create_app():
     @app.get("/api/pipelines")
     def pipelines(user: GetUserDep, session: SessionDep) -> list[dict[str, Any]]:
         from airflow.api_fastapi.app import get_auth_manager
+        from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
         from airflow.models.dag import DagModel
 
-        readable = get_auth_manager().get_authorized_dag_ids(user=user, method="GET")
+        auth = get_auth_manager()
+        readable = auth.get_authorized_dag_ids(user=user, method="GET")
         dags = session.scalars(select(DagModel).where(DagModel.dag_id.in_(readable)))
+
+        def may_read_runs(dag_id: str) -> bool:  # as the runs' own route requires
+            return auth.is_authorized_dag(
+                method="GET",
+                access_entity=DagAccessEntity.RUN,
+                details=DagDetails(id=dag_id),
+                user=user,
+            )
+
         return [
             {
                 "dag_id": d.dag_id,
                 "description": d.description,
-                "runs": runs_of(session, d.dag_id, 5),
+                "runs": runs_of(session, d.dag_id, 5) if may_read_runs(d.dag_id) else [],
             }
             for d in sorted(dags, key=lambda d: d.dag_id)
             if TAG in {t.name for t in d.tags}
@@ -238,6 +249,13 @@ def create_app():
 
     @app.exception_handler(ValueError)
     def refused(request: Any, exc: ValueError) -> Any:  # a path outside the artifact root
-        return JSONResponse({"detail": str(exc)}, status_code=400)
+        # the path itself stays in the api-server's log: a viewer learns no file's place
+        import logging
+
+        logging.getLogger(__name__).warning("training page refused %s: %s", request.url, exc)
+        return JSONResponse(
+            {"detail": "refused: a file this run names lies outside its pipeline's artifacts"},
+            status_code=400,
+        )
 
     return app

@@ -166,6 +166,7 @@ def test_the_training_page_refuses_what_is_not_a_dagtrain_run(airflow):
         r = get(airflow, path)
         assert r.status_code in (400, 403, 404), (path, r.status_code)
         assert "import " not in r.text and "root:" not in r.text, path
+        assert str(airflow["art"]) not in r.text and "/tmp" not in r.text, r.text  # no path
 
 
 @pytest.fixture(scope="module")
@@ -232,9 +233,12 @@ def test_a_user_who_may_not_read_a_dag_gets_403_for_its_runs(airflow, restricted
     listed = httpx.get(f"{url}/dagtrain/api/pipelines", headers=h, timeout=30).json()
     from .conftest import DAG_IDS
 
-    # all the others, not the hidden one
+    # all the others, not the hidden one; a DAG whose runs they may not read, without them
     assert sorted(p["dag_id"] for p in listed) == sorted(set(DAG_IDS) - {"dagtrain_tiny"}), listed
+    assert next(p for p in listed if p["dag_id"] == "dagtrain_tiny_fail")["runs"] == []
     r = httpx.get(f"{url}{PAGE}/dagtrain_tiny_fail/runs", headers=h, timeout=30)
+    assert r.status_code == 403, r.text[:300]
+    r = httpx.get(f"{url}{PAGE}/dagtrain_tiny_mine/runs", headers=h, timeout=30)
     assert r.status_code == 200, r.text[:300]
 
 

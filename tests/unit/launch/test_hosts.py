@@ -39,6 +39,8 @@ def test_a_host_list_has_names_slots_and_a_placement_by_slot():
         ({"entries": ()}, "the host list is empty"),
         ({"entries": ("a:0",)}, "[0]: 'a:0' is not 'host:slots'"),
         ({"entries": ("a:1", "b c:1")}, "[1]: 'b c:1'"),
+        # an ssh option in the place of a host, from whoever edits the connection
+        ({"entries": ("a:1", "-oProxyCommand=touch /tmp/x:1")}, "[1]: '-oProxyCommand="),
         ({"entries": ("a:1",), "rsh_agent": ("my agent",)}, "rsh_agent[0]"),
         ({"entries": ("a:1",), "env": {"1BAD": "x"}}, "env: '1BAD'"),
         ({"entries": ("a:1",), "rdzv_port": 70000}, "rdzv_port: 70000"),
