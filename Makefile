@@ -1,6 +1,10 @@
 # One entry point for everything: `make test` on a fresh machine creates .venv here,
 # installs the pinned dependencies into it, and runs the tests.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
+# Python caches compiled modules (__pycache__/, ignored by git) whatever the shell says:
+# each rank, task and command is a new interpreter, and without the cache every one of
+# the suite's thousand or so compiles dagtrain's modules (and the tests') again
+unexport PYTHONDONTWRITEBYTECODE
 VENV   := .venv
 BIN    := $(VENV)/bin
 SAGA   := .venv-saga
