@@ -95,17 +95,21 @@ class Home:
     def secret(self, name: str) -> str:
         path = self.airflow / f".{name}"
         if not path.exists():
-            self.airflow.mkdir(parents=True, exist_ok=True)
-            path.write_text(secrets.token_urlsafe(32))
-            path.chmod(0o600)
+            self.make()
+            _private(path, secrets.token_urlsafe(32))
         return path.read_text().strip()
 
     def password(self) -> str:
         if not self.passwords.exists():
-            self.airflow.mkdir(parents=True, exist_ok=True)
-            self.passwords.write_text(json.dumps({USER: secrets.token_urlsafe(12)}))
-            self.passwords.chmod(0o600)
+            self.make()
+            _private(self.passwords, json.dumps({USER: secrets.token_urlsafe(12)}))
         return json.loads(self.passwords.read_text())[USER]
+
+    def make(self) -> None:
+        """The home's folders, only their owner's (the logs hold runs' confs, the
+        database their XComs), each made with that mode, parents first."""
+        for d in (self.root, self.airflow, self.logs):  # (a missing parent of root: as mkdir -p)
+            d.mkdir(mode=0o700, parents=True, exist_ok=True)
 
     def environment(self) -> dict[str, str]:
         self.password()  # the file must exist before the api-server reads it
@@ -148,8 +152,7 @@ class Home:
                 "airflow was imported before the dagtrain home was set up; call "
                 "Home.activate() first"
             )
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.logs.mkdir(parents=True, exist_ok=True)
+        self.make()
         os.environ.update(self.environment())
 
     def migrate(self) -> None:
@@ -159,6 +162,17 @@ class Home:
             upgradedb()
         else:
             initdb()
+
+
+def _private(path: Path, text: str) -> None:
+    """``text`` in a new file only its owner may read, from its first byte (not written,
+    then chmodded); another process that made it first wins (its text stays)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
 
 
 def dag_file_for(config: Path, cfg: PipelineConfig, home: Path) -> Path:
