@@ -112,7 +112,7 @@ def build_argv(
 ) -> list[str]:
     """The argv of the launcher process (not used for ``direct``, nor for torchrun on
     several hosts: see :func:`node_argvs`). ``env``: variables the ranks get on every
-    host (mpirun ``-x``)."""
+    host (mpirun ``-x NAME``: the caller puts their values in its environment)."""
     spec = Hosts.of(hosts)
     if launcher == "mpirun":
         return _mpirun(nprocs, module_args, spec, env)
@@ -147,8 +147,10 @@ def _mpirun(
         argv += ["--host", ",".join(spec.entries)]
         if spec.rsh_agent:  # one string: Open MPI splits it on spaces itself
             argv += ["--mca", "plm_rsh_agent", " ".join(spec.rsh_agent)]
-    for var, value in (_forwarded(env) | host_env(spec)).items():
-        argv += ["-x", f"{var}={value}"]
+    # names only: mpirun exports each from its own environment, where the launcher puts
+    # them (a value on a command line is readable in /proc/*/cmdline by every user)
+    for var in _forwarded(env) | host_env(spec):
+        argv += ["-x", var]
     return [*argv, sys.executable, "-m", "mpi4py", "-m", *module_args]
 
 
