@@ -13,6 +13,7 @@ invocations (``make test`` runs two) are read together.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import xml.etree.ElementTree as ET
 from collections import defaultdict
@@ -63,7 +64,8 @@ def read(paths: list[Path]) -> Report:
             wall += float(suite.get("time", 0))
             for tc in suite.iter("testcase"):
                 cls = tc.get("classname", "")
-                name = tc.get("name", "")
+                # pytest-xdist's loadgroup adds "@group" to a grouped test's name
+                name = re.sub(r"@[\w-]+$", "", tc.get("name", ""))
                 module, klass = _split_module(cls)
                 nodeid = f"{module}::{klass + '::' if klass else ''}{name}"
                 outcome = "passed"
