@@ -13,13 +13,14 @@ def mode(path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
-def test_the_home_is_its_owners_and_its_secrets_are_never_readable_by_others(tmp_path, monkeypatch):
-    monkeypatch.setattr(os, "environ", dict(os.environ))  # activate() sets the home's there
+def test_the_home_is_its_owners_and_its_secrets_are_never_readable_by_others(tmp_path):
+    # what activate() makes before it sets the environment (in this process, where other
+    # tests may have imported airflow, activate() itself refuses to run)
     old = os.umask(0o022)  # the usual default: new files readable by everyone
     try:
         h = Home(tmp_path / "proj" / ".dagtrain", tmp_path / "dags")
         env = h.environment()
-        h.activate()
+        h.make()
     finally:
         os.umask(old)
     for d in (h.root, h.airflow, h.logs):
