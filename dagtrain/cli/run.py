@@ -207,9 +207,13 @@ def _run(
         api = ExecutionAPI(log)
     except RuntimeError as e:
         raise _Stop(str(e)) from None
-    h.port = api.port  # the socket it bound: the tasks' supervisors reach it there
-    h.activate()
-    session.back = back = _start(h, dag_file, when, conf, log)
+    try:
+        h.port = api.port  # the socket it bound: the tasks' supervisors reach it there
+        h.activate()
+        session.back = back = _start(h, dag_file, when, conf, log)
+    except BaseException:
+        api.stop()
+        raise
     started = False
     try:
         from sqlalchemy.exc import SQLAlchemyError
