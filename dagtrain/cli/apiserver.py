@@ -70,6 +70,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from .app import end_now
+    from .embedded import end_now
 
     end_now(main())

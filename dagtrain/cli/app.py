@@ -11,9 +11,7 @@ Airflow is imported only by the commands that need it, after the project's home
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -108,28 +106,10 @@ def main() -> None:
         raise SystemExit(130) from None
     except SystemExit as e:
         if "airflow" in sys.modules:  # a command that ran Airflow in this process
+            from .embedded import end_now
+
             end_now(e.code)
         raise
-
-
-def end_now(code: int | str | None) -> None:
-    """Ends the process without the interpreter's teardown, once its output is flushed:
-    a process that imported Airflow spends 1.5 s freeing modules it has no use for at
-    exit. Airflow's exit handlers (the ORM's engine, the warnings hook) run first."""
-    import atexit
-
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    if code is None:
-        code = 0
-    elif not isinstance(code, int):
-        with contextlib.suppress(Exception):
-            sys.stderr.write(f"{code}\n")
-            sys.stderr.flush()
-        code = 1
-    os._exit(code)
 
 
 if __name__ == "__main__":

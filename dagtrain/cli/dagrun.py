@@ -102,6 +102,6 @@ def _stop(dag_id: str, when: str) -> None:
 
 
 if __name__ == "__main__":
-    from .app import end_now
+    from .embedded import end_now
 
     end_now(main())  # 1.5 s sooner than the interpreter's teardown: dagtrain run waits for it

@@ -35,6 +35,7 @@ __all__ = [
     "ExecutionAPI",
     "Home",
     "dag_file_for",
+    "end_now",
     "go",
     "output_to",
     "run_pipeline",
@@ -317,6 +318,26 @@ def the_dag(dag_file: Path | str) -> Any:
     if not bag.dags:
         raise ValueError(f"{dag_file} defines no DAG")
     return next(iter(bag.dags.values()))
+
+
+def end_now(code: int | str | None) -> None:
+    """Ends the process without the interpreter's teardown, once its output is flushed:
+    a process that imported Airflow spends 1.5 s freeing modules it has no use for at
+    exit. Airflow's exit handlers (the ORM's engine, the warnings hook) run first."""
+    import atexit
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):
+        with contextlib.suppress(Exception):
+            sys.stderr.write(f"{code}\n")
+            sys.stderr.flush()
+        code = 1
+    os._exit(code)
 
 
 def run_pipeline(dag: Any, conf: dict[str, Any], logical_date: datetime) -> Any:
