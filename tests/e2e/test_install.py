@@ -1,6 +1,7 @@
 """``pip install airflow-provider-dagtrain`` without extras: what an Airflow scheduler,
-api-server or dag-processor gets. The example DAGs parse there, the provider and its
-plugin are registered (once), and no torch, MPI or Horovod is installed.
+api-server or dag-processor gets (installed by uv where the project's venv has it: the
+same pins in seconds, ``tests/venvs.py``). The example DAGs parse there, the provider and
+its plugin are registered (once), and no torch, MPI or Horovod is installed.
 
 Every command runs outside the checkout: with the checkout as the current directory,
 ``python -c`` would also find its ``*.egg-info`` (a second copy of the provider)."""
@@ -11,10 +12,11 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests import venvs
 
 REPO = Path(__file__).parents[2]
 pytestmark = pytest.mark.slow
@@ -22,8 +24,11 @@ pytestmark = pytest.mark.slow
 PARSE = """
 import json, sys
 from airflow.dag_processing.dagbag import DagBag
-bag = DagBag(sys.argv[1])
-print(json.dumps({"errors": bag.import_errors, "dags": sorted(bag.dags)}))
+got = {}
+for path in sys.argv[1:]:
+    bag = DagBag(path)
+    got[path] = {"errors": bag.import_errors, "dags": sorted(bag.dags)}
+print(json.dumps(got))
 """
 PLUGINS = """
 import json
@@ -44,13 +49,8 @@ def bare(tmp_path_factory):
         REPO / "dagtrain", src / "dagtrain", ignore=shutil.ignore_patterns("__pycache__")
     )
     venv = tmp / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    py = venv / "bin" / "python"
-    subprocess.run(
-        [py, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-         "-c", str(REPO / "constraints.txt"), str(src)],
-        check=True, timeout=900,
-    )  # fmt: skip
+    got = venvs.build(venv, ["-c", str(REPO / "constraints.txt"), str(src)], timeout=900)
+    assert got.returncode == 0, got.stderr[-3000:]
     home = tmp / "airflow"
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")},
@@ -73,15 +73,19 @@ def test_no_training_dependency_is_installed(bare):
 
 
 def test_the_example_dags_parse_without_the_train_extra(bare):
+    """Each file by its own DagBag, all in one process (an interpreter importing Airflow
+    costs seconds: one for all the files, as a dag-processor parses them)."""
     venv, env = bare
-    for dag_file in sorted((REPO / "dags").glob("*.py")):
-        r = subprocess.run(
-            [venv / "bin" / "python", "-c", PARSE, str(dag_file)],
-            capture_output=True, text=True, env=env, check=False, cwd=venv,
-        )  # fmt: skip
-        assert r.returncode == 0, r.stderr[-3000:]
-        got = json.loads(r.stdout.strip().splitlines()[-1])
-        assert got["errors"] == {} and len(got["dags"]) == 1, (dag_file, got)
+    files = [str(f) for f in sorted((REPO / "dags").glob("*.py"))]
+    r = subprocess.run(
+        [venv / "bin" / "python", "-c", PARSE, *files],
+        capture_output=True, text=True, env=env, check=False, cwd=venv,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert sorted(got) == files and len(files) >= 4, got
+    for dag_file, parsed in got.items():
+        assert parsed["errors"] == {} and len(parsed["dags"]) == 1, (dag_file, parsed)
 
 
 def test_airflow_lists_the_provider_and_loads_the_plugin_once(bare):

@@ -1,12 +1,12 @@
 """A real MLflow tracking server for the tests, in a virtual environment of its own.
 
 The server (``mlflow``, with its Flask/SQLAlchemy/alembic pins) does not share Airflow's
-environment: ``server_venv()`` builds one from ``mlflow-server-requirements.txt`` (pip,
-from the package index) under ``~/.cache/dagtrain/``, named after the file's digest, so
-it is built once per machine and reused; where it cannot be built (no index), the
-caller skips, saying why. ``MlflowServer`` runs ``mlflow server`` on a SQLite backend
-store and a local artifact root, waits for it with a deadline, and stops it (and all its
-workers: its own process group) in ``stop()``.
+environment: ``server_venv()`` builds one from ``mlflow-server-requirements.txt`` (uv or
+pip from the package index, ``tests/venvs.py``) under ``~/.cache/dagtrain/``, named after
+the file's digest, so it is built once per machine and reused; where it cannot be built
+(no index), the caller skips, saying why. ``MlflowServer`` runs ``mlflow server`` on a
+SQLite backend store and a local artifact root, waits for it with a deadline, and stops it
+(and all its workers: its own process group) in ``stop()``.
 """
 
 from __future__ import annotations
@@ -19,11 +19,12 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
+
+from tests import venvs
 
 REQUIREMENTS = Path(__file__).with_name("mlflow-server-requirements.txt")
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dagtrain"
@@ -35,7 +36,7 @@ class CannotBuild(RuntimeError):
 
 def server_venv(timeout: float = 900) -> Path:
     """The MLflow server's virtual environment, built on first use (a file lock keeps
-    two test processes from building it at once). CannotBuild when pip fails."""
+    two test processes from building it at once). CannotBuild when the install fails."""
     digest = hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()[:12]
     venv = CACHE / f"mlflow-server-{digest}"
     done = venv / ".complete"
@@ -46,22 +47,7 @@ def server_venv(timeout: float = 900) -> Path:
             return venv
         shutil.rmtree(venv, ignore_errors=True)  # a build that did not finish
         try:
-            subprocess.run(
-                [sys.executable, "-m", "venv", str(venv)],
-                check=True,
-                capture_output=True,
-                timeout=120,
-            )
-            pip = subprocess.run(
-                [
-                    *(str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet"),
-                    *("--disable-pip-version-check", "-r", str(REQUIREMENTS)),
-                ],
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                check=False,
-            )
+            pip = venvs.build(venv, ["-r", str(REQUIREMENTS)], timeout)
         except (subprocess.SubprocessError, OSError) as e:
             raise CannotBuild(f"could not build the MLflow server's venv in {venv}: {e}") from e
         if pip.returncode != 0:
