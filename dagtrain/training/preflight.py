@@ -7,9 +7,10 @@ of the DAG author's modules; ``dagtrain validate`` and ``dagtrain run`` start it
 before Airflow starts), it checks ``distributed.device`` against this machine, reads the
 data for its shape and classes, imports the model's factory, builds the model on
 PyTorch's ``meta`` device (no memory, no weights) with ``model.args`` and passes a
-batch of that shape through it. Data it cannot read is the data-prep stage's to refuse,
-naming it, in the run: then the factory is imported and ``model.args`` bound to its
-signature only. It prints one JSON line: ``{"ok": true,
+batch of that shape through it (a small model: built again on the CPU, where the batch
+passes faster than through the meta device's kernels). Data it cannot read is the
+data-prep stage's to refuse, naming it, in the run: then the factory is imported and
+``model.args`` bound to its signature only. It prints one JSON line: ``{"ok": true,
 "in_shape": [...], "classes": C, "parameters": N}``, or ``{"ok": false, "error": "..."}``
 whose message names the field; its exit code is 0 either way (1: it could not run).
 """
@@ -48,17 +49,23 @@ def check(spec: dict[str, Any]) -> dict[str, Any]:
             _, _, in_shape, classes = read_arrays(spec["data"])
         except InputError:  # the data's own faults are prepare_data's to name, in the run
             return _signature(model_spec)
+    args = model_spec.get("args", {})
     with torch.device("meta"):
-        model = build_model(
-            model_spec["name"], in_shape, classes or 2, **model_spec.get("args", {})
-        )
+        model = build_model(model_spec["name"], in_shape, classes or 2, **args)
+    # The batch passes through the model on the CPU where it is small (its weights a few
+    # MB: built in milliseconds, and the meta device's kernels would cost more, importing
+    # torch._dynamo and sympy, over a second); a large one on the meta device.
+    device = "cpu" if _numel(model) <= CPU_FORWARD_PARAMETERS else "meta"
+    with torch.device(device), torch.no_grad():
+        if device == "cpu":
+            model = build_model(model_spec["name"], in_shape, classes or 2, **args)
         try:
-            out = model(torch.empty(2, *in_shape))
+            out = model(torch.zeros(2, *in_shape))
         except NotImplementedError:  # an operator the meta device lacks: not checked
             out = None
         except Exception as e:
             raise InputError(
-                f"model.name {model_spec['name']!r} with model.args {model_spec.get('args', {})}: "
+                f"model.name {model_spec['name']!r} with model.args {args}: "
                 f"a batch of samples of shape {tuple(in_shape)} does not pass through the "
                 f"model: {type(e).__name__}: {e}"
             ) from None
@@ -76,8 +83,15 @@ def check(spec: dict[str, Any]) -> dict[str, Any]:
         "ok": True,
         "in_shape": list(in_shape),
         "classes": classes,
-        "parameters": sum(p.numel() for p in model.parameters()),
+        "parameters": _numel(model),
     }
+
+
+CPU_FORWARD_PARAMETERS = 4_000_000  # 16 MB of fp32 weights
+
+
+def _numel(model: Any) -> int:
+    return sum(p.numel() for p in model.parameters())
 
 
 def _factory_shape(spec: str, workers: int = 0) -> tuple[tuple[int, ...], int | None]:

@@ -184,3 +184,25 @@ def slow_blocks(in_shape, classes, seconds=0.005, width=16):
         nn.ReLU(),
         nn.Linear(width, classes),
     ]
+
+
+def flat_in(in_shape, classes, features=10):
+    """A model for samples of ``features`` values, whatever the data's shape."""
+    return nn.Linear(features, classes)
+
+
+def outputs(in_shape, classes, n=3):
+    """A model giving ``n`` values a sample, whatever the classes."""
+    import math
+
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(in_shape), n))
+
+
+def wide(in_shape, classes, width=2048):
+    """Larger than the preflight's CPU forward (over 4M parameters): checked on meta."""
+    import math
+
+    return nn.Sequential(
+        nn.Flatten(), nn.Linear(math.prod(in_shape), width), nn.Linear(width, width),
+        nn.Linear(width, classes),
+    )  # fmt: skip
