@@ -30,7 +30,7 @@ DAGTRAIN = [sys.executable, "-m", "dagtrain"]
 CONN = "mlflow_default"
 NOT_METRICS = {"kind", "epoch", "step", "total_steps", "time", "try"}
 
-# up to three `dagtrain run`s a test (each starts an embedded Airflow): more than the
+# three `dagtrain run`s in the test (each starts an embedded Airflow): more than the
 # suite's 300 s default on a loaded machine; each run has its own deadline too
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -41,15 +41,6 @@ def venv() -> Path:
         return server_venv()
     except CannotBuild as e:
         pytest.skip(f"no MLflow server on this machine: {e}")
-
-
-@pytest.fixture(scope="module")
-def server(venv, tmp_path_factory):
-    s = MlflowServer(venv, tmp_path_factory.mktemp("mlflow")).start()
-    try:
-        yield s
-    finally:
-        s.stop()
 
 
 def client(url: str) -> Any:
@@ -165,125 +156,89 @@ def assert_run_matches(c: Any, run_dir: Path, experiment: str) -> Any:
     return r
 
 
-def test_runs_metrics_params_and_the_champion_alias_follow_dagtrain(tmp_path, server):
-    c = client(server.url)
+def test_runs_retries_the_champion_alias_and_a_server_lost_mid_run_follow_dagtrain(
+    tmp_path, venv, monkeypatch
+):
+    """Three runs of one pipeline against one server (three ``dagtrain run``s, where this
+    module once had three tests and five runs; each item below was one of those tests):
+
+    - the runs' metrics, params, test metrics and files, and the champion alias: a weak
+      first model (v1, promoted: the first champion), a better one (v2, the alias moves),
+      a weak one (v3, not promoted: the alias stays on v2);
+    - a retried try logs into the same MLflow run: in the second run rank 1 fails once
+      after its first epoch; try 2 resumes, and each epoch is in the run once;
+    - a server stopped mid-run costs a warning naming the connection, never the model:
+      the server is killed as the third run starts; the run trains, evaluates and keeps
+      dagtrain's registry; what was not logged waits in the run's folder, and the train
+      task's XCom and the promote task's skip reason say so; with the server back (the
+      same store) a stage of the run logs what was missed, and the version and the alias
+      are then as if nothing had happened.
+    """
+    server = MlflowServer(venv, tmp_path / "mlflow").start()
+    marker = tmp_path / "failed-once"
+    # rank 1's 30th forward: in the 3-epoch run's second epoch (an epoch is 20 steps and a
+    # validation pass), never in a 1-epoch run
     cfg = write_config(
         tmp_path,
         "mlf",
-        "data: {source: digits}\nmodel: {name: mlp, args: {hidden: [32]}}\n"
-        "training: {epochs: 2, batch_size: 64, lr: 0.1, retries: 0}\n"
-        "distributed: {backend: mpi, ranks: 2}\n",
-    )
-    # a weak first model, a better one (promoted: the alias moves), a weak one (stays)
-    for sets in (
-        ("training.lr=0.002", "training.epochs=1"),
-        ("training.epochs=3",),
-        ("training.lr=0.002", "training.epochs=1"),
-    ):
-        r = dagtrain_run(tmp_path, cfg, server.url, *sets)
-        assert r.returncode == 0, r.stdout + r.stderr
-    runs = run_dirs(tmp_path, "mlf")
-    assert len(runs) == 3
-    for run_dir in runs:
-        assert_run_matches(c, run_dir, "mlf")
-    assert read_json(runs[1] / "train" / "config.json")["training"]["epochs"] == 3
-
-    reg = read_json(tmp_path / "art" / "mlf" / "registry" / "registry.json")
-    assert [v["promoted"] for v in reg["versions"]] == [True, True, False]
-    assert reg["champion"] == 2
-    versions = {mv.tags["dagtrain.version"]: mv for mv in c.search_model_versions("name='mlf'")}
-    assert sorted(versions) == ["1", "2", "3"]  # every challenger a version
-    for v in reg["versions"]:
-        mv = versions[str(v["version"])]
-        assert mv.tags["dagtrain.verdict"] == ("promoted" if v["promoted"] else "not promoted")
-        assert mv.tags["dagtrain.reason"] == v["reason"]
-        assert mv.run_id == read_json(runs[v["version"] - 1] / "mlflow.json")["run_id"]
-    # the champion alias on dagtrain's champion only
-    assert c.get_registered_model("mlf").aliases == {"champion": versions["2"].version}
-    # what the training page links to, from the records
-    from dagtrain.plugins import report
-
-    root = tmp_path / "art" / "mlf"
-    page_reg = report.registry_of(root)
-    assert page_reg["mlflow"]["2"]["url"] == (
-        f"{server.url}/#/models/mlf/versions/{versions['2'].version}"
-    )
-    rec = read_json(runs[0] / "mlflow.json")
-    link = report.run_report(root, runs[0].name, [], None, None)["mlflow"]
-    assert link["url"] == f"{server.url}/#/experiments/{rec['experiment_id']}/runs/{rec['run_id']}"
-    assert link["pending"] is False
-
-
-def test_a_retried_try_logs_into_the_same_mlflow_run(tmp_path, server):
-    c = client(server.url)
-    marker = tmp_path / "failed-once"
-    cfg = write_config(
-        tmp_path,
-        "mlflaky",
         "data: {source: digits}\n"
         f"model: {{name: 'tests.unit.training.factory:fail_once', "
         f"args: {{marker: '{marker}', at_call: 30}}}}\n"
-        "training: {epochs: 3, batch_size: 64, lr: 0.1, retries: 1, retry_delay_seconds: 0}\n"
+        "training: {epochs: 2, batch_size: 64, lr: 0.1, retries: 1, retry_delay_seconds: 0}\n"
         "distributed: {backend: mpi, ranks: 2}\n",
     )
-    r = dagtrain_run(tmp_path, cfg, server.url)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert marker.exists()  # try 1 did fail
-    assert "train started (try 2)" in r.stdout
-    (run_dir,) = run_dirs(tmp_path, "mlflaky")
-    run = assert_run_matches(c, run_dir, "mlflaky")  # one run, each epoch once
-    assert run.data.tags["airflow.try_number"] == "2"
-    assert len(epochs(run_dir / "train" / "metrics.jsonl")) == 3
-    assert run.info.status == "FINISHED"
-
-
-def test_a_server_stopped_mid_run_costs_a_warning_never_the_model(tmp_path, venv, monkeypatch):
-    server = MlflowServer(venv, tmp_path / "mlflow").start()
+    weak = ("training.lr=0.002", "training.epochs=1")
     stopped = threading.Event()
 
-    def stop_once_the_run_is_recorded() -> None:
-        deadline = time.monotonic() + 300
+    def stop_once_the_third_run_is_recorded() -> None:
+        deadline = time.monotonic() + 600
         while time.monotonic() < deadline and not stopped.is_set():
-            if list((tmp_path / "art").glob("mldown/runs/*/mlflow.json")):
-                server.stop(kill=True)
+            if len(list((tmp_path / "art").glob("mlf/runs/*/mlflow.json"))) == 3:
+                server.stop(kill=True)  # before any rank starts: every epoch is missed
                 stopped.set()
                 return
             time.sleep(0.05)
 
-    watcher = threading.Thread(target=stop_once_the_run_is_recorded, daemon=True)
+    watcher = threading.Thread(target=stop_once_the_third_run_is_recorded, daemon=True)
     try:
-        cfg = write_config(
-            tmp_path,
-            "mldown",
-            "data: {source: digits}\n"
-            "model: {name: 'tests.unit.training.factory:slow', args: {seconds: 0.1}}\n"
-            "training: {epochs: 2, batch_size: 64, lr: 0.1, retries: 0}\n"
-            "distributed: {backend: mpi, ranks: 2}\n",
-        )
+        r = dagtrain_run(tmp_path, cfg, server.url, *weak)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert not marker.exists() and "try 2" not in r.stdout  # one epoch: no fault
+        r = dagtrain_run(tmp_path, cfg, server.url, "training.epochs=3")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert marker.exists()  # try 1 did fail
+        assert "train started (try 2)" in r.stdout
         watcher.start()
-        r = dagtrain_run(tmp_path, cfg, server.url)
+        r = dagtrain_run(tmp_path, cfg, server.url, *weak)
         stopped.set()
         watcher.join(10)
         assert r.returncode == 0, r.stdout + r.stderr
-        (run_dir,) = run_dirs(tmp_path, "mldown")
-        # training completed and dagtrain's registry promoted
-        reg = read_json(tmp_path / "art" / "mldown" / "registry" / "registry.json")
-        assert reg["champion"] == 1 and reg["versions"][0]["promoted"]
-        assert len(epochs(run_dir / "train" / "metrics.jsonl")) == 2
-        # the task logs name the connection, once per stage
+        runs = run_dirs(tmp_path, "mlf")
+        assert len(runs) == 3
+        reg = read_json(tmp_path / "art" / "mlf" / "registry" / "registry.json")
+        assert [v["promoted"] for v in reg["versions"]] == [True, True, False]
+        assert reg["champion"] == 2
+
+        # the third run: trained and kept by dagtrain; what MLflow missed is pending
+        third = xcom_run_id(tmp_path, runs[2])
         logs = tmp_path / "home" / "logs"
+        texts = {}
         for task in ("train", "evaluate", "promote"):
-            (log,) = list(logs.rglob(f"task_id={task}/attempt=1.log"))
-            text = log.read_text()
+            (log,) = list(logs.rglob(f"run_id={third}/task_id={task}/attempt=1.log"))
+            text = texts[task] = log.read_text()
             assert text.count(f"MLflow tracking: connection '{CONN}'") == 1, (task, text[-3000:])
-        # what was not logged waits in the run's folder; the XComs say so
-        pending = [i["part"] for i in read_json(run_dir / "mlflow-pending.json")["pending"]]
+        pending = [i["part"] for i in read_json(runs[2] / "mlflow-pending.json")["pending"]]
         assert {"train", "evaluate", "promote"} <= set(pending), pending
-        train_xcom = xcom(tmp_path, "train")
+        train_xcom = xcom(tmp_path, "train", third)
         assert train_xcom["tracking"]["ok"] is False
         assert train_xcom["tracking"]["connection"] == CONN
         assert train_xcom["tracking"]["error"]
-        assert xcom(tmp_path, "promote")["tracking"]["ok"] is False
+        # not promoted: a skipped task has no XCom; its reason says MLflow failed too
+        skipped = (
+            f"not promoted: test accuracy {reg['versions'][2]['metrics']['test_accuracy']:.4f}"
+        )
+        assert skipped in texts["promote"] and f"MLflow ('{CONN}') failed" in texts["promote"]
+        assert len(epochs(runs[2] / "train" / "metrics.jsonl")) == 1
 
         # the server back (the same store): a stage of the run does what was missed
         server = MlflowServer(venv, tmp_path / "mlflow", port=server.port).start()
@@ -291,16 +246,42 @@ def test_a_server_stopped_mid_run_costs_a_warning_never_the_model(tmp_path, venv
         from dagtrain.config import load_config
         from dagtrain.stages.registry import tracker_of
 
-        airflow_run = xcom_run_id(tmp_path)
-        tracker = tracker_of(load_config(cfg), airflow_run, {"run_id": airflow_run}, None)
-        assert tracker.report()["ok"] and not (run_dir / "mlflow-pending.json").exists()
+        tracker = tracker_of(load_config(cfg), third, {"run_id": third}, None)
+        assert tracker.report()["ok"] and not (runs[2] / "mlflow-pending.json").exists()
+
         c = client(server.url)
-        rec = read_json(run_dir / "mlflow.json")
-        got = history(c, rec["run_id"], "val_accuracy")
-        rows = epochs(run_dir / "train" / "metrics.jsonl")
-        assert got == sorted((row["step"], row["val_accuracy"]) for row in rows.values())
-        (mv,) = c.search_model_versions("name='mldown'")
-        assert c.get_registered_model("mldown").aliases == {"champion": mv.version}
+        for run_dir in runs:
+            assert_run_matches(c, run_dir, "mlf")
+        assert read_json(runs[1] / "train" / "config.json")["training"]["epochs"] == 3
+        # the retried run: one MLflow run, try 2's, each of its three epochs once
+        retried = c.get_run(read_json(runs[1] / "mlflow.json")["run_id"])
+        assert retried.data.tags["airflow.try_number"] == "2"
+        assert len(epochs(runs[1] / "train" / "metrics.jsonl")) == 3
+        assert retried.info.status == "FINISHED"
+
+        versions = {mv.tags["dagtrain.version"]: mv for mv in c.search_model_versions("name='mlf'")}
+        assert sorted(versions) == ["1", "2", "3"]  # every challenger a version
+        for v in reg["versions"]:
+            mv = versions[str(v["version"])]
+            verdict = "promoted" if v["promoted"] else "not promoted"
+            assert mv.tags["dagtrain.verdict"] == verdict
+            assert mv.tags["dagtrain.reason"] == v["reason"]
+            assert mv.run_id == read_json(runs[v["version"] - 1] / "mlflow.json")["run_id"]
+        # the champion alias on dagtrain's champion only
+        assert c.get_registered_model("mlf").aliases == {"champion": versions["2"].version}
+        # what the training page links to, from the records
+        from dagtrain.plugins import report
+
+        root = tmp_path / "art" / "mlf"
+        page_reg = report.registry_of(root)
+        assert page_reg["mlflow"]["2"]["url"] == (
+            f"{server.url}/#/models/mlf/versions/{versions['2'].version}"
+        )
+        rec = read_json(runs[0] / "mlflow.json")
+        link = report.run_report(root, runs[0].name, [], None, None)["mlflow"]
+        want = f"{server.url}/#/experiments/{rec['experiment_id']}/runs/{rec['run_id']}"
+        assert link["url"] == want
+        assert link["pending"] is False
     finally:
         stopped.set()
         server.stop()
@@ -321,11 +302,14 @@ def _xcoms(tmp_path: Path) -> list[tuple[str, str, Any]]:
     return out
 
 
-def xcom(tmp_path: Path, task: str) -> dict[str, Any]:
-    (value,) = [v for t, _, v in _xcoms(tmp_path) if t == task]
+def xcom(tmp_path: Path, task: str, run_id: str) -> dict[str, Any]:
+    (value,) = [v for t, r, v in _xcoms(tmp_path) if t == task and r == run_id]
     return value
 
 
-def xcom_run_id(tmp_path: Path) -> str:
-    (run_id,) = {r for _, r, _ in _xcoms(tmp_path)}
+def xcom_run_id(tmp_path: Path, run_dir: Path) -> str:
+    """The Airflow run id of the run whose artifacts are ``run_dir``."""
+    from dagtrain.stages.files import safe_name
+
+    (run_id,) = {r for _, r, _ in _xcoms(tmp_path) if safe_name(r) == run_dir.name}
     return run_id
