@@ -103,10 +103,25 @@ def create_app():
             for r in rows
         ]
 
+    def dag_root(session: Any, dag_id: str, run_id: str) -> Path | None:
+        """The run's artifact root from its DAG version: the data Asset its
+        prepare_data task emits, whose URI the dag-processor made from the DAG file's
+        config. Never from an XCom, which a user who may trigger can write."""
+        from airflow.models.dagbag import DBDagBag
+        from airflow.models.dagrun import DagRun
+
+        dag_run = session.scalar(
+            select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id)
+        )
+        serialized = None if dag_run is None else DBDagBag().get_dag_for_run(dag_run, session)
+        if serialized is None or not serialized.has_task(PREPARE_TASK):
+            return None
+        return report.artifact_root(serialized.get_task(PREPARE_TASK).outlets)
+
     def root_of(session: Any, dag_id: str, run_id: str) -> tuple[Path, Any]:
         data = output_of(session, dag_id, run_id, PREPARE_TASK)
-        root = report.artifact_root(data)
-        if root is None:
+        root = dag_root(session, dag_id, run_id)
+        if root is None or data is None:
             raise HTTPException(404, f"run {run_id!r} has no prepared data (yet)")
         return root, data
 
@@ -205,7 +220,8 @@ def create_app():
         """What ``dagtrain trigger --wait`` shows as epochs end: the training tasks'
         progress lines since ``after`` (none before the data is prepared)."""
         dag_of(dag_id, session)
-        root = report.artifact_root(output_of(session, dag_id, run_id, PREPARE_TASK))
+        prepared = output_of(session, dag_id, run_id, PREPARE_TASK) is not None
+        root = dag_root(session, dag_id, run_id) if prepared else None
         return {"lines": [] if root is None else report.progress_of(root, run_id, after)}
 
     @app.get("/api/dags/{dag_id}/runs/{run_id}/trace", dependencies=read_run)
@@ -232,7 +248,7 @@ def create_app():
         dag_of(dag_id, session)
         out: list[dict[str, Any]] = []
         for r in runs_of(session, dag_id, limit):
-            root = report.artifact_root(output_of(session, dag_id, r["run_id"], PREPARE_TASK))
+            root = dag_root(session, dag_id, r["run_id"])
             if root is not None:
                 out += [c | {"state": r["state"]} for c in report.curves_of(root, [r["run_id"]])]
         return out
@@ -241,8 +257,7 @@ def create_app():
     def registry(dag_id: str, session: SessionDep) -> dict[str, Any]:
         dag_of(dag_id, session)
         for r in runs_of(session, dag_id):
-            data = output_of(session, dag_id, r["run_id"], PREPARE_TASK)
-            root = report.artifact_root(data)
+            root = dag_root(session, dag_id, r["run_id"])
             if root is not None:
                 return report.registry_of(root)
         return {"champion": None, "versions": []}

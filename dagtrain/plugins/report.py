@@ -19,6 +19,7 @@ import json
 import re
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 from dagtrain.changes import change_line
 from dagtrain.stages.files import (
@@ -48,11 +49,16 @@ __all__ = [
 ]
 
 
-def artifact_root(prep_output: Any) -> Path | None:
-    """The pipeline's artifact root from ``prepare_data``'s output, or None."""
-    if not isinstance(prep_output, dict) or not isinstance(prep_output.get("dir"), str):
-        return None
-    return ArtifactLayout.of_data(prep_output["dir"]).root
+def artifact_root(outlets: Any) -> Path | None:
+    """The pipeline's artifact root from ``prepare_data``'s outlets (its data Asset, a
+    ``file://`` URI of the root's data folder: ``pipelines.data_asset``), or None."""
+    for a in outlets or ():
+        name, uri = getattr(a, "name", ""), getattr(a, "uri", "")
+        if name.startswith("dagtrain.") and name.endswith(".data"):
+            parsed = urlparse(uri)
+            if parsed.scheme == "file" and parsed.path:
+                return ArtifactLayout.of_data_root(unquote(parsed.path)).root
+    return None
 
 
 def _inside(root: Path, path: Path) -> Path:

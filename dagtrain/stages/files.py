@@ -277,9 +277,9 @@ class ArtifactLayout:
         return cls(cfg.artifact_root())
 
     @classmethod
-    def of_data(cls, data_dir: str | Path) -> ArtifactLayout:
-        """The layout a prepared data folder (``prepare_data``'s ``dir``) belongs to."""
-        return cls(Path(data_dir).resolve().parents[1])
+    def of_data_root(cls, data_root: str | Path) -> ArtifactLayout:
+        """The layout whose ``data_root`` is ``data_root`` (the data Asset's folder)."""
+        return cls(Path(data_root).resolve().parent)
 
     @property
     def data_root(self) -> Path:

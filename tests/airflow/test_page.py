@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from urllib.parse import quote
 
 import httpx
@@ -216,6 +217,53 @@ def restricted(airflow):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def test_an_xcom_rewritten_through_the_rest_api_cannot_point_the_page_elsewhere(
+    airflow, failed_run
+):
+    """A user who may trigger runs may write XComs (Airflow's REST API): prepare_data's
+    ``dir`` rewritten to another pipeline's data folder changes nothing the page reads.
+    Its files come from the run's DAG version (the data Asset's folder, from the DAG
+    file's config), so dagtrain_tiny's page shows dagtrain_tiny's run and registry."""
+    run_id = tiny_run_id(airflow)
+    entry = (
+        f"/api/v2/dags/dagtrain_tiny/dagRuns/{quote(run_id, safe='')}"
+        "/taskInstances/prepare_data/xcomEntries/return_value"
+    )
+    mine = get(airflow, entry, params={"deserialize": True}).json()["value"]
+    other = get(
+        airflow,
+        f"/api/v2/dags/dagtrain_tiny_fail/dagRuns/{quote(failed_run, safe='')}"
+        "/taskInstances/prepare_data/xcomEntries/return_value",
+        params={"deserialize": True},
+    ).json()["value"]
+    assert mine["dir"] != other["dir"]
+    before = get(airflow, f"{PAGE}/dagtrain_tiny/runs/{quote(run_id, safe='')}").json()
+    forged = {**mine, "dir": other["dir"], "manifest": other["manifest"]}
+
+    def patch(value) -> None:
+        r = httpx.patch(
+            f"{airflow['url']}{entry}",
+            headers=airflow["headers"],
+            json={"value": value, "map_index": -1},
+            timeout=30,
+        )
+        assert r.status_code == 200, r.text[:300]
+
+    patch(forged)
+    try:
+        r = get(airflow, f"{PAGE}/dagtrain_tiny/runs/{quote(run_id, safe='')}").json()
+        assert r["data"]["dir"] == other["dir"]  # shown as the XCom says, as text
+        assert r["config"] == before["config"] and r["config"]
+        tiny_root = Path(mine["dir"]).parents[1]  # <root>/data/<version>
+        assert Path(r["config"]["checkpoint_dir"]).is_relative_to(tiny_root)
+        assert r["epochs"] == before["epochs"] and r["epochs"]
+        reg = get(airflow, f"{PAGE}/dagtrain_tiny/registry").json()
+        dags = {v["lineage"]["dag_id"] for v in reg["versions"]}
+        assert dags == {"dagtrain_tiny"}, dags
+    finally:
+        patch(mine)
 
 
 def test_a_user_who_may_not_read_a_dag_gets_403_for_its_runs(airflow, restricted):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -35,9 +37,24 @@ def make_run(tmp_path, run_id="manual__1"):
     return root, {"dir": str(root / "data" / "v1"), "version": "v1", "rows": {"train": 9}}
 
 
+def data_asset(root: Path) -> SimpleNamespace:
+    """prepare_data's outlet as the serialized DAG holds it (``pipelines.data_asset``)."""
+    return SimpleNamespace(name="dagtrain.p.data", uri=(root / "data").as_uri())
+
+
+def test_the_artifact_root_is_the_dags_data_asset_never_the_xcoms_dir(tmp_path):
+    root = tmp_path / "a root with spaces" / "p"
+    model = SimpleNamespace(name="dagtrain.p.model", uri=(root / "registry").as_uri())
+    assert report.artifact_root([model, data_asset(root)]) == root.resolve()
+    assert report.artifact_root([model]) is None  # no data Asset: no root
+    s3 = SimpleNamespace(name="dagtrain.p.data", uri="s3://bucket/p/data")
+    assert report.artifact_root([s3]) is None
+    assert report.artifact_root(None) is None
+
+
 def test_a_report_of_a_run_retried_after_a_killed_rank(tmp_path):
     root, data = make_run(tmp_path)
-    assert report.artifact_root(data) == root.resolve()
+    assert report.artifact_root([data_asset(root)]) == root.resolve()
     r = report.run_report(root, "manual__1", [], {"training": {"lr": 0.05, "epochs": 2}}, data)
     assert [e["epoch"] for e in r["epochs"]] == [0, 1]  # the half-written line is not one
     assert [t["resumed_from_step"] for t in r["tries"]] == [None, 20]

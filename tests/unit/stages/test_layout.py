@@ -48,7 +48,7 @@ def test_the_layout_places_every_file_of_a_run():
     assert lay.data("abc").split(shard_split(2)) == ROOT / "data" / "abc" / "shard-02.npz"
     assert lay.model(3) == ROOT / "registry" / "models" / "v0003" / "model.pt"
     assert lay.registry_file == ROOT / "registry" / "registry.json"
-    assert ArtifactLayout.of_data(ROOT / "data" / "abc").root == ROOT.resolve()
+    assert ArtifactLayout.of_data_root(ROOT / "data").root == ROOT.resolve()
 
 
 @pytest.mark.parametrize(
