@@ -46,6 +46,10 @@ class EvaluateOperator(DagtrainOperator):
 class PromoteOperator(DagtrainOperator):
     """Register the evaluated model; promote it only if it beats the champion.
 
+    What is registered, and compared, is the run's evaluation as the evaluate task kept
+    it in the run's folder (its checkpoint under the pipeline's artifact root), never
+    the values of an XCom.
+
     Every challenger becomes a registry version (metrics, lineage to the config, the
     data manifest and the run); only a better one becomes the champion, and only then
     does the task succeed and emit its ``outlets`` (the model's Asset). A model that is
@@ -62,10 +66,17 @@ class PromoteOperator(DagtrainOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow.sdk.exceptions import AirflowSkipException
 
-        from dagtrain.stages.registry import promote
+        from dagtrain.stages.registry import evaluation_of, promote
 
         cfg = self.run_config(context)
-        ev = self.evaluation
+        # the run's own evaluation file, not the XCom (``evaluation``: the dependency
+        # on the evaluate task), which a user who may trigger runs can rewrite
+        ev = evaluation_of(cfg, context["run_id"])
+        told = self.evaluation if isinstance(self.evaluation, dict) else {}
+        if told and told.get("metrics") != ev["metrics"]:
+            self.log.warning(
+                "the evaluate task's XCom differs from its evaluation file: the file decides"
+            )
         lineage = {
             "dag_id": context["dag"].dag_id if context.get("dag") else None,
             "run_id": context["run_id"],

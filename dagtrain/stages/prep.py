@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -217,6 +218,10 @@ def verify_manifest(path: Path, names: Sequence[str] | None = None) -> dict[str,
         f = m["files"].get(name)
         if f is None:
             raise InputError(f"data file {name} is not in {path} (its files: {sorted(m['files'])})")
+        if not isinstance(f.get("path"), str) or Path(f["path"]).name != f["path"]:
+            raise InputError(
+                f"data file {name} of {path} is not a file of its folder: prepare the data again"
+            )  # a manifest names files beside it, never a path elsewhere
         p = base / f["path"]
         if not p.exists() or sha256_file(p) != f["sha256"]:
             raise InputError(f"data file {name} ({p}) is missing or does not match its checksum")
@@ -228,15 +233,31 @@ def data_file(manifest: dict[str, Any], name: str) -> str:
     return str(Path(manifest["dir"]) / manifest["files"][name]["path"])
 
 
-def manifest_of(data: Any, names: tuple[str, ...] | None = None) -> dict[str, Any]:
-    """The manifest of a prepare stage's output (``data``: its XCom), the files ``names``
-    (default: all) checked against their checksums."""
-    if not isinstance(data, dict) or "manifest" not in data:
+def manifest_of(
+    cfg: PipelineConfig, data: Any, names: tuple[str, ...] | None = None
+) -> dict[str, Any]:
+    """The manifest of the data version a prepare stage's output names (``data``: its
+    XCom), the files ``names`` (default: all) checked against their checksums. Only the
+    version is taken from the XCom, which a user who may trigger runs can rewrite: the
+    folder is the pipeline's own (``cfg``'s artifact root, a file-only field), so no
+    XCom can point a task at files elsewhere."""
+    version = data.get("version") if isinstance(data, dict) else None
+    if not isinstance(version, str) or not _VERSION.fullmatch(version):
         raise InputError(
-            "data must be the output of a DataPrepOperator (its XCom: a dict with "
-            f"'manifest'), got {type(data).__name__}"
+            "data must be the output of a DataPrepOperator (its XCom: a dict with the "
+            f"data's 'version', a hex digest), got {type(data).__name__}"
+            + (f" with version {str(version)[:40]!r}" if isinstance(data, dict) else "")
         )
-    return verify_manifest(Path(data["manifest"]), names)
+    path = ArtifactLayout.of(cfg).data(version).manifest
+    if not path.is_file():
+        raise InputError(
+            f"data version {version} is not prepared in this pipeline's artifacts: run its "
+            "prepare_data task again"
+        )
+    return verify_manifest(path, names)
+
+
+_VERSION = re.compile(r"[0-9a-f]{8,64}")
 
 
 def prepare_stage(cfg: PipelineConfig, shards: int = 0) -> dict[str, Any]:

@@ -105,10 +105,11 @@ def evaluate_stage(
     from .prep import manifest_of
 
     tracker = tracker_of(cfg, run_id, airflow, log)
-    manifest = manifest_of(data, ("test",))
+    manifest = manifest_of(cfg, data, ("test",))
     ckpt = model["checkpoint"] if isinstance(model, dict) else str(model)
     if not ckpt:
         raise InputError("model: the training task returned no checkpoint")
+    ckpt = own_file(cfg, ckpt, "model")
     metrics = evaluate_checkpoint(cfg, manifest, ckpt)
     champ = champion(cfg)
     ok, why = better(cfg, metrics, champ)
@@ -134,6 +135,29 @@ def evaluate_stage(
 
 def _layout(cfg: PipelineConfig) -> ArtifactLayout:
     return ArtifactLayout.of(cfg)
+
+
+def own_file(cfg: PipelineConfig, path: Any, field: str) -> str:
+    """``path`` resolved, if it lies under the pipeline's artifact root (a file-only
+    field); else InputError naming ``field``. A task's output (an XCom, which a user who
+    may trigger runs can rewrite) names only the pipeline's own files."""
+    root = _layout(cfg).root.resolve()
+    p = Path(str(path)).resolve()
+    if not p.is_relative_to(root):
+        raise InputError(
+            f"{field}: {p.name!r} is not under the pipeline's artifact root; a stage reads "
+            "only the pipeline's own files (artifacts.root), whatever a task's output says"
+        )
+    return str(p)
+
+
+def evaluation_of(cfg: PipelineConfig, run_id: str) -> dict[str, Any]:
+    """The evaluation the evaluate task of run ``run_id`` kept in the run's folder: what
+    promote registers, rather than the evaluate task's XCom."""
+    path = _layout(cfg).run(run_id).evaluation
+    if not path.exists():
+        raise InputError(f"run {run_id!r} has no evaluation: run its evaluate task first")
+    return read_json(path)
 
 
 @contextlib.contextmanager
@@ -210,6 +234,7 @@ def promote(
     from dagtrain.training import checkpoint
 
     metrics = finite_metrics(metrics)
+    ckpt = own_file(cfg, ckpt, "checkpoint")
     run_id = lineage.get("run_id") or ""
     tracker = tracker_of(cfg, run_id, airflow, log)
 

@@ -146,7 +146,7 @@ def sync_stage(
     see ``sync_round``."""
     from .prep import manifest_of
 
-    manifest = manifest_of(data, ())  # reads no data file
+    manifest = manifest_of(cfg, data, ())  # reads no data file
     k = shards or manifest["shards"]
     return sync_round(cfg, manifest, ArtifactLayout.of(cfg).run(run_id), r, k, dirs)
 

@@ -146,7 +146,7 @@ def train_stage(
     if ranks:
         dist = DistributedConfig.model_validate({**dist.model_dump(), "ranks": ranks})
     if round is None:
-        manifest = manifest_of(data, ("train", "val"))
+        manifest = manifest_of(cfg, data, ("train", "val"))
         out = run.train
         training, split, init_from = cfg.training, "train", None
     else:
@@ -154,7 +154,7 @@ def train_stage(
             raise InputError(f"round {round}: a shard's training task needs its shard number")
         # a shard the data lacks is refused there, with the files it has
         split = shard_split(shard)
-        manifest = manifest_of(data, (split, "val"))
+        manifest = manifest_of(cfg, data, (split, "val"))
         out = run.shard(round, shard)
         steps = cfg.rounds.local_steps  # local_steps decides, not epochs
         training = cfg.training.model_copy(

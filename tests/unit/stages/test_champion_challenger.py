@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
 from dagtrain.config import load_config
 from dagtrain.errors import InputError
-from dagtrain.stages.registry import better, champion, promote
+from dagtrain.stages.registry import better, champion, evaluation_of, promote
 from dagtrain.training import checkpoint
 
 
@@ -17,6 +18,11 @@ def cfg_with(tmp_path, evaluation: str = ""):
     p = tmp_path / "p.yaml"
     p.write_text(f"name: r\nartifacts: {{root: art}}\nevaluation: {{{evaluation}}}\n")
     return load_config(p)
+
+
+def run_folder(cfg) -> Path:
+    """A run's checkpoint folder under the pipeline's artifact root."""
+    return cfg.artifact_root() / "runs" / "r1" / "train" / "checkpoints"
 
 
 def test_better_follows_the_metric_its_direction_and_the_margins(tmp_path):
@@ -33,7 +39,7 @@ def test_better_follows_the_metric_its_direction_and_the_margins(tmp_path):
 
 def test_promote_records_every_version_and_keeps_the_best_as_champion(tmp_path):
     cfg = cfg_with(tmp_path)
-    ckpt = checkpoint.save({"model": {"w": torch.ones(2)}}, tmp_path / "ck", 1)
+    ckpt = checkpoint.save({"model": {"w": torch.ones(2)}}, run_folder(cfg), 1)
     lineage = {"run_id": "r1", "data_manifest": "m.json"}
     first = promote(cfg, str(ckpt), {"test_accuracy": 0.9, "test_loss": 0.3}, lineage)
     second = promote(cfg, str(ckpt), {"test_accuracy": 0.8, "test_loss": 0.5}, lineage)
@@ -57,8 +63,45 @@ def test_a_metric_that_is_not_a_finite_number_is_refused_by_name_and_nothing_reg
     """The metrics reach promote through the evaluate task's XCom, which a user who may
     write XComs (Airflow's REST API) could rewrite between evaluate and promote."""
     cfg = cfg_with(tmp_path)
-    ckpt = checkpoint.save({"model": {"w": torch.ones(2)}}, tmp_path / "ck", 1)
+    ckpt = checkpoint.save({"model": {"w": torch.ones(2)}}, run_folder(cfg), 1)
     with pytest.raises(InputError, match=r"evaluation metric 'test_loss' is .*not a finite"):
         promote(cfg, str(ckpt), {"test_accuracy": 0.9, "test_loss": bad}, {"run_id": "r1"})
     assert champion(cfg) is None
     assert not (cfg.artifact_root() / "registry" / "registry.json").exists()
+
+
+def test_a_checkpoint_outside_the_pipelines_artifact_root_is_never_registered(tmp_path):
+    """promote's checkpoint comes from the run's evaluation; a path elsewhere (another
+    pipeline's model, any file) is refused by name and nothing is registered."""
+    cfg = cfg_with(tmp_path)
+    other = checkpoint.save({"model": {"w": torch.ones(2)}}, tmp_path / "elsewhere", 1)
+    with pytest.raises(InputError, match=r"checkpoint: .* is not under the pipeline's artifact"):
+        promote(cfg, str(other), {"test_accuracy": 0.9, "test_loss": 0.3}, {"run_id": "r1"})
+    assert not (cfg.artifact_root() / "registry" / "registry.json").exists()
+    # a path that only starts inside: .. out of the root
+    sneaky = cfg.artifact_root() / "runs" / ".." / ".." / ".." / "elsewhere" / other.name
+    with pytest.raises(InputError, match="is not under the pipeline's artifact root"):
+        promote(cfg, str(sneaky), {"test_accuracy": 0.9, "test_loss": 0.3}, {"run_id": "r1"})
+
+
+def test_promote_reads_the_runs_evaluation_file_not_the_xcom(tmp_path):
+    cfg = cfg_with(tmp_path)
+    with pytest.raises(InputError, match="run 'r1' has no evaluation: run its evaluate task"):
+        evaluation_of(cfg, "r1")
+    path = cfg.artifact_root() / "runs" / "r1" / "eval.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"checkpoint": "c.pt", "metrics": {"test_accuracy": 0.5}}))
+    assert evaluation_of(cfg, "r1")["metrics"] == {"test_accuracy": 0.5}
+
+
+def test_evaluate_refuses_a_checkpoint_outside_the_pipelines_artifact_root(tmp_path):
+    """The train task's XCom names the checkpoint evaluate reads: one elsewhere (another
+    pipeline's, any file) is refused by name before it is read."""
+    from dagtrain.stages.prep import prepare_stage
+    from dagtrain.stages.registry import evaluate_stage
+
+    cfg = cfg_with(tmp_path)
+    other = checkpoint.save({"model": {"w": torch.ones(2)}}, tmp_path / "elsewhere", 1)
+    with pytest.raises(InputError, match=r"model: .* is not under the pipeline's artifact root"):
+        evaluate_stage(cfg, "r1", prepare_stage(cfg), {"checkpoint": str(other)})
+    assert not (cfg.artifact_root() / "runs" / "r1" / "eval.json").exists()

@@ -68,3 +68,34 @@ def test_labels_that_are_not_the_classes_0_to_c_minus_1_are_refused_by_name(tmp_
     assert "the labels are 1, 2, 3 (missing: 0); relabel them 0..2" in msg
     (tmp_path / "d.csv").write_text(rows.replace(",3\n", ",0\n"))  # 0, 1, 2: fine
     assert prepare(config(tmp_path, "data: {source: d.csv}\n"))["classes"] == 3
+
+
+def test_a_stage_reads_the_manifest_of_its_own_pipeline_whatever_the_xcom_says(tmp_path):
+    """prepare_data's XCom reaches the later tasks, and a user who may trigger runs can
+    rewrite it (Airflow's REST API): only its version is read, checked to be a digest,
+    and the manifest is the pipeline's own; a manifest naming a file elsewhere is
+    refused."""
+    import json
+
+    from dagtrain.errors import InputError
+    from dagtrain.stages.prep import manifest_of, prepare_stage
+
+    cfg = config(tmp_path)
+    out = prepare_stage(cfg)
+    (tmp_path / "b").mkdir()
+    other = prepare_stage(config(tmp_path / "b", "data: {seed: 1}\n"))  # another pipeline's
+    forged = {**out, "manifest": other["manifest"], "dir": other["dir"]}
+    assert manifest_of(cfg, forged)["dir"] == out["dir"]  # its own, not the forged one
+    for version in ("../../b/art/d/data/" + other["version"], "", None, 7, "A" * 16):
+        with pytest.raises(InputError, match="the data's 'version', a hex digest"):
+            manifest_of(cfg, {**out, "version": version})
+    with pytest.raises(
+        InputError, match=f"data version {other['version']} is not prepared in this pipeline's"
+    ):
+        manifest_of(cfg, {**out, "version": other["version"]})  # not prepared here
+    path = Path(out["manifest"])
+    m = json.loads(path.read_text())
+    m["files"]["train"]["path"] = "/etc/hostname"
+    path.write_text(json.dumps(m))
+    with pytest.raises(InputError, match=r"data file train of .* is not a file of its folder"):
+        manifest_of(cfg, out, ("train",))
