@@ -38,7 +38,8 @@ def _limits(p: dict[str, Any]) -> str:
 
 
 def _mark(field: str) -> str:
-    return "*file only.* " if field in FILE_ONLY else ""
+    section = field.partition(".")[0]
+    return "*file only.* " if field in FILE_ONLY or section in FILE_ONLY else ""
 
 
 def config_reference() -> str:

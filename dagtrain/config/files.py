@@ -150,6 +150,8 @@ def merge_conf(cfg: PipelineConfig, conf: dict[str, Any] | None) -> PipelineConf
             raise ConfigError(f"conf: {unknown_key((k,))}")
     for field, value in _author_only(cfg).items():
         got = _get(conf, field)
+        if isinstance(got, dict) and isinstance(value, dict):  # a section: what it changes
+            got = deep_merge(value, got)
         if got is not _MISSING and got != value:
             said = f"the file says {value!r}" if value is not None else "the file leaves it unset"
             raise ConfigError(

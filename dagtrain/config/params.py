@@ -59,7 +59,7 @@ def fixed_sections(cfg: PipelineConfig) -> dict[str, str]:
     out: dict[str, str] = {}
     for section, sub in schema.items():
         fields = sub.get("properties")
-        if fields is None:
+        if fields is None or section in FILE_ONLY:
             out[section] = FILE_ONLY[section]
         elif all(f"{section}.{f}" in FILE_ONLY for f in fields):
             out[section] = "config file only"

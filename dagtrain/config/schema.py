@@ -46,6 +46,8 @@ FILE_ONLY: dict[str, str] = {
     "artifacts.root": "it is a place on the workers",
     "data.source": "it is a file on the workers, a URL, or code they import",
     "data.connection": "it holds credentials to the data's storage (an Airflow connection)",
+    "data.test_fraction": "it decides the test split that promotion is judged on",
+    "evaluation": "it decides which model becomes the champion",
     "tracking": "it names a tracking server (an Airflow connection)",
     "distributed.hosts": "it names machines to run on",
     "distributed.hosts_connection": "it names the machines to run on (an Airflow connection)",

@@ -136,7 +136,7 @@ def test_a_run_whose_rank_was_killed_names_the_rank_and_why(airflow, failed_run)
 
 def test_the_trigger_form_describes_every_field_and_offers_only_what_a_run_may_change(airflow):
     params = get(airflow, "/api/v2/dags/dagtrain_tiny/details").json()["params"]
-    for name in ("model", "training", "distributed", "executor", "data", "evaluation"):
+    for name in ("model", "training", "distributed", "executor", "data"):
         p = params[name]
         assert p["description"], name  # the section's own words
         fields = p["schema"]["properties"]
@@ -144,8 +144,11 @@ def test_the_trigger_form_describes_every_field_and_offers_only_what_a_run_may_c
     retries = params["training"]["schema"]["properties"]["retries"]
     assert "config file only" in retries["description"], retries
     # Airflow's trigger form renders a Param whose schema is a `const` as a hidden field
-    for name in ("name", "pipeline", "schedule", "artifacts", "rounds"):
+    for name in ("name", "pipeline", "schedule", "artifacts", "rounds", "evaluation"):
         assert "const" in params[name]["schema"], (name, params[name])
+    assert "decides which model becomes the champion" in params["evaluation"]["description"]
+    test_fraction = params["data"]["schema"]["properties"]["test_fraction"]
+    assert "const" in test_fraction and "config file only" in test_fraction["description"]
     assert "not used by a retraining pipeline" in params["rounds"]["description"]
     r = httpx.post(
         f"{airflow['url']}/api/v2/dags/dagtrain_tiny/dagRuns",
@@ -351,10 +354,13 @@ def test_the_training_page_in_a_real_browser(airflow, two_epochs, failed_run):
             page.wait_for_selector("text=Run Parameters", timeout=30_000)
             page.wait_for_timeout(1500)
             labels = {t.split("\n")[0] for t in page.locator("label").all_inner_texts()}
-            assert {"model", "training", "distributed", "data", "evaluation"} <= labels, labels
-            assert not {"rounds", "schedule", "artifacts", "name"} & labels, labels
+            assert {"model", "training", "distributed", "data"} <= labels, labels
+            assert not {"rounds", "schedule", "artifacts", "name", "evaluation"} & labels, labels
             hidden = page.locator("input[type=hidden]").evaluate_all("l => l.map(e => e.name)")
-            assert {"element_rounds", "element_schedule", "element_artifacts"} <= set(hidden)
+            assert {
+                *("element_rounds", "element_schedule", "element_artifacts"),
+                "element_evaluation",
+            } <= set(hidden)
             assert page.get_by_text("The optimisation every rank runs").count() == 1
             page.screenshot(path=str(images / "trigger-form.png"))
             page.goto(f"{airflow['url']}/dagtrain/")

@@ -65,13 +65,23 @@ def test_conf_merges_into_the_file_and_keeps_what_it_does_not_name(tmp_path):
         ({"distributed": {"hosts": ["attacker:4"]}}, "distributed.hosts"),
         ({"bogus": {}}, "unknown section 'bogus'"),
         ({"training": {"epochs": -1}}, "training.epochs"),
+        # what decides promotion: a conf could otherwise make any model the champion
+        ({"evaluation": {"min_accuracy": 0.0}}, "evaluation"),
+        ({"evaluation": {"metric": "test_loss"}}, "evaluation"),
+        ({"data": {"test_fraction": 0.01}}, "data.test_fraction"),
     ],
 )
 def test_a_runs_conf_cannot_name_code_or_places(tmp_path, conf, needle):
-    cfg = load_config(write(tmp_path, "model: {name: mlp}\n"))
+    cfg = load_config(write(tmp_path, "model: {name: mlp}\nevaluation: {min_accuracy: 0.8}\n"))
     with pytest.raises(ConfigError) as info:
         merge_conf(cfg, conf)
     assert needle in str(info.value)
+
+
+def test_a_conf_may_repeat_the_files_evaluation_and_test_split(tmp_path):
+    cfg = load_config(write(tmp_path, "evaluation: {min_accuracy: 0.8}\n"))
+    run = merge_conf(cfg, {"evaluation": {"min_accuracy": 0.8}, "data": {"test_fraction": 0.2}})
+    assert run.evaluation == cfg.evaluation and run.data.test_fraction == 0.2
 
 
 def test_the_files_own_factory_may_be_repeated_by_conf(tmp_path):
@@ -159,7 +169,9 @@ def test_a_section_the_pipeline_does_not_use_is_neither_offered_nor_accepted(tmp
 
     cfg = load_config(write(tmp_path, "training: {epochs: 4}\n"))
     fixed = fixed_sections(cfg)
-    assert set(fixed) == {"name", "pipeline", "schedule", "artifacts", "rounds", "tracking"}
+    assert set(fixed) == {
+        *("name", "pipeline", "schedule", "artifacts", "rounds", "tracking", "evaluation"),
+    }
     assert "not used by a retraining pipeline" in fixed["rounds"]
     params = dag_params(cfg)
     assert params["rounds"].schema == {"const": cfg.model_dump(mode="json")["rounds"]}
