@@ -60,7 +60,7 @@ def _dag(cfg: PipelineConfig, path: Path, dag_id: str | None, kind: str) -> DAG:
     t = cfg.training
     return DAG(
         dag_id or f"dagtrain_{cfg.name}",
-        description=f"dagtrain {kind}: {cfg.model.name} on {cfg.data.source} "
+        description=f"dagtrain {kind}: {cfg.model.name} on {cfg.shown()['data']['source']} "
         f"({cfg.distributed.ranks} {cfg.distributed.backend} ranks)",
         schedule=_schedule(cfg),
         start_date=START,

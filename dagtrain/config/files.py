@@ -119,9 +119,10 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _author_only(cfg: PipelineConfig) -> dict[str, Any]:
-    """Dotted field -> the file's value, for fields a run's conf may not change."""
-    values = cfg.model_dump(mode="json")
+def _author_only(cfg: PipelineConfig, values: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Dotted field -> the file's value (or ``values``'s: as the Params show it), for
+    fields a run's conf may not change."""
+    values = cfg.model_dump(mode="json") if values is None else values
     return {f: _get(values, f) for f in FILE_ONLY}
 
 
@@ -148,11 +149,12 @@ def merge_conf(cfg: PipelineConfig, conf: dict[str, Any] | None) -> PipelineConf
     for k in conf:
         if k not in PipelineConfig.model_fields:
             raise ConfigError(f"conf: {unknown_key((k,))}")
+    shown = _author_only(cfg, cfg.shown())
     for field, value in _author_only(cfg).items():
         got = _get(conf, field)
         if isinstance(got, dict) and isinstance(value, dict):  # a section: what it changes
             got = deep_merge(value, got)
-        if got is not _MISSING and got != value:
+        if got is not _MISSING and got != value and got != shown[field]:
             said = f"the file says {value!r}" if value is not None else "the file leaves it unset"
             raise ConfigError(
                 f"conf: {field} may be set only in the pipeline's config file, not by a "
@@ -174,7 +176,17 @@ def merge_conf(cfg: PipelineConfig, conf: dict[str, Any] | None) -> PipelineConf
             "the config file"
         )
     merged = deep_merge(cfg.model_dump(mode="json"), conf)
+    for field, value in _author_only(cfg).items():  # the file's own, not as a conf gave it
+        if value is not _MISSING and _get(conf, field) is not _MISSING:
+            _put(merged, field, value)
     return validate(merged, "conf", cfg.base_dir)
+
+
+def _put(d: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, last = dotted.split(".")
+    for part in parents:
+        d = d[part]
+    d[last] = copy.deepcopy(value)
 
 
 def parse_sets(sets: list[str]) -> dict[str, Any]:

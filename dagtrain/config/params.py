@@ -80,7 +80,7 @@ def dag_params(cfg: PipelineConfig) -> dict[str, Any]:
     from airflow.sdk import Param
 
     schema = config_schema()
-    values = cfg.model_dump(mode="json")
+    values = cfg.shown()  # no credentials of a data.source URL in the DAG's Params
     fixed = fixed_sections(cfg)
     params: dict[str, Any] = {}
     for section, sub in schema["properties"].items():

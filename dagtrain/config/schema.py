@@ -14,6 +14,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
+from dagtrain import redact
 from dagtrain.errors import InputError
 
 # The names of things code implements elsewhere, listed here once (no torch at import):
@@ -634,6 +635,14 @@ class PipelineConfig(_RunSections):
     @base_dir.setter
     def base_dir(self, value: str | None) -> None:
         self._base_dir = value
+
+    def shown(self) -> dict[str, Any]:
+        """The config's values as dagtrain records and shows them (the DAG's Params, the
+        registry's lineage, the data manifest): ``data.source`` without a URL's user,
+        password or query string (``dagtrain.redact``), which may grant access."""
+        values = self.model_dump(mode="json")
+        values["data"]["source"] = redact.url(values["data"]["source"])
+        return values
 
     def path(self, p: str) -> Path:
         """A path of the config, resolved against the config file's folder."""

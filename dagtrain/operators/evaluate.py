@@ -81,7 +81,7 @@ class PromoteOperator(DagtrainOperator):
             "dag_id": context["dag"].dag_id if context.get("dag") else None,
             "run_id": context["run_id"],
             "config": self.config_path,
-            "config_values": cfg.model_dump(mode="json"),
+            "config_values": cfg.shown(),
             "data_manifest": ev["manifest"],
             "data_version": ev["data_version"],
             "checkpoint": ev["checkpoint"],

@@ -189,10 +189,10 @@ def prepare(cfg: PipelineConfig, shards: int = 0) -> dict[str, Any]:
     manifest = {
         "version": version,
         "dir": str(out),
-        "source": cfg.data.source,
+        "source": cfg.shown()["data"]["source"],  # a URL without its credentials
         "source_kind": kind,
         "source_digest": digest,
-        "settings": d.model_dump(),
+        "settings": d.model_dump() | {"source": cfg.shown()["data"]["source"]},
         "in_shape": list(shape),
         "classes": classes,
         "shards": shards,

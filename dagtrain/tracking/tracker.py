@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from dagtrain import redact
 from dagtrain.config import PipelineConfig
 
 from . import records
@@ -119,6 +120,8 @@ class Tracker:
 
         assert cfg.tracking is not None, "a Tracker is for a pipeline with tracking"
         self.uri: str = check_tracking(cfg) or ""
+        # what is recorded and shown: without a user, password or query string
+        self.shown_uri = redact.url(self.uri)
         self.connection = cfg.tracking.connection
         self.experiment = cfg.tracking.experiment or cfg.name
         self.model_name = cfg.tracking.registered_model or cfg.name
@@ -159,7 +162,7 @@ class Tracker:
         return {
             "ok": self.error is None,
             "connection": self.connection,
-            "uri": self.uri,
+            "uri": self.shown_uri,
             "experiment": self.experiment,
             "run_id": rec.get("run_id"),
             "error": self.error,
@@ -167,14 +170,17 @@ class Tracker:
         }
 
     def _down(self, part: str, e: BaseException) -> None:
-        self.error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''}"[:500]
+        said = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        if self.uri != self.shown_uri:  # MLflow's messages name the URLs it asked
+            said = said.replace(self.uri, self.shown_uri)
+        self.error = f"{type(e).__name__}: {said}"[:500]
         if self.log is not None:
             self.log.warning(
                 "MLflow tracking: connection %r (%s) failed in %s: %s. Training and "
                 "dagtrain's registry go on without it; what was not logged is kept in %s "
                 "and retried by the run's next stage",
                 self.connection,
-                self.uri,
+                self.shown_uri,
                 part,
                 self.error,
                 self.run_dir / records.PENDING,
@@ -201,7 +207,7 @@ class Tracker:
         dag_id and run_id, or a new one; recorded before anything is logged to it."""
         path = self.run_dir / records.RECORD
         rec = records.read(path)
-        if rec.get("run_id") and rec.get("uri") == self.uri:
+        if rec.get("run_id") and rec.get("uri") == self.shown_uri:
             return rec["run_id"]
         c = self.client
         exp = c.get_experiment_by_name(self.experiment)
@@ -220,7 +226,7 @@ class Tracker:
             tags = {TAG_DAG: dag_id, TAG_RUN: run_id, "dagtrain.pipeline": self.experiment}
             mlflow_run = c.create_run(exp_id, run_name=run_id, tags=tags).info.run_id
         rec = {
-            "uri": self.uri,
+            "uri": self.shown_uri,
             "connection": self.connection,
             "experiment": self.experiment,
             "experiment_id": str(exp_id),
@@ -342,7 +348,9 @@ class Tracker:
         rec = records.read(rec_path)
         versions = rec.get("versions") or {}
         versions.update({k: {"name": self.model_name, "version": v} for k, v in have.items()})
-        records.write(rec_path, {"uri": self.uri, "name": self.model_name, "versions": versions})
+        records.write(
+            rec_path, {"uri": self.shown_uri, "name": self.model_name, "versions": versions}
+        )
         self._tags(run, {"dagtrain.model_version": have[str(version)]})
         run_rec = records.read(self.run_dir / records.RECORD)
         records.write(
@@ -399,7 +407,7 @@ class Tracker:
         if not run_id or self.run_dir_of is None:
             return None
         rec = records.read(self.run_dir_of(run_id) / records.RECORD)
-        return rec["run_id"] if rec.get("run_id") and rec.get("uri") == self.uri else None
+        return rec["run_id"] if rec.get("run_id") and rec.get("uri") == self.shown_uri else None
 
     def _drop_alias(self) -> None:
         from mlflow.exceptions import MlflowException

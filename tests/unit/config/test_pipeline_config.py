@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from dagtrain.config import (
@@ -224,3 +226,24 @@ def test_without_artifacts_root_a_dagtrain_home_holds_the_artifacts(tmp_path, mo
     assert cfg.artifact_root(tmp_path / "h2") == tmp_path / "h2" / "artifacts" / "x"
     pinned = load_config(write(tmp_path, "name: x\nartifacts: {root: art}\n"))
     assert pinned.artifact_root() == tmp_path / "art" / "x"  # the file's own: beside it
+
+
+def test_a_presigned_data_url_is_shown_without_its_query_and_still_read_whole(tmp_path):
+    """A presigned ``data.source`` (its query string grants access): the DAG's
+    description and Params and the lineage values show it without the query; the trigger
+    form sends the Params back as the conf, which is the file's value, and the run
+    reads the whole URL."""
+    from dagtrain.config import merge_conf
+    from dagtrain.pipelines import retraining_dag
+
+    url = "https://bucket.example.com/d.csv?X-Amz-Signature=SECRET"
+    cfg_file = write(tmp_path, f"data: {{source: '{url}'}}\n")
+    cfg = load_config(cfg_file)
+    shown = "https://bucket.example.com/d.csv?***"
+    assert cfg.shown()["data"]["source"] == shown and cfg.data.source == url
+    params = dag_params(cfg)
+    assert "SECRET" not in json.dumps(params["data"].dump() | params["data"].schema)
+    dag = retraining_dag(cfg_file)
+    assert "SECRET" not in dag.description and shown in dag.description
+    run = merge_conf(cfg, {"data": params["data"].value, "training": {"epochs": 1}})
+    assert run.data.source == url and run.training.epochs == 1

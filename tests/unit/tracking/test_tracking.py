@@ -105,3 +105,55 @@ def test_links_come_from_the_records_and_only_for_http(tmp_path):
     (run / "mlflow.json").write_text(json.dumps(rec | {"uri": "javascript:alert(1)"}))
     assert mlflow_links(run, None)["run"] is None
     assert mlflow_links(tmp_path / "none", tmp_path / "none") == {"run": None, "versions": {}}
+
+
+@pytest.mark.parametrize(
+    ("raw", "shown"),
+    [
+        ("http://u:p@mlflow:5000", "http://***@mlflow:5000"),
+        (
+            "https://b.s3.amazonaws.com/d.csv?X-Amz-Signature=s",
+            "https://b.s3.amazonaws.com/d.csv?***",
+        ),
+        ("s3://bucket/d.csv", "s3://bucket/d.csv"),
+        ("digits", "digits"),
+        ("pkg.mod:build", "pkg.mod:build"),
+        ("http://u@[::1]:80/x?a=1#f", "http://***@[::1]:80/x?***#f"),
+    ],
+)
+def test_a_url_is_recorded_without_its_user_password_and_query(raw, shown):
+    from dagtrain import redact
+
+    assert redact.url(raw) == shown
+
+
+def test_a_tracking_uri_with_a_password_is_never_recorded_or_reported(monkeypatch, tmp_path):
+    """The server is down (a closed port): the XCom's ``uri`` and ``error``, the warning
+    and the run's record hold the URI without its user and password."""
+    pytest.importorskip("mlflow")
+    import logging
+    import socket
+
+    from dagtrain.tracking import Tracker
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once the block ends
+    # the user and password in the host field (a connection URI's own would be parsed
+    # into its login and password, which the tracking URI does not use)
+    host = f"http://alice:s3cret@127.0.0.1:{port}"
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_MLFLOW_SECRET", json.dumps({"conn_type": "http", "host": host})
+    )
+    log = logging.getLogger("test-tracking-secret")
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    log.addHandler(handler)
+    t = Tracker(tracked(connection="mlflow_secret"), tmp_path / "run", tmp_path / "reg", log=log)
+    assert t.do("start") is False
+    report = t.report()
+    text = json.dumps(report) + " ".join(r.getMessage() for r in records)
+    text += "".join(p.read_text() for p in tmp_path.rglob("*") if p.is_file())
+    assert report["uri"] == f"http://***@127.0.0.1:{port}" and report["error"], report
+    assert "s3cret" not in text and "alice" not in text, text
