@@ -14,12 +14,14 @@
                ``MASTER_PORT`` (torch.distributed's env:// rendezvous; one host):
                :func:`direct_env`.
 - remote       a torchrun node on another host: ``AGENT HOST python -m
-               dagtrain.launch.remote [--env NAME=VALUE]... -- torchrun ...``, its words
-               quoted for the remote shell as ssh requires.
+               dagtrain.launch.remote -- torchrun ...``, its words quoted for the remote
+               shell as ssh requires; its variables (the host list's ``env``: secrets,
+               often) go as one JSON line on its input, never on a command line.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -198,12 +200,14 @@ def node_argvs(
     hosts: Hosts | Sequence[str],
     env: dict[str, str] | None = None,
     rdzv_id: str | None = None,
-) -> list[tuple[str, list[str], bool]]:
-    """torchrun on several hosts: ``(host, argv, remote)`` for each host, one torchrun
-    per host, each with that host's slots as its ranks, meeting at a c10d rendezvous
-    on the first host (``rdzv_port``). A remote host's argv goes through the rsh agent
-    and ``dagtrain.launch.remote``; its words are quoted for the remote shell, which an
-    ssh-like agent hands them to (``shlex.quote``: the argv arrives as it is)."""
+) -> list[tuple[str, list[str], str | None]]:
+    """torchrun on several hosts: ``(host, argv, remote_input)`` for each host, one
+    torchrun per host, each with that host's slots as its ranks, meeting at a c10d
+    rendezvous on the first host (``rdzv_port``). A remote host's argv goes through the
+    rsh agent and ``dagtrain.launch.remote``; its words are quoted for the remote shell,
+    which an ssh-like agent hands them to (``shlex.quote``: the argv arrives as it is),
+    and ``remote_input`` is the line to write to its input first: its variables as a
+    JSON object (None for a node on this host)."""
     spec = Hosts.of(hosts)
     if spec is None:
         raise ValueError("node_argvs needs a host list")
@@ -245,17 +249,15 @@ def node_argvs(
             *module_args,
         ]
         if is_local(host):
-            out.append((host, torchrun, False))
+            out.append((host, torchrun, None))
         else:
-            out.append((host, _remote(spec, host, variables, torchrun), True))
+            out.append((host, _remote(spec, host, torchrun), json.dumps(variables) + "\n"))
     return out
 
 
-def _remote(spec: Hosts, host: str, variables: dict[str, str], argv: list[str]) -> list[str]:
-    """``argv`` run on ``host`` through the rsh agent and ``dagtrain.launch.remote``,
-    with ``variables`` (a remote shell does not carry this one's environment)."""
-    remote = [sys.executable, "-m", "dagtrain.launch.remote"]
-    for var, value in variables.items():
-        remote += ["--env", f"{var}={value}"]
-    words = [*remote, "--", *argv]
+def _remote(spec: Hosts, host: str, argv: list[str]) -> list[str]:
+    """``argv`` run on ``host`` through the rsh agent and ``dagtrain.launch.remote``
+    (which reads the variables from its input: a remote shell does not carry this
+    one's environment, and a command line is readable by every user of the host)."""
+    words = [sys.executable, "-m", "dagtrain.launch.remote", "--", *argv]
     return [*spec.agent(), host, *map(shlex.quote, words)]

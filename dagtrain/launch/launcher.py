@@ -148,8 +148,8 @@ def _start(
     elif launcher == "torchrun" and nodes_apart(spec):
         nodes = node_argvs(nprocs, module_args, spec, env)
         job.node_hosts = [host for host, _, _ in nodes]
-        for k, (_, argv, remote) in enumerate(nodes):
-            spawn(job, argv, {**base, **TORCHRUN_ENV}, on_line, node=k, remote=remote)
+        for k, (_, argv, remote_input) in enumerate(nodes):
+            spawn(job, argv, {**base, **TORCHRUN_ENV}, on_line, node=k, remote=remote_input)
     else:
         extra = TORCHRUN_ENV if launcher == "torchrun" else session
         argv = build_argv(launcher, nprocs, module_args, spec, env)

@@ -1,10 +1,12 @@
 """The far end of a torchrun node that the launcher starts on another host.
 
-    AGENT HOST python -m dagtrain.launch.remote [--env NAME=VALUE]... -- ARGV...
+    AGENT HOST python -m dagtrain.launch.remote -- ARGV...
 
-It runs ``ARGV`` (a torchrun) with the variables given (a remote shell does not carry
-the launcher's environment) in a process group of its own, and ends that group, and so
-the node's ranks, when any of these happens:
+It reads one line from its input, a JSON object of the variables to give ``ARGV`` (a
+remote shell does not carry the launcher's environment, and they are often secrets: on
+a command line every user of the host could read them), within ``FIRST_LINE`` seconds.
+It then runs ``ARGV`` (a torchrun) with them in a process group of its own, and ends
+that group, and so the node's ranks, when any of these happens:
 
 - its input reaches EOF: the launcher closed the pipe to the rsh agent, or died, or
   the agent's connection to this host closed (ssh forwards the EOF);
@@ -19,7 +21,9 @@ Standard library only: it imports nothing of torch.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -33,21 +37,41 @@ __all__ = ["main"]
 GRACE = 5.0  # seconds between SIGTERM and SIGKILL of the node's group
 
 
-def _parse(args: list[str]) -> tuple[dict[str, str], list[str]]:
-    env: dict[str, str] = {}
-    i = 0
-    while i < len(args) and args[i] != "--":
-        if args[i] != "--env" or i + 1 >= len(args) or "=" not in args[i + 1]:
-            raise SystemExit(
-                "usage: python -m dagtrain.launch.remote [--env NAME=VALUE]... -- ARGV..."
-            )
-        name, _, value = args[i + 1].partition("=")
-        env[name] = value
-        i += 2
-    argv = args[i + 1 :]
-    if not argv:
-        raise SystemExit("dagtrain.launch.remote: nothing to run after --")
-    return env, argv
+USAGE = "usage: python -m dagtrain.launch.remote -- ARGV... (its variables: a JSON line on stdin)"
+FIRST_LINE = 60.0  # seconds for the launcher's line of variables to arrive
+
+
+def _parse(args: list[str]) -> list[str]:
+    if not args or args[0] != "--" or len(args) < 2:
+        raise SystemExit(USAGE)
+    return args[1:]
+
+
+def _variables(timeout: float = FIRST_LINE) -> dict[str, str]:
+    """The first line of the input: a JSON object of names to string values. Read from
+    the raw descriptor, a byte at a time, so that nothing after it is taken from the
+    input watch."""
+    line = b""
+    deadline = time.monotonic() + timeout
+    while not line.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([0], [], [], left)[0]:
+            raise SystemExit(f"dagtrain.launch.remote: no variables on stdin in {timeout:g} s")
+        got = os.read(0, 1)
+        if not got:
+            raise SystemExit("dagtrain.launch.remote: stdin closed before its variables")
+        line += got
+    try:
+        env = json.loads(line)
+    except ValueError:
+        env = None
+    if not isinstance(env, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+    ):
+        raise SystemExit(
+            "dagtrain.launch.remote: the first line of stdin is not a JSON object of strings"
+        )
+    return env
 
 
 def _kill_group(pid: int, sig: int) -> None:
@@ -56,7 +80,8 @@ def _kill_group(pid: int, sig: int) -> None:
 
 
 def main(args: list[str] | None = None) -> int:
-    env, argv = _parse(sys.argv[1:] if args is None else args)
+    argv = _parse(sys.argv[1:] if args is None else args)
+    env = _variables()
     proc = subprocess.Popen(
         argv,
         env={**os.environ, **env},

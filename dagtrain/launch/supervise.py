@@ -177,16 +177,17 @@ def spawn(
     on_line: Callable[[str], None],
     rank: int | None = None,
     node: int | None = None,
-    remote: bool = False,
+    remote: str | None = None,
 ) -> None:
     """Start ``argv`` as one of ``job``'s processes (``rank``: the rank it is, for the
-    direct launcher; ``node``: the torchrun node it is), with a reader per stream."""
+    direct launcher; ``node``: the torchrun node it is), with a reader per stream.
+    ``remote``: a remote node's first line of input (its variables, as JSON)."""
     p = subprocess.Popen(
         argv,
         env=env,
         # a remote node watches its input: it stops its ranks when the pipe closes,
         # which it does when this process dies, however it dies
-        stdin=subprocess.PIPE if remote else None,
+        stdin=subprocess.PIPE if remote is not None else None,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -197,6 +198,10 @@ def spawn(
         preexec_fn=_orphan_guard(),  # noqa: PLW1509 (a bare prctl, resolved before)
     )
     job.procs.append(p)
+    if remote is not None and p.stdin is not None:
+        with contextlib.suppress(BrokenPipeError):  # an agent that failed: watch says so
+            p.stdin.write(remote)
+            p.stdin.flush()  # and kept open: its EOF is this process's end
     for stream in (p.stdout, p.stderr):
         t = threading.Thread(target=reader, args=(job, stream, rank, on_line, node), daemon=True)
         t.start()

@@ -123,16 +123,19 @@ def test_torchrun_is_one_node_per_host_meeting_at_the_first_hosts_rendezvous():
     h = Hosts(("10.9.0.2:2", "10.9.0.3:1"), AGENT, {"GLOO_SOCKET_IFNAME": "eth0"}, 29555)
     nodes = node_argvs(3, MOD, h, env={"X": "a b"}, rdzv_id="job7")
     assert [host for host, _, _ in nodes] == ["10.9.0.2", "10.9.0.3"]
-    for k, (host, argv, remote) in enumerate(nodes):
-        assert remote  # neither address is this machine's
+    for k, (host, argv, remote_input) in enumerate(nodes):
+        assert remote_input  # neither address is this machine's
         assert argv[: len(AGENT) + 1] == [*AGENT, host]
         # what the remote shell will read: the words come back as they were
         words = shlex.split(" ".join(argv[len(AGENT) + 1 :]))
-        assert words[:3] == [sys.executable, "-m", "dagtrain.launch.remote"]
+        assert words[:4] == [sys.executable, "-m", "dagtrain.launch.remote", "--"]
         cmd = words[words.index("--") + 1 :]
-        envs = [words[i + 1] for i, w in enumerate(words[: words.index("--")]) if w == "--env"]
-        assert "X=a b" in envs and "GLOO_SOCKET_IFNAME=eth0" in envs
-        assert "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE=[default${rank}]:" in envs
+        # the variables go on its input, one JSON line; no value is on a command line
+        env = json.loads(remote_input)
+        assert remote_input.endswith("\n") and remote_input.count("\n") == 1
+        assert env["X"] == "a b" and env["GLOO_SOCKET_IFNAME"] == "eth0"
+        assert env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] == "[default${rank}]:"
+        assert not any("a b" in w or "eth0" in w for w in argv), argv
         assert cmd[cmd.index("--nnodes") + 1] == "2"
         assert cmd[cmd.index("--nproc-per-node") + 1] == str(h.slots[k])
         assert cmd[cmd.index("--rdzv-backend") + 1] == "c10d"
@@ -149,16 +152,16 @@ def test_torchrun_is_one_node_per_host_meeting_at_the_first_hosts_rendezvous():
 def test_torchrun_on_one_other_host_is_a_remote_node_too():
     with pytest.raises(InputError, match="one torchrun per host"):
         build_argv("torchrun", 2, MOD, ["10.9.0.3:2"])
-    [(host, argv, remote)] = node_argvs(2, MOD, Hosts(("10.9.0.3:2",), AGENT))
+    [(host, argv, remote_input)] = node_argvs(2, MOD, Hosts(("10.9.0.3:2",), AGENT))
     assert host == "10.9.0.3"
-    assert remote and argv[: len(AGENT) + 1] == [*AGENT, "10.9.0.3"]
+    assert remote_input and argv[: len(AGENT) + 1] == [*AGENT, "10.9.0.3"]
     assert build_argv("torchrun", 2, MOD, ["localhost:2"])[0].endswith("torchrun")
 
 
 def test_a_local_host_gets_its_torchrun_without_the_agent():
     nodes = node_argvs(2, MOD, Hosts(("127.0.0.1:1", "10.9.0.3:1"), AGENT))
-    assert nodes[0][2] is False and nodes[0][1][0].endswith("torchrun")
-    assert nodes[1][2] is True
+    assert nodes[0][2] is None and nodes[0][1][0].endswith("torchrun")
+    assert json.loads(nodes[1][2]) is not None
 
 
 def test_the_direct_launcher_refuses_other_hosts():
@@ -264,20 +267,12 @@ def test_the_remote_end_stops_its_node_when_the_connection_closes_or_hangs_up(tm
     pid_file = tmp_path / "child.pid"
     child = f"import os,time; open({str(pid_file)!r},'w').write(str(os.getpid())); time.sleep(60)"
     p = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "dagtrain.launch.remote",
-            "--env",
-            "A=1",
-            "--",
-            sys.executable,
-            "-c",
-            child,
-        ],
+        [sys.executable, "-m", "dagtrain.launch.remote", "--", sys.executable, "-c", child],
         stdin=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
+    p.stdin.write(b'{"A": "1"}\n')
+    p.stdin.flush()
     deadline = time.monotonic() + 30
     while not pid_file.exists() or not pid_file.read_text():
         assert time.monotonic() < deadline and p.poll() is None
@@ -297,32 +292,26 @@ def test_the_remote_end_stops_its_node_when_the_connection_closes_or_hangs_up(tm
 
 def test_the_remote_end_passes_the_exit_code_and_the_environment_on():
     # its input stays open (an EOF would stop the node: the launcher's death)
-    p = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "dagtrain.launch.remote",
-            "--env",
-            "DT_X=a b",
-            "--",
-            sys.executable,
-            "-c",
-            "import os,sys; sys.exit(3 if os.environ['DT_X'] == 'a b' else 1)",
-        ],
-        stdin=subprocess.PIPE,
-    )
+    remote = [sys.executable, "-m", "dagtrain.launch.remote", "--"]
+    code = "import os,sys; sys.exit(3 if os.environ['DT_X'] == 'a b' else 1)"
+    p = subprocess.Popen([*remote, sys.executable, "-c", code], stdin=subprocess.PIPE)
     try:
+        p.stdin.write(json.dumps({"DT_X": "a b"}).encode() + b"\n")
+        p.stdin.flush()
         assert p.wait(timeout=30) == 3
     finally:
         p.stdin.close()
-    bad = subprocess.run(
-        [sys.executable, "-m", "dagtrain.launch.remote", "--env", "NOEQUALS"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
-    assert bad.returncode != 0 and "usage" in bad.stderr
+    for args, given, say in [
+        (["--env", "A=1", "--", "true"], b"{}\n", "usage"),  # no variables on its argv
+        (["--", "true"], b'["A=1"]\n', "not a JSON object of strings"),
+        (["--", "true"], b'{"A": 1}\n', "not a JSON object of strings"),
+        (["--", "true"], b"", "stdin closed before its variables"),
+    ]:
+        bad = subprocess.run(
+            [sys.executable, "-m", "dagtrain.launch.remote", *args],
+            input=given, capture_output=True, timeout=30, check=False,
+        )  # fmt: skip
+        assert bad.returncode != 0 and say in bad.stderr.decode(), (args, bad.stderr)
 
 
 def test_the_training_stage_reads_the_connection_through_airflow(monkeypatch):
