@@ -11,7 +11,7 @@ operators, the CLI and the training page find every file through them, and
         train.npz val.npz test.npz       .split(name)
         shard-00.npz ...                 .split(shard_split(k))
         stats.npz manifest.json          .stats .manifest
-      runs/<run>/                        .run(run_id) -> RunLayout
+      runs/<run>/                        .run(run_id) -> RunLayout (safe_name(run_id))
         train/                           .train -> TrainFiles
           config.json                    .config     the TrainConfig the ranks received
           result.json                    .result     rank 0's result, summarised
@@ -40,7 +40,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -436,5 +435,16 @@ def sha256_file(path: Path) -> str:
 
 
 def safe_name(s: str) -> str:
-    """A run id (``manual__2026-11-30T04:32:18+00:00``) as one safe path component."""
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", s).strip("._") or "run"
+    """A run id as one path component, injectively: letters, digits, ``_``, ``-`` and
+    ``.`` (not leading) stay, every other byte is ``~`` and two hex digits
+    (``manual__2026-11-30T04:32:18+00:00`` is ``manual__2026-11-30T04~3a32~3a18~2b00~3a00``).
+    Two run ids never share a folder: a run id chosen to look like another's folder
+    (``scheduled__2026-01-05T00_00_00_00_00``) gets a folder of its own."""
+    out = [
+        c if c in _KEPT and not (c == "." and i == 0) else "".join(f"~{b:02x}" for b in c.encode())
+        for i, c in enumerate(s)
+    ]
+    return "".join(out) or "~"
+
+
+_KEPT = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-.")

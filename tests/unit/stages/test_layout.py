@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dagtrain.names import CHECKPOINT, EPOCH_TRACE, LAST_TRACE, RANK_RECORD, Name
 from dagtrain.stages.files import (
@@ -37,7 +39,7 @@ def test_a_name_builds_and_reads_back_its_fields():
 def test_the_layout_places_every_file_of_a_run():
     lay = ArtifactLayout(ROOT)
     run = lay.run("manual__2026-11-30T04:32:18+00:00")
-    assert run.dir == ROOT / "runs" / "manual__2026-11-30T04_32_18_00_00"
+    assert run.dir == ROOT / "runs" / "manual__2026-11-30T04~3a32~3a18~2b00~3a00"
     assert run.train.result == run.dir / "train" / "result.json"
     assert run.train.failure(2) == run.dir / "train" / "failure-try2.json"
     assert run.train.ranks == run.dir / "train" / "ranks"
@@ -116,3 +118,24 @@ def test_the_tasks_are_named_once():
     assert round_train_task(2) == "round_2_train" and round_sync_task(2) == "round_2_sync"
     assert RunLayout.task_of("rounds/round-01/shard-03/metrics.jsonl") == ("round_1_train", 3)
     assert RunLayout.task_of("train/metrics.jsonl") == ("train", -1)
+
+
+@given(st.text(), st.text())
+def test_two_run_ids_never_share_a_folder(a, b):
+    """A run id chosen to look like another run's folder (a triggering user may choose
+    one) gets a folder of its own: the encoding is injective, one path component that
+    is not hidden, ``.`` or ``..``."""
+    from dagtrain.stages.files import safe_name
+
+    for s in (a, b):
+        name = safe_name(s)
+        assert "/" not in name and "\\0" not in name and not name.startswith(".")
+    assert (safe_name(a) == safe_name(b)) == (a == b)
+
+
+def test_a_chosen_run_id_does_not_take_a_scheduled_runs_folder():
+    from dagtrain.stages.files import safe_name
+
+    scheduled = safe_name("scheduled__2026-01-05T00:00:00+00:00")
+    assert safe_name("scheduled__2026-01-05T00_00_00_00_00") != scheduled
+    assert safe_name("scheduled__2026-01-05T00~3a00~3a00~2b00~3a00") != scheduled
