@@ -607,6 +607,9 @@ class ArtifactsConfig(_Section):
     )
 
 
+MAX_LOADER_PROCESSES = 512  # data.workers x distributed.ranks
+
+
 class PipelineConfig(_RunSections):
     """A training pipeline: data prep, distributed training, evaluation, promotion."""
 
@@ -627,6 +630,19 @@ class PipelineConfig(_RunSections):
     # where the file was read from: relative paths resolve against it (not a field of
     # the file, never part of the schema)
     _base_dir: str | None = PrivateAttr(None)
+
+    @model_validator(mode="after")
+    def _processes_bounded(self) -> PipelineConfig:
+        # every rank starts data.workers DataLoader processes: bounded together, so that
+        # no conf starts thousands of processes on the workers (ranks 256 x workers 64)
+        n = self.distributed.ranks * self.data.workers
+        if n > MAX_LOADER_PROCESSES:
+            raise ValueError(
+                f"data.workers {self.data.workers} with distributed.ranks "
+                f"{self.distributed.ranks} start {n} DataLoader processes, more than "
+                f"{MAX_LOADER_PROCESSES}: lower data.workers (0 reads in each rank)"
+            )
+        return self
 
     @property
     def base_dir(self) -> str | None:

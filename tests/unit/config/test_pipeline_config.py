@@ -158,6 +158,10 @@ def test_every_example_config_validates():
     [
         ("distributed: {backend: local, ranks: 2}", "distributed.ranks is 2"),
         ("training: {batch_size: 2}\ndistributed: {ranks: 4}", "training.batch_size 2"),
+        (
+            "data: {workers: 64}\ndistributed: {ranks: 16}\ntraining: {batch_size: 64}",
+            "data.workers 64 with distributed.ranks 16 start 1024 DataLoader processes",
+        ),
     ],
 )
 def test_checks_across_fields_name_both(tmp_path, text, needle):
