@@ -24,6 +24,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -95,6 +96,7 @@ class _Session:
         self.announced = False
         self.back: subprocess.Popen | None = None
         self.run: tuple[str, str] | None = None  # (dag_id, run_id) once known
+        self.scratch: Path | None = None  # the run's temporary files (TMPDIR)
 
     def on_signal(self, count: int) -> None:
         if self.polling:
@@ -114,6 +116,8 @@ class _Session:
     def hard_stop(self) -> None:
         """Every process this command started, killed; the run marked failed."""
         kill_family(os.getpid())
+        if self.scratch is not None:  # what the killed processes could not remove
+            shutil.rmtree(self.scratch, ignore_errors=True)
         if self.run is not None:
             with contextlib.suppress(Exception):
                 fail_run(*self.run)
@@ -129,10 +133,16 @@ def run(config: ConfigArg, sets: Sets = None, home: HomeOpt = Path(".dagtrain"))
     term = _terminal()
     session = _Session(term)
     interrupts = Interrupts(session.on_signal).install()
+    # every temporary file of the run (a training task's, mpirun's session folder) goes
+    # into one folder of this command's, removed however the run ends: a task killed at
+    # once (a second Ctrl-C) cannot remove its own
+    session.scratch = Path(tempfile.mkdtemp(prefix="dagtrain-cli-"))
+    os.environ["TMPDIR"] = str(session.scratch)
     try:
         _main(config, loaded, home, term, session, interrupts)
     finally:
         interrupts.restore()
+        shutil.rmtree(session.scratch, ignore_errors=True)
 
 
 def _main(config, loaded, home: Path, term: Console, session: _Session, interrupts) -> None:

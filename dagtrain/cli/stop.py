@@ -27,14 +27,21 @@ from typing import Any
 __all__ = ["Interrupts", "fail_run", "kill_family", "run_id_for"]
 
 
+# signals closer together than this are one press of Ctrl-C (a person's second press
+# comes later; a forwarded copy of the first, within milliseconds)
+SAME_PRESS = 0.3
+
+
 class Interrupts:
     """SIGINT and SIGTERM counted: ``count``, the time of the first (``first``), and a
     callback run in the signal handler (``on_signal(count)``) for what must happen at
-    once. ``install()`` replaces the handlers, ``restore()`` puts the old ones back."""
+    once. Signals within ``SAME_PRESS`` seconds of the one before count once.
+    ``install()`` replaces the handlers, ``restore()`` puts the old ones back."""
 
     def __init__(self, on_signal: Callable[[int], None] | None = None) -> None:
         self.count = 0
         self.first: float | None = None
+        self.last: float | None = None
         self.name = ""
         self.on_signal = on_signal
         self._previous: dict[int, Any] = {}
@@ -50,6 +57,12 @@ class Interrupts:
         self._previous.clear()
 
     def _handle(self, signum: int, frame: Any) -> None:
+        now = time.monotonic()
+        if self.last is not None and now - self.last < SAME_PRESS:
+            # one Ctrl-C delivered twice: the terminal's to the whole foreground group,
+            # and again by a wrapper that forwards it (`timeout 600 dagtrain run ...`)
+            return
+        self.last = now
         self.count += 1
         if self.first is None:
             self.first = time.monotonic()

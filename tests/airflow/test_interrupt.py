@@ -37,11 +37,22 @@ SLOW_EVAL = "{name: 'tests.unit.training.factory:slow_to_evaluate', args: {secon
 
 
 def run_and_interrupt(
-    tmp_path, model: str, when: str, ctrl_c: int = 1, sigterm=False, epochs: int = 200
+    tmp_path,
+    model: str,
+    when: str,
+    ctrl_c: int = 1,
+    sigterm=False,
+    epochs: int = 200,
+    wrapper: tuple[str, ...] = (),
 ):
+    """``dagtrain run`` (under ``wrapper``, e.g. ``timeout 600``) interrupted once
+    ``when`` is on the screen; its temporary files go to ``tmp_path/tmp`` (TMPDIR),
+    which must be empty once it has stopped."""
     home = tmp_path / "home"
+    (tmp_path / "tmp").mkdir()
     cfg = pipeline(tmp_path, model, epochs)
-    term = Terminal([*DAGTRAIN, "run", str(cfg)], env={"DAGTRAIN_HOME": str(home)})
+    env = {"DAGTRAIN_HOME": str(home), "TMPDIR": str(tmp_path / "tmp")}
+    term = Terminal([*wrapper, *DAGTRAIN, "run", str(cfg)], env=env)
     term.wait_for(when)
     if sigterm:
         term.proc.send_signal(signal.SIGTERM)
@@ -49,6 +60,7 @@ def run_and_interrupt(
         term.interrupt()
     if ctrl_c == 2:
         term.wait_for(STOPPING, timeout=30)
+        time.sleep(0.5)  # a person's second press, not a copy of the first
         term.interrupt()
     code = term.wait(timeout=90)
     return code, term.text, home
@@ -58,6 +70,8 @@ def assert_stopped_cleanly(code: int, text: str, home: Path) -> None:
     assert code == 130, text[-3000:]
     assert text.count(STOPPING) == 1, text[-3000:]
     assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-3000:]
+    left = [str(p) for p in (home.parent / "tmp").rglob("*")]
+    assert not left, left  # no temporary file of the run, whichever way it stopped
     deadline = time.monotonic() + 15  # everything the command started ends with it
     while processes_of_home(home) and time.monotonic() < deadline:
         time.sleep(0.5)
@@ -69,10 +83,16 @@ def assert_stopped_cleanly(code: int, text: str, home: Path) -> None:
 
 
 def test_ctrl_c_while_training_stops_the_run_and_its_ranks(tmp_path):
+    """Under ``timeout 600`` (as a user runs it): the one Ctrl-C reaches the command
+    twice, the terminal's and the copy ``timeout`` forwards, and is one Ctrl-C, the
+    orderly stop, not the stop at once."""
     # (once: it ran three times over to catch a flaky stop, 60 s each; make test runs
     # it on every landing, and the second Ctrl-C and SIGTERM tests stop the same way)
-    code, text, home = run_and_interrupt(tmp_path, SLOW_TRAIN, "train epoch 2/200")
+    code, text, home = run_and_interrupt(
+        tmp_path, SLOW_TRAIN, "train epoch 2/200", wrapper=("timeout", "600")
+    )
     assert_stopped_cleanly(code, text, home)
+    assert "stopped at once" not in text, text[-3000:]
     assert re.search(r"run manual__\S+: failed in [\d.]+ s \(stopped by Ctrl-C\)", text), text
     assert "stopped: the run is marked failed; prepare_data, train ran, evaluate, promote" in (
         text.replace("\n", "")
