@@ -110,9 +110,17 @@ def _load_config(p: Path) -> PipelineConfig:
 
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` merged into ``base``, section by section and field by field; a model's
+    ``args`` merge too, unless ``over`` names another model (whose arguments are its
+    own: then they replace the file's)."""
     out = copy.deepcopy(base)
+    other_model = "name" in over and over["name"] != base.get("name")
     for k, v in over.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict) and k != "args":
+        if (
+            isinstance(v, dict)
+            and isinstance(out.get(k), dict)
+            and not (k == "args" and other_model)
+        ):
             out[k] = deep_merge(out[k], v)
         else:
             out[k] = copy.deepcopy(v)

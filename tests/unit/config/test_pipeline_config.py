@@ -251,3 +251,17 @@ def test_a_presigned_data_url_is_shown_without_its_query_and_still_read_whole(tm
     assert "SECRET" not in dag.description and shown in dag.description
     run = merge_conf(cfg, {"data": params["data"].value, "training": {"epochs": 1}})
     assert run.data.source == url and run.training.epochs == 1
+
+
+def test_a_conf_merges_into_model_args_unless_it_names_another_model(tmp_path):
+    """``--set model.args.heads=2`` changes one argument and keeps the file's others;
+    a conf that names another model gives that model's arguments whole."""
+    from dagtrain.config import apply_sets, merge_conf
+
+    cfg = load_config(
+        write(tmp_path, "model: {name: transformer, args: {dim: 64, heads: 4, layers: 4}}\n")
+    )
+    run = merge_conf(cfg, apply_sets(cfg, ["model.args.heads=2"]))
+    assert run.model.args == {"dim": 64, "heads": 2, "layers": 4}
+    run = merge_conf(cfg, {"model": {"name": "mlp", "args": {"hidden": [8]}}})
+    assert run.model.name == "mlp" and run.model.args == {"hidden": [8]}
