@@ -130,7 +130,7 @@ def load(
     try:
         cfg = load_config(config)
         conf = parse_sets(sets or [])
-        return cfg, conf, merge_conf(cfg, conf)
+        return cfg, conf, merge_conf(cfg, conf, "--set")
     except ConfigError as e:
         raise fail(str(e), 2) from None
 

@@ -42,17 +42,37 @@ def unknown_key(loc: tuple[Any, ...]) -> str:
     return f"{section}.{name}: unknown field {name!r} of {section}{hint}"
 
 
+def _is_member(part: Any) -> bool:
+    """A part of an error's location that names a member of a union type (pydantic's
+    ``literal['auto']``, ``list[int]``, ``int``), not a field."""
+    return isinstance(part, str) and ("[" in part or part in _TYPES)
+
+
+_TYPES = {"int", "float", "str", "bool", "none", "list", "dict"}
+_SHOULD = "Input should be "
+
+
 def _explain(e: ValidationError, where: str) -> ConfigError:
-    lines = []
+    """One line a field: what is allowed and what was given (a union's members, each
+    an error of pydantic's, said in one line)."""
+    lines: list[str] = []
+    fields: dict[str, tuple[list[str], Any]] = {}
     for err in e.errors():
-        loc = ".".join(str(x) for x in err["loc"])
+        loc = ".".join(str(x) for x in err["loc"] if not _is_member(x))
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             lines.append(f"  {unknown_key(tuple(err['loc']))}")
         elif not loc or isinstance(err.get("input"), dict):  # a check across fields:
             lines.append(f"  {msg}")  # its message names them
         else:
-            lines.append(f"  {loc}: {msg} (got {err.get('input')!r})")
+            said, _ = fields.setdefault(loc, ([], err.get("input")))
+            said.append(msg)
+    for loc, (said, given) in fields.items():
+        if all(m.startswith(_SHOULD) for m in said):
+            told = "should be " + " or ".join(dict.fromkeys(m[len(_SHOULD) :] for m in said))
+        else:
+            told = "; ".join(dict.fromkeys(said))
+        lines.append(f"  {loc}: {told} (got {given!r})")
     return ConfigError(f"{where}: invalid config\n" + "\n".join(lines))
 
 
@@ -145,7 +165,9 @@ def _get(d: dict[str, Any], dotted: str) -> Any:
 _MISSING = object()
 
 
-def merge_conf(cfg: PipelineConfig, conf: dict[str, Any] | None) -> PipelineConfig:
+def merge_conf(
+    cfg: PipelineConfig, conf: dict[str, Any] | None, where: str = "the run's conf"
+) -> PipelineConfig:
     """The config of one run: the file's, with a run's ``conf`` (sections) merged in.
 
     Refuses (ConfigError naming the field) a conf that changes a field only a config
@@ -156,7 +178,7 @@ def merge_conf(cfg: PipelineConfig, conf: dict[str, Any] | None) -> PipelineConf
         return cfg
     for k in conf:
         if k not in PipelineConfig.model_fields:
-            raise ConfigError(f"conf: {unknown_key((k,))}")
+            raise ConfigError(f"{where}: {unknown_key((k,))}")
     shown = _author_only(cfg, cfg.shown())
     for field, value in _author_only(cfg).items():
         got = _get(conf, field)
@@ -165,7 +187,7 @@ def merge_conf(cfg: PipelineConfig, conf: dict[str, Any] | None) -> PipelineConf
         if got is not _MISSING and got != value and got != shown[field]:
             said = f"the file says {value!r}" if value is not None else "the file leaves it unset"
             raise ConfigError(
-                f"conf: {field} may be set only in the pipeline's config file, not by a "
+                f"{where}: {field} may be set only in the pipeline's config file, not by a "
                 f"run's conf (--set, the trigger form, the REST API): {FILE_ONLY[field]} "
                 f"({said}); edit the file to change it"
             )
@@ -173,13 +195,13 @@ def merge_conf(cfg: PipelineConfig, conf: dict[str, Any] | None) -> PipelineConf
     for section in NOT_APPLICABLE[cfg.pipeline]:
         if section in conf and deep_merge(values, {section: conf[section]}) != values:
             raise ConfigError(
-                f"conf: {section} does not apply to a {cfg.pipeline} pipeline "
+                f"{where}: {section} does not apply to a {cfg.pipeline} pipeline "
                 f"(pipeline: {cfg.pipeline} in the config file): leave it out"
             )
     name = _get(conf, "model.name")
     if name is not _MISSING and name != cfg.model.name and name not in _BUILTINS:
         raise ConfigError(
-            f"conf: model.name {name!r} names code; a run's conf may choose only a built-in "
+            f"{where}: model.name {name!r} names code; a run's conf may choose only a built-in "
             f"({', '.join(_BUILTINS)}) or the file's own model; put a factory path in "
             "the config file"
         )
@@ -187,7 +209,7 @@ def merge_conf(cfg: PipelineConfig, conf: dict[str, Any] | None) -> PipelineConf
     for field, value in _author_only(cfg).items():  # the file's own, not as a conf gave it
         if value is not _MISSING and _get(conf, field) is not _MISSING:
             _put(merged, field, value)
-    return validate(merged, "conf", cfg.base_dir)
+    return validate(merged, where, cfg.base_dir)
 
 
 def _put(d: dict[str, Any], dotted: str, value: Any) -> None:
@@ -224,5 +246,5 @@ def parse_sets(sets: list[str]) -> dict[str, Any]:
 def apply_sets(cfg: PipelineConfig, sets: list[str]) -> dict[str, Any]:
     """``--set`` items as a conf dict, validated against ``cfg`` (errors name the field)."""
     conf = parse_sets(sets)
-    merge_conf(cfg, conf)
+    merge_conf(cfg, conf, "--set")
     return conf

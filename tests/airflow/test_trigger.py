@@ -84,7 +84,7 @@ def test_a_model_module_beside_the_dag_files_reaches_the_ranks(airflow):
 @pytest.mark.parametrize(
     ("sets", "message"),
     [
-        ("trainig.epochs=2", "conf: unknown section 'trainig' — did you mean 'training'?"),
+        ("trainig.epochs=2", "the run's conf: unknown section 'trainig' — did you mean"),
         ("training.batchsize=2", "unknown field 'batchsize' of training — did you mean"),
     ],
 )

@@ -182,5 +182,8 @@ def test_run_set_names_a_misspelt_section_before_anything_starts(tmp_path):
     home = tmp_path / "home"
     r = runner.invoke(app, ["run", str(cfg), "--set", "trainig.epochs=3", "--home", str(home)])
     assert r.exit_code == 2
-    assert "conf: unknown section 'trainig' — did you mean 'training'?" in r.output, r.output
+    # said where the value came from: --set, the word the user typed
+    assert "error: --set: unknown section 'trainig' — did you mean 'training'?" in r.output, (
+        r.output
+    )
     assert not (home / "airflow").exists()  # nothing started

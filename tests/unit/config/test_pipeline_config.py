@@ -215,7 +215,9 @@ def test_a_runs_conf_names_a_misspelt_section_as_a_file_does(tmp_path):
     cfg = load_config(write(tmp_path, "model: {name: mlp}\n"))
     with pytest.raises(ConfigError) as info:
         merge_conf(cfg, {"trainig": {"epochs": 3}})
-    assert str(info.value) == "conf: unknown section 'trainig' — did you mean 'training'?"
+    assert str(info.value) == (
+        "the run's conf: unknown section 'trainig' — did you mean 'training'?"
+    )
     with pytest.raises(ConfigError) as info:
         merge_conf(cfg, {"zzz": {}})
     assert "unknown section 'zzz' (known: artifacts, data, " in str(info.value)
@@ -265,3 +267,13 @@ def test_a_conf_merges_into_model_args_unless_it_names_another_model(tmp_path):
     assert run.model.args == {"dim": 64, "heads": 2, "layers": 4}
     run = merge_conf(cfg, {"model": {"name": "mlp", "args": {"hidden": [8]}}})
     assert run.model.name == "mlp" and run.model.args == {"hidden": [8]}
+
+
+def test_a_field_of_several_types_is_one_sentence_of_what_is_allowed(tmp_path):
+    """pydantic reports each member of a union; the user reads one line a field."""
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, "parallel: {stages: 2, split: '3'}\ndistributed: {ranks: 2}"))
+    lines = str(info.value).splitlines()[1:]
+    assert lines == ["  parallel.split: should be 'auto' or a valid list (got '3')"], lines
+    with pytest.raises(ConfigError, match=r"training.epochs: should be greater than or equal"):
+        load_config(write(tmp_path, "training: {epochs: 0}"))
