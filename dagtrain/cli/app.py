@@ -29,6 +29,9 @@ __all__ = ["app", "main"]
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
+    # a docstring's lines are joined into paragraphs and wrapped to the terminal, not
+    # kept where the source breaks them (rich mode left "Ctrl-C" alone on a line)
+    rich_markup_mode="markdown",
     help="dagtrain: distributed training pipelines on Apache Airflow 3.",
 )
 

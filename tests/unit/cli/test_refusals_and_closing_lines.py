@@ -187,3 +187,18 @@ def test_run_set_names_a_misspelt_section_before_anything_starts(tmp_path):
         r.output
     )
     assert not (home / "airflow").exists()  # nothing started
+
+
+@pytest.mark.parametrize("command", [[], ["run"], ["logs"], ["validate"], ["trigger"], ["up"]])
+def test_help_at_80_columns_breaks_only_where_the_terminal_ends(command):
+    """A docstring's lines make paragraphs wrapped to the terminal: no line of the help
+    is cut where the source breaks (``Ctrl-C`` alone on a line, ``(every task in``)."""
+    r = runner.invoke(app, [*command, "--help"], env={"COLUMNS": "80"}, terminal_width=80)
+    assert r.exit_code == 0, r.output
+    assert all(len(line) <= 80 for line in r.output.splitlines()), r.output
+    # the prose above the tables: a line that ends well short of the width, followed
+    # by more of its sentence, is a break the source made
+    text = [line.strip() for line in r.output.splitlines() if not set(line) & set("│╭╰")]
+    for line, after in zip(text, text[1:], strict=False):
+        if line and after and after[0].islower() and not line.endswith((".", ":", ")")):
+            assert len(line) > 55, f"broken at {line!r} / {after!r}\n{r.output}"
