@@ -95,6 +95,23 @@ def _number(v: Any) -> float | None:
     return float(v) if math.isfinite(v) else None
 
 
+def _quiet_retries() -> None:
+    """urllib3 logs a warning for each retry of an MLflow call to a server that is
+    down, beside the one warning of dagtrain's that names the connection: drop those
+    (of MLflow's REST paths only; any other client's retries are still logged)."""
+    import logging
+
+    log = logging.getLogger("urllib3.connectionpool")
+    if not any(isinstance(f, _MlflowRetries) for f in log.filters):
+        log.addFilter(_MlflowRetries())
+
+
+class _MlflowRetries:
+    def filter(self, record: Any) -> bool:
+        text = record.getMessage()
+        return not (text.startswith("Retrying") and "/api/2.0/mlflow/" in text)
+
+
 class Tracker:
     """A stage's MLflow logging for one DAG run (``run_dir``: its artifact folder).
 
@@ -197,6 +214,7 @@ class Tracker:
         if self._client is None:
             for k, v in DEADLINES.items():
                 os.environ.setdefault(k, v)
+            _quiet_retries()
             from mlflow.tracking import MlflowClient
 
             self._client = MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)

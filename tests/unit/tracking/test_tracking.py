@@ -150,10 +150,24 @@ def test_a_tracking_uri_with_a_password_is_never_recorded_or_reported(monkeypatc
     handler = logging.Handler()
     handler.emit = records.append
     log.addHandler(handler)
+    retries = []
+    urllib3_handler = logging.Handler()
+    urllib3_handler.emit = retries.append
+    logging.getLogger("urllib3.connectionpool").addHandler(urllib3_handler)
     t = Tracker(tracked(connection="mlflow_secret"), tmp_path / "run", tmp_path / "reg", log=log)
-    assert t.do("start") is False
+    try:
+        assert t.do("start") is False
+    finally:
+        logging.getLogger("urllib3.connectionpool").removeHandler(urllib3_handler)
+        log.removeHandler(handler)
     report = t.report()
     text = json.dumps(report) + " ".join(r.getMessage() for r in records)
     text += "".join(p.read_text() for p in tmp_path.rglob("*") if p.is_file())
     assert report["uri"] == f"http://***@127.0.0.1:{port}" and report["error"], report
     assert "s3cret" not in text and "alice" not in text, text
+    # one warning, dagtrain's, naming the connection; not urllib3's retry line too
+    assert retries == [], retries
+    (warning,) = [r.getMessage() for r in records]
+    assert warning.startswith("MLflow tracking: connection 'mlflow_secret'") and (
+        "failed in start" in warning
+    ), warning
