@@ -60,6 +60,9 @@ class Home:
     dags: Path
     port: int = 8080
     host: str = "127.0.0.1"
+    # `dagtrain run`: the port of its own execution API (the tasks reach it there); the
+    # web UI's address, which links and MLflow's tags name, stays the home's (``url``)
+    execution_port: int | None = None
 
     @property
     def airflow(self) -> Path:
@@ -78,6 +81,18 @@ class Home:
         return self.airflow / "passwords.json"
 
     @property
+    def ui_file(self) -> Path:
+        """The web UI's address as ``dagtrain up`` last served this home: what a run
+        of ``dagtrain run`` names in links that outlive it (MLflow's tags)."""
+        return self.airflow / "ui.json"
+
+    def served_port(self) -> int | None:
+        try:
+            return int(json.loads(self.ui_file.read_text())["port"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    @property
     def up_file(self) -> Path:
         """Written by ``dagtrain up`` while it runs: its URL, for ``dagtrain trigger``."""
         return self.airflow / "up.json"
@@ -89,10 +104,15 @@ class Home:
         return f"http://{host}:{self.port}"
 
     @property
-    def local_url(self) -> str:
-        """Where processes on this machine (the workers) reach the api-server."""
+    def own_port(self) -> int:
+        """The port this process's Airflow serves on: the execution API's of a run."""
+        return self.execution_port or self.port
+
+    @property
+    def execution_url(self) -> str:
+        """Where processes on this machine (the workers) reach the execution API."""
         host = "127.0.0.1" if self.host in _ANY_OR_LOOPBACK else self.host
-        return f"http://{host}:{self.port}"
+        return f"http://{host}:{self.own_port}"
 
     def secret(self, name: str) -> str:
         path = self.airflow / f".{name}"
@@ -131,7 +151,7 @@ class Home:
             "AIRFLOW__API__SECRET_KEY": self.secret("api_secret"),
             "AIRFLOW__API__PORT": str(self.port),
             "AIRFLOW__API__BASE_URL": url,
-            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.local_url}/execution/",
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.execution_url}/execution/",
             # the LocalExecutor starts this many worker processes: one per core, not 32
             "AIRFLOW__CORE__PARALLELISM": str(max(2, os.cpu_count() or 2)),
             # a task's supervisor heartbeats this often (default 5 s): a run marked failed
@@ -142,8 +162,8 @@ class Home:
             "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(self.logs / "airflow"),
             # the log servers of the workers and the triggerer: next to the api-server's
             # port, so two projects' Airflows do not collide on the defaults (8793/8794)
-            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(self.port + 1),
-            "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(self.port + 2),
+            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(self.own_port + 1),
+            "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(self.own_port + 2),
         }
 
     def activate(self) -> None:

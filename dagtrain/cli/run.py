@@ -218,7 +218,8 @@ def _run(
     except RuntimeError as e:
         raise _Stop(str(e)) from None
     try:
-        h.port = api.port  # the socket it bound: the tasks' supervisors reach it there
+        h.execution_port = api.port  # the socket it bound: the tasks' supervisors'
+        h.port = h.served_port() or h.port  # the UI's, as `dagtrain up` serves the home
         h.activate()
         session.back = back = _start(h, dag_file, when, conf, log)
     except BaseException:

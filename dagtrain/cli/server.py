@@ -14,6 +14,7 @@ from typing import Annotated, Any
 import typer
 from rich.live import Live
 
+from dagtrain.atomic import atomic_write
 from dagtrain.config import ConfigError, deep_merge, parse_sets
 
 from .common import HomeOpt, Sets, err, fail, home_of, load, out
@@ -226,8 +227,10 @@ def up(
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                 )
-        if _wait_healthy(h.local_url, procs, stop):
+        if _wait_healthy(h.execution_url, procs, stop):
             h.up_file.write_text(json.dumps({"url": h.url, "pid": os.getpid()}))
+            # kept after it stops: the address later runs' links name (MLflow's tags)
+            atomic_write(h.ui_file, json.dumps({"url": h.url, "port": h.port}).encode())
             out.print(
                 f"Airflow is up: {h.url}  user {USER}  password {h.password()}\n"
                 f"DAGs from {h.dags}; logs in {h.logs}; Ctrl-C stops it all.",

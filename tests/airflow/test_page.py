@@ -99,7 +99,8 @@ def test_a_runs_report_holds_its_epochs_ranks_sync_and_config(airflow):
             airflow, f"/api/v2/dags/dagtrain_tiny/dagRuns/{run_id}/taskInstances/{task}/links"
         ).json()["extra_links"]
         assert set(links) >= {"Training report", "Trace"}, links
-        assert "/dagtrain/?dag_id=dagtrain_tiny&run_id=" in links["Training report"], links
+        # the page's path alone: it leads to the page on whichever server shows the UI
+        assert links["Training report"].startswith("/dagtrain/?dag_id=dagtrain_tiny&run_id="), links
         assert links["Trace"].endswith("#timeline"), links
     reg = get(airflow, f"{PAGE}/dagtrain_tiny/registry").json()
     # the run made v1 (later tests' runs may add versions)
