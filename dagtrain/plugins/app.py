@@ -262,6 +262,22 @@ def create_app():
                 return report.registry_of(root)
         return {"champion": None, "versions": []}
 
+    @app.exception_handler(HTTPException)
+    async def unauthenticated(request: Any, exc: HTTPException) -> Any:
+        """A browser without an Airflow session (a page it navigates to, asking for
+        HTML) goes to Airflow's login and back to the page after it, as Airflow's own
+        pages do; an API client keeps the status and its JSON."""
+        from fastapi.exception_handlers import http_exception_handler
+        from fastapi.responses import RedirectResponse
+
+        wants_page = "text/html" in request.headers.get("accept", "")
+        if exc.status_code == 401 and request.method == "GET" and wants_page:
+            from airflow.api_fastapi.app import get_auth_manager
+
+            back = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+            return RedirectResponse(get_auth_manager().get_url_login(next_url=back), 303)
+        return await http_exception_handler(request, exc)
+
     @app.exception_handler(ValueError)
     def refused(request: Any, exc: ValueError) -> Any:  # a path outside the artifact root
         # the path itself stays in the api-server's log: a viewer learns no file's place

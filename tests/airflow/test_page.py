@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import httpx
 import pytest
@@ -74,6 +74,12 @@ def test_every_training_page_endpoint_needs_an_airflow_user(airflow):
         assert r.status_code in (401, 403), (path, r.status_code)
         r = get(airflow, path)
         assert r.status_code == 200, (path, r.status_code, r.text[:300])
+    # a browser without a session is sent to Airflow's login, and back to the page after
+    page = f"/dagtrain/?dag_id=dagtrain_tiny&run_id={quote(run_id, safe='')}"
+    r = httpx.get(f"{airflow['url']}{page}", headers={"Accept": "text/html,*/*;q=0.8"}, timeout=30)
+    assert r.status_code == 303, (r.status_code, r.text[:300])
+    login = httpx.URL(r.headers["location"])
+    assert login.path.startswith("/auth/") and unquote(login.params["next"]) == unquote(page)
 
 
 def test_a_runs_report_holds_its_epochs_ranks_sync_and_config(airflow):
