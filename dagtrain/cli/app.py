@@ -14,12 +14,12 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.text import Text
 
-from .common import ConfigArg, HomeOpt, Sets, load, out, preflight
+from .common import ConfigArg, HomeOpt, Sets, fail, load, out, preflight
 from .logs import logs
 from .run import run
 from .server import trigger, up
@@ -63,6 +63,7 @@ def validate(config: ConfigArg, sets: Sets = None, home: HomeOpt = Path(".dagtra
     model.args on PyTorch's meta device) and distributed.device."""
     _, _, eff = load(config, sets)
     preflight(eff, home)
+    _reach(eff, home)
     out.print(
         Text.assemble(
             ("ok", "green"),
@@ -80,6 +81,42 @@ def validate(config: ConfigArg, sets: Sets = None, home: HomeOpt = Path(".dagtra
             f"{eff.artifact_root(home)}",  # as `dagtrain run --home` would
         )
     )
+
+
+def _reach(eff: Any, home: Path) -> None:
+    """What the run's tasks will read from outside: ``data.connection`` and the object
+    an object-storage ``data.source`` names (through it), ``tracking.connection``. The
+    connections are Airflow's as ``dagtrain run`` sees them: the home's (when it has a
+    database) and ``AIRFLOW_CONN_*``. Exits 2 naming the field."""
+    import os
+    import shutil
+    import tempfile
+
+    from dagtrain.errors import InputError, MissingDependency
+    from dagtrain.stages.sources import reach_url, source_kind
+
+    if not (eff.tracking or source_kind(eff) == "url"):
+        return
+    from .common import home_of
+
+    h = home_of(home)
+    scratch = None
+    if "airflow" not in sys.modules:
+        if h.db.exists():
+            h.activate()  # its connections, as `dagtrain run` reads them
+        else:  # no home yet: AIRFLOW_CONN_* only (and nothing written into one)
+            scratch = tempfile.mkdtemp(prefix="dagtrain-validate-")
+            os.environ["AIRFLOW_HOME"] = scratch
+    try:
+        from dagtrain.tracking import check_tracking
+
+        reach_url(eff)
+        check_tracking(eff)
+    except (InputError, MissingDependency) as e:
+        raise fail(str(e), 2) from None
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 @app.command()

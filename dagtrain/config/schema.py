@@ -109,6 +109,16 @@ class DataConfig(_Section):
     seed: int = Field(0, ge=0, le=SEED_MAX, description="seed of the split and of the shards")
 
     @model_validator(mode="after")
+    def _connection_for_a_url(self) -> DataConfig:
+        if self.connection is not None and "://" not in self.source:
+            raise ValueError(
+                f"data.connection {self.connection!r} can have no effect: data.source "
+                f"{self.source!r} is not an object-storage URL (s3://, gs://, ...), which "
+                "is what the connection is read with; remove data.connection"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _leaves_data_to_train_on(self) -> DataConfig:
         if self.val_fraction + self.test_fraction >= 0.9:
             raise ValueError(

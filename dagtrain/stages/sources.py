@@ -142,6 +142,41 @@ def _connection(cfg: PipelineConfig) -> str | None:
     return conn_id
 
 
+def reach_url(cfg: PipelineConfig, timeout: float = 30.0) -> None:
+    """An object-storage ``data.source``, reached as ``prepare_data`` will reach it
+    (``data.connection`` read, then the object looked up through it): InputError naming
+    the field when the connection or the object does not exist. A store that does not
+    answer within ``timeout`` is not judged (the run's own deadline is prepare_data's)."""
+    import threading
+
+    if source_kind(cfg) != "url":
+        return
+    conn_id = _connection(cfg)
+    from airflow.sdk import ObjectStoragePath
+
+    url = cfg.data.source
+    found: list[Any] = []
+
+    def look() -> None:
+        try:
+            p = ObjectStoragePath(url, conn_id=conn_id) if conn_id else ObjectStoragePath(url)
+            found.append(p.exists())
+        except Exception as e:  # judged below: what the store said
+            found.append(e)
+
+    t = threading.Thread(target=look, daemon=True)
+    t.start()
+    t.join(timeout)
+    if not found:
+        return
+    if isinstance(found[0], PermissionError):
+        raise InputError(
+            f"data.source {url!r}: access refused ({found[0]}); check data.connection's credentials"
+        )
+    if found[0] is False:
+        raise InputError(f"data.source {url!r}: no such object")
+
+
 def fetch_url(cfg: PipelineConfig, folder: Path) -> tuple[Path, str]:
     """The object ``data.source`` names, copied into ``folder`` (atomically: a reader
     sees the whole copy or none) through ``ObjectStoragePath``; returns (the copy, its

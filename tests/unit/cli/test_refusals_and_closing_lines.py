@@ -202,3 +202,38 @@ def test_help_at_80_columns_breaks_only_where_the_terminal_ends(command):
     for line, after in zip(text, text[1:], strict=False):
         if line and after and after[0].islower() and not line.endswith((".", ":", ")")):
             assert len(line) > 55, f"broken at {line!r} / {after!r}\n{r.output}"
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("data: {source: 'file:///no/such/dir/d.npz'}\n", "data.source 'file:///no/such/dir"),
+        (
+            "data: {source: digits, connection: aws_default}\n",
+            "data.connection 'aws_default' can have no effect",
+        ),
+        (
+            "tracking: {connection: no_such_mlflow_here}\n",
+            "tracking.connection: there is no Airflow connection 'no_such_mlflow_here'",
+        ),
+    ],
+)
+def test_validate_refuses_what_prepare_data_and_tracking_would_meet(tmp_path, text, needle):
+    """validate reaches what the run's tasks will: an object-storage data.source through
+    its connection, the tracking connection; a setting that cannot apply is named. No
+    home is made."""
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text(f"name: p\n{text}")
+    r = runner.invoke(app, ["validate", str(cfg), "--home", str(tmp_path / "home")])
+    assert r.exit_code == 2 and needle in r.output, r.output
+    assert not (tmp_path / "home").exists()
+
+
+def test_validate_accepts_an_object_storage_source_that_exists(tmp_path):
+    import numpy as np
+
+    np.savez(tmp_path / "d.npz", x=np.zeros((20, 3), np.float32), y=np.arange(20) % 2)
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text(f"name: p\ndata: {{source: '{(tmp_path / 'd.npz').as_uri()}'}}\n")
+    r = runner.invoke(app, ["validate", str(cfg), "--home", str(tmp_path / "home")])
+    assert r.exit_code == 0, r.output
