@@ -199,12 +199,30 @@ def _sync_figures(events: list[dict[str, Any]], result: dict | None) -> dict[str
     ms, share = _hidden_share(events)
     sizes = (result or {}).get("bucket_bytes") or []
     return {
+        "none": _no_sync(result),
         "buckets": len(sizes),
         "bucket_bytes": sizes,
         "allreduce_ms": ms,
         "hidden_share": share,
         "skipped_steps": (result or {}).get("skipped_steps"),
     }
+
+
+def _no_sync(result: dict | None) -> str | None:
+    """Why a run has no gradient sync between ranks (None: it has one, or it is not
+    known yet): one rank, or a pipeline whose stages each have one replica."""
+    result = result or {}
+    p = result.get("pipeline") if isinstance(result.get("pipeline"), dict) else None
+    if p and p.get("replicas") == 1:
+        return (
+            f"no gradient sync: each of the {p.get('stages')} pipeline stages has one "
+            "replica, so no two ranks hold the same parameters to average (a stage's "
+            "gradients stay on its rank; activations and their gradients move between "
+            "stages instead)"
+        )
+    if result.get("world") == 1:
+        return "no gradient sync: one rank, nothing to average"
+    return None
 
 
 def _busy(intervals: list[tuple[float, float]]) -> float:

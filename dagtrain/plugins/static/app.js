@@ -251,7 +251,7 @@ async function run(dagId, runId) {
       return [t.try, t.started ? t.resumed_from_step ?? "start" : html`<span class="muted">did not train</span>`, t.epochs_done_before ?? "",
         ...(changes.length ? [n ? html`<a href="#world-changes">${n}</a>` : ""] : []), f ? failureOf(f) : ""];
     })) : html`<p class="muted">Training has not started.</p>`}
-    <h2>Gradient sync</h2>${r.sync ? html`${table(["buckets", "sizes", "allreduce (ms)", "hidden under backward", "skipped non-finite steps"], [[r.sync.buckets, r.sync.bucket_bytes.map(bytes).join(", "), num(r.sync.allreduce_ms, 2), pct(r.sync.hidden_share), r.sync.skipped_steps]])}${
+    <h2>Gradient sync</h2>${r.sync?.none ? html`<p class="muted">${r.sync.none}.</p>` : r.sync ? html`${table(["buckets", "sizes", "allreduce (ms)", "hidden under backward", "skipped non-finite steps"], [[r.sync.buckets, r.sync.bucket_bytes.map(bytes).join(", "), num(r.sync.allreduce_ms, 2), pct(r.sync.hidden_share), r.sync.skipped_steps]])}${
       r.sync_by_rank.length > 1 ? html`<p class="muted">per rank, last step: ${r.sync_by_rank.map((s) => `rank ${s.rank} ${num(s.allreduce_ms, 2)} ms allreduce, ${pct(s.hidden_share)} hidden`).join("; ")}</p>` : ""}` : html`<p class="muted">No trace.</p>`}
     <h2 id="timeline">Op timeline, every rank</h2>
     <p>${r.trace_steps.length ? html`<label>step <select id="step">${steps}</select></label> · ` : ""}<a href="${traceUrl}" download>download the merged trace</a> <span class="muted">(opens in ui.perfetto.dev)</span></p>${timeline(trace)}

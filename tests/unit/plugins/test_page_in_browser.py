@@ -91,6 +91,12 @@ def test_a_pipelined_runs_page_has_a_lane_per_stage_rank_and_its_bubble(chromium
         assert cells == [["0", "0", "0"], ["1 slowest", "1", "0"]], cells
         line = page.locator("p.pipeline").inner_text()
         assert f"2 stages {TIMES} 1 replica, 4 microbatches, order {order}, split [3]" in line, line
+        # one replica a stage: no gradient sync, said so, not a table of zeros
+        sync = page.locator("h2:has-text('Gradient sync') + *").inner_text()
+        assert sync.startswith("no gradient sync: each of the 2 pipeline stages"), sync
+        # the effective config's long lines wrap inside its box
+        wrap = page.locator("pre.config").evaluate("e => getComputedStyle(e).whiteSpace")
+        assert wrap == "pre-wrap", wrap
         # another traced step: still a lane per stage rank, with its bubbles
         page.select_option("#step", index=0)
         page.wait_for_function("new URLSearchParams(location.search).get('step') === '20'")

@@ -113,3 +113,18 @@ def test_a_data_parallel_run_has_no_pipeline_stage_or_replica(tmp_path):
     ranks.mkdir()
     (ranks / "rank0.json").write_text(json.dumps({"rank": 0, "stage": None, "replica": None}))
     assert report.run_report(root, "manual__1", [], None, data)["pipeline"] is None
+
+
+def test_a_pipeline_of_one_replica_a_stage_says_it_has_no_gradient_sync_and_why(tmp_path):
+    root, data = make_pipeline_run(tmp_path, stages=2, replicas=1, microbatches=4, order="1f1b")
+    stages = [{"task_id": "train", "state": "success", "map_index": -1, "try_number": 1}]
+    r = report.run_report(root, "manual__pp", stages, None, data)
+    assert r["sync"]["none"].startswith("no gradient sync: each of the 2 pipeline stages")
+    two = report.run_report(
+        *make_pipeline_run(tmp_path / "b", stages=2, replicas=2, microbatches=4, order="1f1b")[:1],
+        "manual__pp",
+        stages,
+        None,
+        data,
+    )
+    assert two["sync"]["none"] is None  # replicas average their stage's gradients
