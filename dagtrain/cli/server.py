@@ -15,7 +15,7 @@ import typer
 from rich.live import Live
 
 from dagtrain.atomic import atomic_write
-from dagtrain.config import ConfigError, deep_merge, parse_sets
+from dagtrain.config import ConfigError, deep_merge, parse_sets, without_file_only
 
 from .common import HomeOpt, Sets, err, fail, home_of, load, out
 
@@ -62,8 +62,7 @@ def trigger(
         _, over, _ = load(config, sets)
         raw = yaml.safe_load(config.read_text()) or {}
         # what the file states, less what only the DAG's own file may set
-        conf = {k: v for k, v in raw.items() if k not in ("name", "pipeline", "artifacts")}
-        conf = deep_merge(conf, over)
+        conf = deep_merge(without_file_only(raw), over)
     elif sets:
         try:  # checked by the server, against the DAG's own config
             conf = parse_sets(sets)

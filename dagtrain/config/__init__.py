@@ -22,7 +22,15 @@ module of their choosing. This module imports neither torch nor airflow.
 
 from __future__ import annotations
 
-from .files import apply_sets, deep_merge, load_config, merge_conf, parse_sets, validate
+from .files import (
+    apply_sets,
+    deep_merge,
+    load_config,
+    merge_conf,
+    parse_sets,
+    validate,
+    without_file_only,
+)
 from .params import config_schema, dag_params
 from .schema import (
     DEFAULT_LAUNCHER,
@@ -76,6 +84,7 @@ __all__ = [
     "config_schema",
     "dag_params",
     "deep_merge",
+    "without_file_only",
     "load_config",
     "merge_conf",
     "parse_sets",

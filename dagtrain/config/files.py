@@ -13,6 +13,7 @@ from .schema import _BUILTINS, FILE_ONLY, NOT_APPLICABLE, ConfigError, PipelineC
 __all__ = [
     "apply_sets",
     "deep_merge",
+    "without_file_only",
     "load_config",
     "merge_conf",
     "parse_sets",
@@ -135,6 +136,8 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     own: then they replace the file's)."""
     out = copy.deepcopy(base)
     other_model = "name" in over and over["name"] != base.get("name")
+    if other_model and "args" in out:  # another model: none of the file's arguments
+        out["args"] = {}
     for k, v in over.items():
         if (
             isinstance(v, dict)
@@ -152,6 +155,20 @@ def _author_only(cfg: PipelineConfig, values: dict[str, Any] | None = None) -> d
     fields a run's conf may not change."""
     values = cfg.model_dump(mode="json") if values is None else values
     return {f: _get(values, f) for f in FILE_ONLY}
+
+
+def without_file_only(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` (a config's sections) less every field only a config file may set: what
+    a file's sections may send as a run's conf (``dagtrain trigger --config``)."""
+    out = copy.deepcopy(values)
+    for dotted in FILE_ONLY:
+        *parents, last = dotted.split(".")
+        d: Any = out
+        for part in parents:
+            d = d.get(part) if isinstance(d, dict) else None
+        if isinstance(d, dict):
+            d.pop(last, None)
+    return {k: v for k, v in out.items() if v != {}}
 
 
 def _get(d: dict[str, Any], dotted: str) -> Any:

@@ -440,11 +440,19 @@ def safe_name(s: str) -> str:
     (``manual__2026-11-30T04:32:18+00:00`` is ``manual__2026-11-30T04~3a32~3a18~2b00~3a00``).
     Two run ids never share a folder: a run id chosen to look like another's folder
     (``scheduled__2026-01-05T00_00_00_00_00``) gets a folder of its own."""
-    out = [
+    out = "".join(
         c if c in _KEPT and not (c == "." and i == 0) else "".join(f"~{b:02x}" for b in c.encode())
         for i, c in enumerate(s)
-    ]
-    return "".join(out) or "~"
+    )
+    if len(out) > _LONGEST:  # a file name has 255 bytes: a prefix, and a digest of it all
+        # ("~~" never occurs in a short name: "~" there is always followed by hex digits)
+        head = out[: _LONGEST - 66]
+        if (cut := head.rfind("~")) >= len(head) - 2:  # not an escape cut in two
+            head = head[:cut]
+        return f"{head}~~{hashlib.sha256(s.encode()).hexdigest()}"
+    return out or "~"
 
+
+_LONGEST = 200
 
 _KEPT = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-.")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -267,6 +268,8 @@ def test_a_conf_merges_into_model_args_unless_it_names_another_model(tmp_path):
     assert run.model.args == {"dim": 64, "heads": 2, "layers": 4}
     run = merge_conf(cfg, {"model": {"name": "mlp", "args": {"hidden": [8]}}})
     assert run.model.name == "mlp" and run.model.args == {"hidden": [8]}
+    run = merge_conf(cfg, apply_sets(cfg, ["model.name=mlp"]))  # its own defaults
+    assert run.model.name == "mlp" and run.model.args == {}
 
 
 def test_a_field_of_several_types_is_one_sentence_of_what_is_allowed(tmp_path):
@@ -277,3 +280,25 @@ def test_a_field_of_several_types_is_one_sentence_of_what_is_allowed(tmp_path):
     assert lines == ["  parallel.split: should be 'auto' or a valid list (got '3')"], lines
     with pytest.raises(ConfigError, match=r"training.epochs: should be greater than or equal"):
         load_config(write(tmp_path, "training: {epochs: 0}"))
+
+
+@pytest.mark.parametrize(
+    "example", sorted((Path(__file__).parents[3] / "dags").glob("*.yaml")), ids=lambda p: p.name
+)
+def test_trigger_config_sends_what_the_dags_params_accept(example):
+    """``dagtrain trigger --config FILE``: the file's sections less every file-only field
+    (the whole of a pinned section: evaluation) pass the DAG's Params as Airflow checks
+    a conf (each section's value against its schema)."""
+    import yaml
+
+    from dagtrain.config import FILE_ONLY, without_file_only
+
+    cfg = load_config(example)
+    params = dag_params(cfg)
+    conf = without_file_only(yaml.safe_load(example.read_text()))
+    assert "evaluation" not in conf and "name" not in conf
+    for section, value in conf.items():
+        params[section].resolve(value=value)  # raises ParamValidationError if refused
+    for dotted in FILE_ONLY:
+        head, _, field = dotted.partition(".")
+        assert head not in conf or (field and field not in conf[head]), dotted

@@ -139,3 +139,14 @@ def test_a_chosen_run_id_does_not_take_a_scheduled_runs_folder():
     scheduled = safe_name("scheduled__2026-01-05T00:00:00+00:00")
     assert safe_name("scheduled__2026-01-05T00_00_00_00_00") != scheduled
     assert safe_name("scheduled__2026-01-05T00~3a00~3a00~2b00~3a00") != scheduled
+
+
+def test_a_run_id_of_any_length_is_one_file_name():
+    """Airflow's run ids reach 250 characters; each escaped one takes 3 to 12: a long
+    one is a prefix and the digest of the whole, within a file name's 255 bytes."""
+    from dagtrain.stages.files import safe_name
+
+    a, b = safe_name(":" * 250), safe_name(":" * 249 + "+")
+    assert len(a.encode()) <= 255 and len(b.encode()) <= 255 and a != b
+    assert a.startswith("~3a~3a") and "~~" in a
+    assert "~~" not in safe_name("manual__2026-11-30T04:32:18+00:00")  # short: no digest
