@@ -246,7 +246,11 @@ def test_runs_retries_the_champion_alias_and_a_server_lost_mid_run_follow_dagtra
         from dagtrain.config import load_config
         from dagtrain.stages.registry import tracker_of
 
-        tracker = tracker_of(load_config(cfg), third, {"run_id": third}, None)
+        # what a stage of the run tags with (DagtrainOperator.airflow_run): the missed
+        # start (the server was killed as it began) is done with it
+        page = f"http://localhost:8080/dagtrain/?dag_id=dagtrain_mlf&run_id={quote(third, safe='')}"
+        airflow = {"dag_id": "dagtrain_mlf", "run_id": third, "try_number": 1, "page": page}
+        tracker = tracker_of(load_config(cfg), third, airflow, None)
         assert tracker.report()["ok"] and not (runs[2] / "mlflow-pending.json").exists()
 
         c = client(server.url)
