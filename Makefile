@@ -15,10 +15,12 @@ setup: $(VENV)/.installed
 
 # pip installs uv (pinned), uv the project: the same pins, resolved and installed in
 # seconds where pip takes minutes. uv does not read pip's configuration, so the
-# machine's pip find-links (here the CPU build of torch on disk) are handed to it.
+# machine's pip find-links (here the CPU build of torch on disk) and index (a mirror)
+# are handed to it.
 PIP_LINKS = $(or $(PIP_FIND_LINKS),$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
-UV_PIP = VIRTUAL_ENV=$(abspath $(VENV)) $(BIN)/uv pip install --quiet -c constraints.txt \
-	$(addprefix --find-links ,$(PIP_LINKS))
+PIP_INDEX = $(or $(PIP_INDEX_URL),$(shell $(PYTHON) -m pip config get global.index-url 2>/dev/null))
+UV_FROM = $(addprefix --find-links ,$(PIP_LINKS)) $(addprefix --index-url ,$(PIP_INDEX))
+UV_PIP = VIRTUAL_ENV=$(abspath $(VENV)) $(BIN)/uv pip install --quiet -c constraints.txt $(UV_FROM)
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -32,7 +34,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 horovod: $(VENV)/.horovod
 
 $(VENV)/.horovod: $(VENV)/.installed tools/horovod.sh
-	tools/horovod.sh $(VENV) $(PIP_LINKS)
+	tools/horovod.sh $(VENV) $(UV_FROM)
 	touch $@
 
 # The main job: the digits pipeline through Airflow (embedded, SQLite under .dagtrain/):

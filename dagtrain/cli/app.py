@@ -60,7 +60,9 @@ def validate(config: ConfigArg, sets: Sets = None, home: HomeOpt = Path(".dagtra
 
     The fields (and --set overrides), the data (its file, reader and labels), the
     backend's library, the model (its factory imported as the ranks would, built with
-    model.args on PyTorch's meta device) and distributed.device."""
+    model.args on PyTorch's meta device, a small one on the CPU), distributed.device,
+    and the connections the tasks will read (an object-storage data.source's object
+    through data.connection, tracking.connection)."""
     _, _, eff = load(config, sets)
     preflight(eff, home)
     _reach(eff, home)

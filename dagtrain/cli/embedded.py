@@ -63,6 +63,7 @@ class Home:
     # `dagtrain run`: the port of its own execution API (the tasks reach it there); the
     # web UI's address, which links and MLflow's tags name, stays the home's (``url``)
     execution_port: int | None = None
+    ui_url: str | None = None  # the web UI's address when not this home's own (``url``)
 
     @property
     def airflow(self) -> Path:
@@ -86,11 +87,12 @@ class Home:
         of ``dagtrain run`` names in links that outlive it (MLflow's tags)."""
         return self.airflow / "ui.json"
 
-    def served_port(self) -> int | None:
+    def served_url(self) -> str | None:
         try:
-            return int(json.loads(self.ui_file.read_text())["port"])
+            url = json.loads(self.ui_file.read_text())["url"]
         except (OSError, ValueError, KeyError, TypeError):
             return None
+        return url if isinstance(url, str) and url.startswith(("http://", "https://")) else None
 
     @property
     def up_file(self) -> Path:
@@ -150,7 +152,7 @@ class Home:
             "AIRFLOW__API_AUTH__JWT_SECRET": self.secret("jwt_secret"),
             "AIRFLOW__API__SECRET_KEY": self.secret("api_secret"),
             "AIRFLOW__API__PORT": str(self.port),
-            "AIRFLOW__API__BASE_URL": url,
+            "AIRFLOW__API__BASE_URL": self.ui_url or url,
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.execution_url}/execution/",
             # the LocalExecutor starts this many worker processes: one per core, not 32
             "AIRFLOW__CORE__PARALLELISM": str(max(2, os.cpu_count() or 2)),

@@ -219,7 +219,7 @@ def _run(
         raise _Stop(str(e)) from None
     try:
         h.execution_port = api.port  # the socket it bound: the tasks' supervisors'
-        h.port = h.served_port() or h.port  # the UI's, as `dagtrain up` serves the home
+        h.ui_url = h.served_url()  # the UI's, as `dagtrain up` last served the home
         h.activate()
         session.back = back = _start(h, dag_file, when, conf, log)
     except BaseException:

@@ -67,6 +67,17 @@ def create_app():
     read_dag = [Depends(requires_access_dag("GET"))]
     read_run = [Depends(requires_access_dag("GET", DagAccessEntity.RUN))]
 
+    bags: list[Any] = []
+
+    def dag_bag() -> Any:
+        """One DBDagBag for the app: it keeps the DAG versions it has read (a page polls,
+        and the curves and registry read up to 50 runs' DAGs)."""
+        if not bags:
+            from airflow.models.dagbag import DBDagBag
+
+            bags.append(DBDagBag())
+        return bags[0]
+
     def dag_of(dag_id: str, session: Any) -> Any:
         from airflow.models.dag import DagModel
 
@@ -107,13 +118,12 @@ def create_app():
         """The run's artifact root from its DAG version: the data Asset its
         prepare_data task emits, whose URI the dag-processor made from the DAG file's
         config. Never from an XCom, which a user who may trigger can write."""
-        from airflow.models.dagbag import DBDagBag
         from airflow.models.dagrun import DagRun
 
         dag_run = session.scalar(
             select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id)
         )
-        serialized = None if dag_run is None else DBDagBag().get_dag_for_run(dag_run, session)
+        serialized = None if dag_run is None else dag_bag().get_dag_for_run(dag_run, session)
         if serialized is None or not serialized.has_task(PREPARE_TASK):
             return None
         return report.artifact_root(serialized.get_task(PREPARE_TASK).outlets)
@@ -171,7 +181,6 @@ def create_app():
 
     @app.get("/api/dags/{dag_id}/runs/{run_id}", dependencies=read_run)
     def run(dag_id: str, run_id: str, session: SessionDep) -> dict[str, Any]:
-        from airflow.models.dagbag import DBDagBag
         from airflow.models.taskinstance import TaskInstance as TI
 
         dag_of(dag_id, session)
@@ -187,7 +196,7 @@ def create_app():
             }
             for t in sorted(tis, key=lambda t: (t.start_date is None, t.start_date, t.map_index))
         ]
-        serialized = DBDagBag().get_latest_version_of_dag(dag_id, session=session)
+        serialized = dag_bag().get_latest_version_of_dag(dag_id, session=session)
         file_config = None if serialized is None else serialized.params.dump()
         out = report.run_report(root, run_id, stages, file_config, data)
         out["asset_events"] = asset_events(session, dag_id, run_id)

@@ -109,7 +109,9 @@ def evaluate_stage(
     ckpt = model["checkpoint"] if isinstance(model, dict) else str(model)
     if not ckpt:
         raise InputError("model: the training task returned no checkpoint")
-    ckpt = own_file(cfg, ckpt, "model")
+    # a task's output names a checkpoint of this run; a path the DAG's author wrote, one
+    # of the pipeline's (a registered model, say)
+    ckpt = own_file(cfg, ckpt, "model", run_id if isinstance(model, dict) else None)
     metrics = evaluate_checkpoint(cfg, manifest, ckpt)
     champ = champion(cfg)
     ok, why = better(cfg, metrics, champ)
@@ -137,16 +139,23 @@ def _layout(cfg: PipelineConfig) -> ArtifactLayout:
     return ArtifactLayout.of(cfg)
 
 
-def own_file(cfg: PipelineConfig, path: Any, field: str) -> str:
+def own_file(cfg: PipelineConfig, path: Any, field: str, run_id: str | None = None) -> str:
     """``path`` resolved, if it lies under the pipeline's artifact root (a file-only
-    field); else InputError naming ``field``. A task's output (an XCom, which a user who
-    may trigger runs can rewrite) names only the pipeline's own files."""
-    root = _layout(cfg).root.resolve()
+    field), or with ``run_id`` under that run's folder; else InputError naming ``field``.
+    A task's output (an XCom, which a user who may trigger runs can rewrite) names only
+    the pipeline's own files."""
+    lay = _layout(cfg)
+    root = (lay.run(run_id).dir if run_id is not None else lay.root).resolve()
     p = Path(str(path)).resolve()
     if not p.is_relative_to(root):
+        where = (
+            f"the folder of run {run_id!r}"
+            if run_id is not None
+            else "the pipeline's artifact root"
+        )
         raise InputError(
-            f"{field}: {p.name!r} is not under the pipeline's artifact root; a stage reads "
-            "only the pipeline's own files (artifacts.root), whatever a task's output says"
+            f"{field}: {p.name!r} is not under {where}; a stage reads only the pipeline's "
+            "own files (artifacts.root), whatever a task's output says"
         )
     return str(p)
 

@@ -148,7 +148,14 @@ def sync_stage(
 
     manifest = manifest_of(cfg, data, ())  # reads no data file
     k = shards or manifest["shards"]
-    return sync_round(cfg, manifest, ArtifactLayout.of(cfg).run(run_id), r, k, dirs)
+    run = ArtifactLayout.of(cfg).run(run_id)
+    for shard, d in (dirs or {}).items():  # from the shards' XComs: only their own folders
+        if Path(d).resolve() != run.shard(r, shard).dir.resolve():
+            raise InputError(
+                f"contributions: shard {shard} of round {r} names {Path(d).name!r}, not its "
+                "own folder in this run; a task's output names only the run's own files"
+            )
+    return sync_round(cfg, manifest, run, r, k, dirs)
 
 
 def sync_round(

@@ -21,11 +21,20 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from dagtrain import redact
 from dagtrain.atomic import atomic_write
 from dagtrain.config import PipelineConfig, is_factory
 from dagtrain.errors import InputError, MissingDependency
 
 __all__ = ["SUFFIXES", "check_source", "fetch_url", "source_kind"]
+
+# a URL as errors name it: without a user, password or query string (dagtrain.redact)
+_hide = redact.url
+
+
+def _src(cfg: PipelineConfig) -> str:
+    return _hide(cfg.data.source)
+
 
 SUFFIXES = (".npz", ".npy", ".csv", ".parquet")
 _HOW = (
@@ -78,12 +87,12 @@ def check_source(cfg: PipelineConfig) -> str:
         _check_file(cfg, src)
     suffix = Path(src.split("?", 1)[0]).suffix.lower()
     if suffix not in SUFFIXES:
-        raise InputError(f"data.source {cfg.data.source!r}: unknown kind of file; {_HOW}")
+        raise InputError(f"data.source {_src(cfg)!r}: unknown kind of file; {_HOW}")
     if suffix == ".parquet":
         lacking = [m for m in ("pandas", "pyarrow") if importlib.util.find_spec(m) is None]
         if lacking:
             raise MissingDependency(
-                f"data.source {cfg.data.source!r}: reading parquet needs pandas and pyarrow; "
+                f"data.source {_src(cfg)!r}: reading parquet needs pandas and pyarrow; "
                 f"not installed in this environment ({sys.prefix}): {', '.join(lacking)}. "
                 "pip install pandas pyarrow, or convert the file to .npz/.csv"
             )
@@ -92,11 +101,11 @@ def check_source(cfg: PipelineConfig) -> str:
 
 def _check_file(cfg: PipelineConfig, src: str) -> None:
     if Path(src).is_dir():
-        raise InputError(f"data.source {cfg.data.source!r}: {src} is a directory; {_HOW}")
+        raise InputError(f"data.source {_src(cfg)!r}: {src} is a directory; {_HOW}")
     if not Path(src).is_file():
-        raise InputError(f"data.source {cfg.data.source!r}: no such file ({src}); {_HOW}")
+        raise InputError(f"data.source {_src(cfg)!r}: no such file ({src}); {_HOW}")
     if not os.access(src, os.R_OK):
-        raise InputError(f"data.source {cfg.data.source!r}: {src} is not readable by this user")
+        raise InputError(f"data.source {_src(cfg)!r}: {src} is not readable by this user")
 
 
 def _check_url(cfg: PipelineConfig) -> None:
@@ -110,13 +119,12 @@ def _check_url(cfg: PipelineConfig) -> None:
     except ImportError as e:
         hint = _PACKAGES.get(scheme)
         raise MissingDependency(
-            f"data.source {cfg.data.source!r}: no filesystem for {scheme}:// is installed in "
+            f"data.source {_src(cfg)!r}: no filesystem for {scheme}:// is installed in "
             f"this environment ({sys.prefix}): {e}" + (f"; pip install '{hint}'" if hint else "")
         ) from None
     except ValueError:
         raise InputError(
-            f"data.source {cfg.data.source!r}: {scheme}:// is not a storage scheme fsspec "
-            f"knows; {_HOW}"
+            f"data.source {_src(cfg)!r}: {scheme}:// is not a storage scheme fsspec knows; {_HOW}"
         ) from None
 
 
@@ -135,7 +143,7 @@ def _connection(cfg: PipelineConfig) -> str | None:
     except AirflowNotFoundException:
         raise InputError(
             f"data.connection: there is no Airflow connection {conn_id!r} (for "
-            f"data.source {cfg.data.source!r}); create it (`airflow connections add "
+            f"data.source {_src(cfg)!r}); create it (`airflow connections add "
             f"{conn_id} --conn-type {_CONN_TYPES.get(scheme, 'generic')} ...`, or the UI's "
             "Admin > Connections), or fix the name in the pipeline's file"
         ) from None
@@ -171,10 +179,11 @@ def reach_url(cfg: PipelineConfig, timeout: float = 30.0) -> None:
         return
     if isinstance(found[0], PermissionError):
         raise InputError(
-            f"data.source {url!r}: access refused ({found[0]}); check data.connection's credentials"
+            f"data.source {_hide(url)!r}: access refused ({found[0]}); check "
+            "data.connection's credentials"
         )
     if found[0] is False:
-        raise InputError(f"data.source {url!r}: no such object")
+        raise InputError(f"data.source {_hide(url)!r}: no such object")
 
 
 def fetch_url(cfg: PipelineConfig, folder: Path) -> tuple[Path, str]:
@@ -200,11 +209,14 @@ def fetch_url(cfg: PipelineConfig, folder: Path) -> tuple[Path, str]:
         with src.open("rb") as f:
             atomic_write(dest, chunks(f))
     except FileNotFoundError:
-        raise InputError(f"data.source {url!r}: no such object") from None
+        raise InputError(f"data.source {_hide(url)!r}: no such object") from None
     except PermissionError as e:
         raise InputError(
-            f"data.source {url!r}: access refused ({e}); check data.connection's credentials"
+            f"data.source {_hide(url)!r}: access refused ({e}); check data.connection's credentials"
         ) from None
     except OSError as e:
-        raise InputError(f"data.source {url!r}: cannot read it: {type(e).__name__}: {e}") from None
+        raise InputError(
+            f"data.source {_hide(url)!r}: cannot read it: {type(e).__name__}: "
+            f"{str(e).replace(url, _hide(url))}"
+        ) from None
     return dest, digest.hexdigest()

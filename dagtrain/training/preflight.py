@@ -57,10 +57,18 @@ def check(spec: dict[str, Any]) -> dict[str, Any]:
     # torch._dynamo and sympy, over a second); a large one on the meta device.
     device = "cpu" if _numel(model) <= CPU_FORWARD_PARAMETERS else "meta"
     with torch.device(device), torch.no_grad():
-        if device == "cpu":
-            model = build_model(model_spec["name"], in_shape, classes or 2, **args)
         try:
-            out = model(torch.zeros(2, *in_shape))
+            if device == "cpu":
+                model = build_model(model_spec["name"], in_shape, classes or 2, **args)
+            # samples like data's (standardised), not zeros: a model whose ops need
+            # varied input (a norm of the batch, an inverse) takes them as it will data
+            if device == "cpu":
+                batch = torch.randn(2, *in_shape, generator=torch.Generator().manual_seed(0))
+            else:
+                batch = torch.empty(2, *in_shape)  # shapes only
+            out = model(batch)
+        except InputError:  # the factory's own refusal (bad model.args), as on meta
+            raise
         except NotImplementedError:  # an operator the meta device lacks: not checked
             out = None
         except Exception as e:

@@ -35,11 +35,15 @@ def test_a_run_names_the_homes_ui_not_its_own_execution_api(tmp_path):
 
     h = Home(tmp_path / "home", tmp_path / "dags")
     h.make()
-    assert h.served_port() is None  # no `dagtrain up` yet: the default
-    h.ui_file.write_text(json.dumps({"url": "http://localhost:9090", "port": 9090}))
-    h.port = h.served_port() or h.port
+    assert h.served_url() is None  # no `dagtrain up` yet: the default
+    assert (
+        Home(tmp_path / "home", tmp_path / "dags").environment()["AIRFLOW__API__BASE_URL"]
+        == "http://localhost:8080"
+    )
+    h.ui_file.write_text(json.dumps({"url": "http://10.0.0.5:9090", "port": 9090}))
+    h.ui_url = h.served_url()  # `dagtrain up --host 10.0.0.5 --port 9090` served it
     h.execution_port = 41229  # what `dagtrain run`'s own api-server bound
     env = h.environment()
-    assert env["AIRFLOW__API__BASE_URL"] == "http://localhost:9090"
+    assert env["AIRFLOW__API__BASE_URL"] == "http://10.0.0.5:9090"
     assert env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == "http://127.0.0.1:41229/execution/"
     assert env["AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT"] == "41230"  # not up's 9091

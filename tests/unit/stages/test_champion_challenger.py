@@ -102,6 +102,11 @@ def test_evaluate_refuses_a_checkpoint_outside_the_pipelines_artifact_root(tmp_p
 
     cfg = cfg_with(tmp_path)
     other = checkpoint.save({"model": {"w": torch.ones(2)}}, tmp_path / "elsewhere", 1)
-    with pytest.raises(InputError, match=r"model: .* is not under the pipeline's artifact root"):
-        evaluate_stage(cfg, "r1", prepare_stage(cfg), {"checkpoint": str(other)})
+    data = prepare_stage(cfg)
+    with pytest.raises(InputError, match=r"model: .* is not under the folder of run 'r1'"):
+        evaluate_stage(cfg, "r1", data, {"checkpoint": str(other)})
+    # another run's checkpoint, inside the pipeline's root: not this run's either
+    theirs = checkpoint.save({"model": {"w": torch.ones(2)}}, run_folder(cfg).parents[2] / "r0", 1)
+    with pytest.raises(InputError, match=r"model: .* is not under the folder of run 'r1'"):
+        evaluate_stage(cfg, "r1", data, {"checkpoint": str(theirs)})
     assert not (cfg.artifact_root() / "runs" / "r1" / "eval.json").exists()

@@ -136,3 +136,21 @@ def test_a_round_records_its_global_model_and_the_page_shows_it_per_shard(setup)
         (k, "success", True) for k in range(3)
     ]
     assert rounds[0]["sync_state"] == "success" and rounds[0]["global"]["metrics"] == out["metrics"]
+
+
+def test_contributions_naming_another_shards_folder_are_refused(setup):
+    """The shards' XComs name their folders; a rewritten one (shard 1 pointing at shard
+    0's folder, counting it twice) is refused by name before anything is averaged."""
+    s = setup
+    forged = [{"shard": k, "dir": str(s.run.shard(0, 0).dir)} for k in range(3)]
+    op = RoundAveragingOperator(
+        task_id="sync", config=s.op.config_path, data=s.op.data, round=0, contributions=forged
+    )
+    with pytest.raises(BadInput, match="shard 1 of round 0 names 'shard-00', not its own"):
+        op.execute(s.ctx)
+    assert not list(s.run.dir.rglob("global.json"))
+    honest = [{"shard": k, "dir": str(s.run.shard(0, k).dir)} for k in range(3)]
+    op = RoundAveragingOperator(
+        task_id="sync", config=s.op.config_path, data=s.op.data, round=0, contributions=honest
+    )
+    assert op.execute(s.ctx)["shards"] == 3

@@ -110,7 +110,7 @@ def test_links_come_from_the_records_and_only_for_http(tmp_path):
 @pytest.mark.parametrize(
     ("raw", "shown"),
     [
-        ("http://u:p@mlflow:5000", "http://***@mlflow:5000"),
+        ("http://u:p@mlflow:5000", "http://mlflow:5000"),
         (
             "https://b.s3.amazonaws.com/d.csv?X-Amz-Signature=s",
             "https://b.s3.amazonaws.com/d.csv?***",
@@ -118,7 +118,7 @@ def test_links_come_from_the_records_and_only_for_http(tmp_path):
         ("s3://bucket/d.csv", "s3://bucket/d.csv"),
         ("digits", "digits"),
         ("pkg.mod:build", "pkg.mod:build"),
-        ("http://u@[::1]:80/x?a=1#f", "http://***@[::1]:80/x?***#f"),
+        ("http://u@[::1]:80/x?a=1#f", "http://[::1]:80/x?***#f"),
     ],
 )
 def test_a_url_is_recorded_without_its_user_password_and_query(raw, shown):
@@ -163,7 +163,7 @@ def test_a_tracking_uri_with_a_password_is_never_recorded_or_reported(monkeypatc
     report = t.report()
     text = json.dumps(report) + " ".join(r.getMessage() for r in records)
     text += "".join(p.read_text() for p in tmp_path.rglob("*") if p.is_file())
-    assert report["uri"] == f"http://***@127.0.0.1:{port}" and report["error"], report
+    assert report["uri"] == f"http://127.0.0.1:{port}" and report["error"], report
     assert "s3cret" not in text and "alice" not in text, text
     # one warning, dagtrain's, naming the connection; not urllib3's retry line too
     assert retries == [], retries
