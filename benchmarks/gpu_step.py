@@ -230,7 +230,7 @@ def measure(model: dict, args, ds, device) -> dict[str, Any]:
 def run_pipeline(device: str, backend: str, timeout: float, env: dict[str, str]) -> dict:
     """``dagtrain run`` on a copy of the digits pipeline, one rank on ``device``."""
     from dagtrain.config import load_config
-    from dagtrain.stages.files import ArtifactLayout
+    from dagtrain.stages.files import ArtifactLayout, RunLayout
 
     sets = {"distributed.device": device, "distributed.ranks": 1, "distributed.backend": backend}
     with tempfile.TemporaryDirectory(prefix="gpu-step-") as tmp:
@@ -269,7 +269,7 @@ def run_pipeline(device: str, backend: str, timeout: float, env: dict[str, str])
         layout = ArtifactLayout(load_config(cfg_path).artifact_root(home))
         runs = sorted(layout.runs.iterdir()) if layout.runs.is_dir() else []
         if runs:
-            run = layout.run(runs[-1].name)
+            run = RunLayout(runs[-1])  # the one run of this home
             if run.evaluation.is_file():
                 ev = json.loads(run.evaluation.read_text())
                 out["test_accuracy"] = ev["metrics"]["test_accuracy"]

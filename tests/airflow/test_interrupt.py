@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from dagtrain.cli.stop import SAME_PRESS
+
 from .live import DAGTRAIN, REPO, Terminal, processes_of_home, run_states
 
 pytestmark = pytest.mark.slow
@@ -60,7 +62,7 @@ def run_and_interrupt(
         term.interrupt()
     if ctrl_c == 2:
         term.wait_for(STOPPING, timeout=30)
-        time.sleep(0.5)  # a person's second press, not a copy of the first
+        time.sleep(SAME_PRESS + 0.5)  # a person's second press, not a copy of the first
         term.interrupt()
     code = term.wait(timeout=90)
     return code, term.text, home

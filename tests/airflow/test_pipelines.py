@@ -78,14 +78,15 @@ def every_file_is_named_by_the_layout(root: Path, stdout: str) -> None:
     unnamed = [str(f.relative_to(root)) for f in files if layout.describe(f) is None]
     assert not unnamed, unnamed
     (run_dir,) = list(layout.runs.iterdir())
-    run = layout.run(run_dir.name)
+    (run_id,) = re.findall(r"^run (\S+): ", stdout, re.M)  # the summary's line
+    run = layout.run(run_id)
     assert run.dir == run_dir
     assert f"artifacts: {run.dir}" in stdout, stdout
     ev = json.loads(run.evaluation.read_text())
     assert layout.describe(ev["checkpoint"]) in ("run train checkpoint", "round global checkpoint")
     assert layout.describe(ev["manifest"]) == "prepared data"
     stages = [{"task_id": "train", "state": "success", "try_number": 1}]
-    page = report.run_report(root, run_dir.name, stages, None, None)
+    page = report.run_report(root, run_id, stages, None, None)
     assert page["evaluation"] == ev
     assert page["epochs"] or page["rounds"]
     if run.train.dir.exists():

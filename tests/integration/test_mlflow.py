@@ -282,7 +282,8 @@ def test_runs_retries_the_champion_alias_and_a_server_lost_mid_run_follow_dagtra
             f"{server.url}/#/models/mlf/versions/{versions['2'].version}"
         )
         rec = read_json(runs[0] / "mlflow.json")
-        link = report.run_report(root, runs[0].name, [], None, None)["mlflow"]
+        airflow_run = c.get_run(rec["run_id"]).data.tags["airflow.run_id"]
+        link = report.run_report(root, airflow_run, [], None, None)["mlflow"]
         want = f"{server.url}/#/experiments/{rec['experiment_id']}/runs/{rec['run_id']}"
         assert link["url"] == want
         assert link["pending"] is False
