@@ -26,6 +26,7 @@ A death by signal writes nothing: the launcher knows it from the exit status.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -256,6 +257,10 @@ def stopping(why: str) -> None:
     with _stop_lock:
         hooks = list(_stop_hooks)
         _stop_hooks.clear()
+        if hooks and _this is not None and "stopping" not in _this.fields:
+            # first, what tells the launcher this rank survived: it was made to stop
+            with contextlib.suppress(OSError):
+                _this.write(stopping=why, stopping_at=time.time())
         for hook in hooks:
             try:
                 hook(why)

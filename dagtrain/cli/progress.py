@@ -110,6 +110,15 @@ class _Tail:
         return out
 
 
+def _headline(error: str | None) -> str | None:
+    """An error's first line: what a failed rank last printed (its log's tail, per-epoch
+    dicts and all) is for the task's log, which the summary names."""
+    if not error:
+        return error
+    first, _, rest = error.strip().partition("\n")
+    return f"{first} (more in the task's log)" if rest.strip() else first
+
+
 def _duration(seconds: float) -> str:
     if seconds < 60:
         return f"{seconds:.1f} s"
@@ -212,7 +221,7 @@ class Progress:
             st.state = "retrying" if retry else "failed"
             st.try_number = st.try_number or n
             st.seconds = now - st.started if st.started else None
-            st.error = e.get("error")
+            st.error = _headline(e.get("error"))
             if self.stopping and not retry:
                 self.say(f"{label} try {n} stopped: the run is marked failed", "red")
                 return

@@ -229,8 +229,8 @@ class DistributedConfig(_Section):
         4,
         ge=0,
         le=1000,
-        description="elastic: world changes (shrinks and grows) one try may make; a loss "
-        "past them fails the try",
+        description="elastic: world changes (relaunches, shrinks and grows) one try may "
+        "make; a loss past them fails the try",
     )
     regrow: bool = Field(
         True,

@@ -72,7 +72,8 @@ class RankFailure(RuntimeError):
     it had completed, from its record), ``last_lines`` (of its own log; ``log_tail``
     too), ``error`` (what the rank reported: ``Type: message``; ``error_type``,
     ``error_message``, ``traceback``), ``role`` (what the process was: ``train``),
-    ``stage`` (a pipeline rank's stage, from its record; None otherwise) and
+    ``stage`` (a pipeline rank's stage, from its record; None otherwise),
+    ``lost_with`` (other ranks the launcher saw killed by a signal with it) and
     ``summary``, the message's first sentence (``rank 1 on host b exited with code 1
     (ValueError: ...)``). The message names the host for ranks on several hosts only
     (``host_in_message``). :meth:`to_dict` gives the fields as JSON."""
@@ -119,6 +120,7 @@ class RankFailure(RuntimeError):
         self.traceback = traceback
         self.role = role
         self.stage = stage
+        self.lost_with: list[int] = []
 
     @property
     def log_tail(self) -> list[str]:
@@ -140,6 +142,7 @@ class RankFailure(RuntimeError):
             "step": self.step,
             "role": self.role,
             "stage": self.stage,
+            "lost_with": list(self.lost_with),
             "bad_input": isinstance(self, InputError),
             "last_lines": list(self.last_lines),
             "log_tail": list(self.last_lines),
@@ -152,7 +155,7 @@ class RankFailure(RuntimeError):
 
     @staticmethod
     def _message(summary: str, tail: str) -> str:
-        return f"{summary}; the other ranks were stopped. Last lines of its log:\n{tail}"
+        return f"{summary}; the other ranks were stopped.\nLast lines of its log:\n{tail}"
 
 
 class RankInputError(RankFailure, InputError):
@@ -238,7 +241,7 @@ def diagnose(job: Job, ending: Ending) -> RankFailure:
         detail = f"; rank {waited} gave up waiting for it{detail}"
     record = job.records.get(rank, {}) if rank is not None else {}
     kind = RankInputError if failure is not None and failure.get("fail_fast") else RankFailure
-    return kind(
+    found = kind(
         rank,
         code,
         sig,
@@ -255,6 +258,26 @@ def diagnose(job: Job, ending: Ending) -> RankFailure:
         host_in_message=job.hosts is not None,
         stage=record.get("stage"),
     )
+    found.lost_with = [r for r in _killed(job, ending) if r != rank]
+    return found
+
+
+def _killed(job: Job, ending: Ending) -> list[int]:
+    """Every rank the launcher saw killed by a signal other than SIGTERM (with which the
+    launchers stop the others): the direct launcher's exit statuses, read before it
+    stopped anyone; mpirun's and torchrun's words."""
+    if job.direct:
+        codes = [(k, c) for k, c in enumerate(ending.codes) if c is not None]
+        codes += [f for f in ending.failed if ending.codes[f[0]] is None]
+        return sorted({k for k, c in codes if signal_name(c) not in (None, "SIGTERM")})
+    text = _launcher_text(job)
+    found = {int(m.group(1)) for m in _MPI_SIGNAL.finditer(text) if int(m.group(2)) != 15}
+    found |= {
+        int(m.group(1))
+        for m in _TORCHRUN.finditer(text)
+        if signal_name(int(m.group(2))) not in (None, "SIGTERM")
+    }
+    return sorted(found)
 
 
 def _error(record: dict[str, Any]) -> str:
@@ -328,6 +351,7 @@ def stalled_rank(job: Job) -> int | None:
         if r in job.ready
         and rec.get("status") not in ("failed", "done")
         and rec.get("rescued") is None
+        and not rec.get("stopping")  # made to stop: it answered
         and r not in {f["rank"] for f in failures}
     ]
     if job.direct:  # the direct launcher saw which processes were still running

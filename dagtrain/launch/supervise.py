@@ -86,6 +86,7 @@ class Job:
     records: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> its record
     placement: dict[int, str] = field(default_factory=dict)  # rank -> the host it reported
     ready: set[int] = field(default_factory=set)  # ranks that reached their first collective
+    failed_at: float | None = None  # when a process was first seen ended non-zero (unix)
 
     def refresh(self) -> None:
         """Read this job's status records again (``records``, ``placement``, ``ready``)."""
@@ -219,6 +220,7 @@ def watch(job: Job, timeout: float | None, grace: float) -> Ending | None:
         codes = [p.poll() for p in job.procs]
         failed = [(k, c) for k, c in enumerate(codes) if c not in (None, 0)]
         if failed:
+            job.failed_at = time.time()
             return _stop_after(job, failed, grace)
         if all(c == 0 for c in codes):
             job.join_readers()

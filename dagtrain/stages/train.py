@@ -40,7 +40,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from dagtrain.changes import change_line
 from dagtrain.config import DistributedConfig, PipelineConfig, TrainConfig
 from dagtrain.errors import InputError
 from dagtrain.rank_env import CODE_PATH
@@ -278,13 +277,8 @@ def run_train(
         if on_start is not None:
             on_start(job)
 
-    def changed(change: dict[str, Any]) -> None:
-        if on_line is not None:  # the task's log
-            on_line(f"dagtrain: {change_line(change)}")
-
     res = run_training(
         tcfg,
-        on_change=changed,
         hosts=hosts,
         timeout=timeout,
         on_line=on_line,

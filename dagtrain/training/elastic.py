@@ -2,32 +2,40 @@
 
 With ``distributed.min_ranks`` below ``ranks``, a lost rank or host does not fail the
 try. The survivors save their last completed step (:mod:`.rescue`), the job is
-stopped, and :func:`run_elastic` launches the ranks again on the slots that answer,
+stopped, and :func:`run_elastic` launches the ranks again, on the slots that answer,
 as many as there are, at least ``min_ranks``, no more than ``ranks``. The next world's
 rank 0 resumes from the rescue, the global batch and the sample order unchanged
 (each rank's share of a batch is cut for the new world size). A change of world is a
 relaunch, the same for mpi, torch and horovod.
 
 - **Lost**: a rank killed by a signal, stalled past ``collective_timeout``, or lost
-  with its host. Its slot is left out; a host that does not answer a probe (its rsh
-  agent running ``true``) is left out whole. A rank that failed on its own error (bad
-  input, a bug, non-finite gradients) is not a loss: the try fails as before.
-- **Back**: with ``distributed.regrow``, the hosts of left-out slots are probed every
-  ``PROBE_EVERY`` seconds while the run goes on; when one answers, the ranks are asked
-  to stop at their next epoch's end (``rank_env.REGROW``), checkpointed, and are
-  launched again on the larger world. A host lost twice in a try (flapping) stays out
-  for the rest of the try.
-- **Bounds**: ``distributed.max_world_changes`` changes (losses and returns) a try;
-  past it, or below ``min_ranks``, the try fails as a non-elastic one does, naming the
-  rank and the host, and Airflow's retry resumes from the checkpoint. Every try first
-  probes the hosts and starts on those that answer.
+  with its host; every rank lost at once is named (:func:`lost_ranks`). A rank that
+  failed on its own error (bad input, a bug, non-finite gradients) is not a loss: the
+  try fails as before.
+- **Where it goes on**: a lost rank's slot on a host that still answers is used again
+  at once, by a new process (``restart``: the same world size, as torchrun's restarts
+  do), unless that slot already lost a rank in this try: then it is left out for the
+  rest of the try (``shrink``). A host that does not answer a probe (its rsh agent
+  running ``true``) is left out whole (``shrink``).
+- **Back**: with ``distributed.regrow``, the hosts left out because they did not
+  answer are probed every ``PROBE_EVERY`` seconds while the run goes on; when one
+  answers, the ranks are asked to stop at their next epoch's end
+  (``rank_env.REGROW``), checkpointed, and are launched again on the larger world
+  (``grow``). A host lost twice in a try (flapping) stays out for the rest of the try.
+- **Bounds**: ``distributed.max_world_changes`` changes (relaunches, losses and
+  returns) a try; past it, or below ``min_ranks``, the try fails as a non-elastic one
+  does, naming the rank and the host, and why in its first sentence; Airflow's retry
+  resumes from the checkpoint. Every try first probes the hosts and starts on those
+  that answer.
 
-Each change is a dict (``WorldChange``): ``change`` (``shrink``/``grow``), ``step``
-(where the new world starts), ``from``/``to`` (ranks), ``ranks`` (the ranks lost, as the
-old world numbered them), ``hosts``, ``why``, ``steps_lost`` (steps trained again: the
-step in flight, and any completed after the newest saved state), ``seconds`` (from the
-loss to the new world's first completed step), ``time``. ``on_change`` gets each one as
-it is complete; the result carries them all (``TrainResult.world_changes``).
+Each change is a dict (``WorldChange``): ``change`` (``restart``/``shrink``/``grow``),
+``step`` (where the new world starts), ``from``/``to`` (ranks), ``ranks`` (the ranks
+lost, as the old world numbered them), ``hosts``, ``why``, ``steps_lost`` (steps
+trained again: the step in flight, and any completed after the newest saved state),
+``seconds`` (from the loss, i.e. the lost rank's end as first seen, or a stalled
+rank's last heartbeat, to the new world's first completed step), ``time`` (of the
+loss). ``on_change`` gets each one as it is complete; the result carries them all
+(``TrainResult.world_changes``).
 
 Importing this module imports no torch.
 """
@@ -48,7 +56,7 @@ from dagtrain.launch import Hosts, Job, RankFailure, RankInputError, answers
 from dagtrain.launch.diagnose import STALLED, stalled_rank
 from dagtrain.rank_env import REGROW
 
-__all__ = ["PROBE_EVERY", "World", "is_loss", "run_elastic"]
+__all__ = ["PROBE_EVERY", "World", "is_loss", "lost_ranks", "run_elastic"]
 
 PROBE_EVERY = 2.0  # seconds between two probes of the left-out hosts while a world runs
 PROBE_TIMEOUT = 5.0  # seconds a host has to answer a probe
@@ -65,14 +73,18 @@ def _local() -> str:
 @dataclass
 class World:
     """The slots of a run (``host -> ranks``, in the host list's order) and those left
-    out: until their host answers again (``out``), or for the rest of the try
-    (``banned``, a host lost twice)."""
+    out: a host that does not answer, whole, until it answers again (``silent``), or
+    for the rest of the try once lost twice (``banned``); a slot that failed twice on a
+    host that answers, for the rest of the try (``dropped``)."""
 
     slots: dict[str, int]
     ranks: int
-    out: Counter = field(default_factory=Counter)
-    losses: Counter = field(default_factory=Counter)
+    out: Counter = field(default_factory=Counter)  # host -> its slots left out now
+    silent: set[str] = field(default_factory=set)
+    losses: Counter = field(default_factory=Counter)  # host -> times lost whole
     banned: set[str] = field(default_factory=set)
+    failures: Counter = field(default_factory=Counter)  # (host, slot) -> its ranks lost
+    dropped: Counter = field(default_factory=Counter)  # host -> its slots out for the try
 
     @classmethod
     def of(cls, hosts: Hosts | None, ranks: int) -> World:
@@ -88,19 +100,36 @@ class World:
     def size(self) -> int:
         return min(self.ranks, sum(self.free(h) for h in self.slots))
 
-    def lose(self, host: str, whole: bool) -> None:
-        """A rank on ``host`` was lost (``whole``: the host with it)."""
+    def leave_out(self, host: str) -> None:
+        """``host`` does not answer: every slot of it is out until it does."""
+        self.out[host] = self.slots[host]
+        self.silent.add(host)
+
+    def lose_host(self, host: str) -> None:
+        """``host`` was lost with a rank of it (a second time: it stays out)."""
         self.losses[host] += 1
-        self.out[host] = self.slots[host] if whole else min(self.slots[host], self.out[host] + 1)
+        self.leave_out(host)
         if self.losses[host] >= 2:
             self.banned.add(host)
 
+    def lose_slot(self, host: str, slot: int) -> bool:
+        """A rank was lost in ``host``'s slot ``slot`` (its index among that host's
+        ranks) while the host answers: True when the slot is used again at once (its
+        first loss in the try), False when it is left out for the rest of the try."""
+        self.failures[host, slot] += 1
+        if self.failures[host, slot] == 1:
+            return True
+        self.dropped[host] = min(self.slots[host], self.dropped[host] + 1)
+        self.out[host] = max(self.out[host], self.dropped[host])
+        return False
+
     def waiting(self) -> list[str]:
-        """The hosts with slots left out that may come back."""
-        return [h for h in self.slots if self.out[h] and h not in self.banned]
+        """The hosts left out that may come back: those that stopped answering."""
+        return [h for h in self.slots if h in self.silent and h not in self.banned]
 
     def take_back(self, host: str) -> None:
-        self.out[host] = 0
+        self.silent.discard(host)
+        self.out[host] = self.dropped[host]
 
     def hosts_for(self, spec: Hosts | None) -> Hosts | None:
         """The host list of the world now (None: this host alone)."""
@@ -137,12 +166,71 @@ _PEER_GONE = re.compile(
 
 
 def _host_of(job: Job | None, rank: int | None, spec: Hosts | None) -> str:
-    """The host list's name of the host ``rank`` ran on."""
+    """The host list's name of the host ``rank`` ran on (in ``job``'s world, which may
+    be smaller than the host list)."""
     if spec is None or rank is None:
         return _local()
     if job is not None and rank in job.node_of_rank:
         return job.node_hosts[job.node_of_rank[rank]]
-    return spec.placement(rank + 1)[rank]
+    listed = job.hosts if job is not None and job.hosts is not None else spec
+    return listed.placement(rank + 1)[rank]
+
+
+def _slot(job: Job | None, rank: int, spec: Hosts | None) -> int:
+    """Which of its host's slots ``rank`` ran in: its index among that host's ranks."""
+    host = _host_of(job, rank, spec)
+    return sum(1 for q in range(rank) if _host_of(job, q, spec) == host)
+
+
+def lost_ranks(e: RankFailure, job: Job | None, quiet: int | None = None) -> list[int]:
+    """Every rank lost in ``e``'s loss, the one it names first (``quiet``: the rank that
+    stopped answering, where ``e`` names one that gave up on it): those the launcher saw
+    killed (``e.lost_with``), those of a lost host, and those that died without a word
+    (they had reached their first collective, and their record says neither failed,
+    done, stopping nor rescued: every survivor of an elastic world says one of them)."""
+    first = quiet if quiet is not None else e.rank
+    lost = [first] if first is not None else []
+    lost += list(getattr(e, "lost_with", []))
+    if job is None:
+        return lost
+    if e.how.startswith("was lost with its host") and e.rank is not None and job.hosts:
+        host = _host_of(job, e.rank, job.hosts)
+        lost += [r for r in range(job.nprocs) if _host_of(job, r, job.hosts) == host]
+    for r, rec in sorted(job.records.items()):
+        if (
+            rec.get("ready")
+            and rec.get("status") == "running"
+            and not rec.get("stopping")
+            and rec.get("rescued") is None
+        ):
+            lost.append(r)
+    return list(dict.fromkeys(lost))
+
+
+def _lost_at(job: Job | None, lost: list[int], quiet: int | None) -> float:
+    """When the loss happened (unix time): a stalled rank's last heartbeat (its record's
+    last write); else the first sign of it: the launcher seeing a rank end, or a
+    survivor failing or being made to stop (gloo fails at once when a peer's connection
+    closes; mpirun stops the others as it sees one die)."""
+    now = time.time()
+    if job is None:
+        return now
+    if quiet is not None and job.records.get(quiet, {}).get("updated"):
+        return min(now, float(job.records[quiet]["updated"]))
+    seen = [job.failed_at] if job.failed_at is not None else []
+    for r, rec in job.records.items():
+        if r not in lost:
+            seen += [float(rec[k]) for k in ("stopping_at", "time") if rec.get(k)]
+    return min([now, *seen])
+
+
+def _fails_the_try(e: RankFailure, reason: str) -> None:
+    """End ``e``'s first sentence with why the elastic run gives up."""
+    before = e.summary
+    e.summary = f"{before}; {reason}: the try fails"
+    message = str(e)
+    rest = message[len(before) :] if message.startswith(before) else f"\n{message}"
+    e.args = (e.summary + rest,)
 
 
 def run_elastic(
@@ -160,7 +248,7 @@ def run_elastic(
     say = on_line or (lambda line: None)
     world = World.of(spec, d.ranks)
     for host in _silent(spec, list(world.slots)):  # every try starts on the hosts that answer
-        world.out[host] = world.slots[host]
+        world.leave_out(host)
         say(f"dagtrain: host {host} does not answer: this try starts without it")
     changes: list[dict[str, Any]] = []
     pending: dict[str, Any] | None = None
@@ -210,51 +298,76 @@ def run_elastic(
             job = jobs[-1] if jobs else None
             began = began or _began(job)
             loss = is_loss(e, job)
-            if not loss or len(changes) >= d.max_world_changes:
-                if loss:
-                    say(
-                        f"dagtrain: {d.max_world_changes} world change(s) made already "
-                        "(distributed.max_world_changes): this loss fails the try"
-                    )
+            if not loss:
                 raise
-            lost, why = e.rank, e.summary
+            if len(changes) >= d.max_world_changes:
+                say(
+                    f"dagtrain: {d.max_world_changes} world change(s) made already "
+                    "(distributed.max_world_changes): this loss fails the try"
+                )
+                _fails_the_try(
+                    e,
+                    f"{d.max_world_changes} world change(s) made already in this try "
+                    "(distributed.max_world_changes)",
+                )
+                raise
             quiet = stalled_rank(job) if job is not None else None
+            lost = lost_ranks(e, job, quiet)
+            why = e.summary
             if quiet is not None and quiet != e.rank:  # e names a rank that gave up on it
-                lost, why = quiet, f"rank {quiet} stopped answering; {e.summary}"
-            host = _host_of(job, lost, spec)
-            # the job starts again on the hosts that answer: the lost rank's, and any
-            # other that went with it
+                why = f"rank {quiet} stopped answering; {e.summary}"
+            if len(lost) > 1:
+                others = ", ".join(map(str, lost[1:]))
+                why += f", and rank{'s' if len(lost) > 2 else ''} {others} with it"
+            where = {r: _host_of(job, r, spec) for r in lost}
+            # the job starts again on the hosts that answer: the lost ranks' hosts, and
+            # any other that went with them; a slot on a host that answers is used
+            # again at once, unless it already lost a rank in this try
             silent = _silent(spec, [h for h in world.slots if world.free(h)])
-            whole = host in silent or e.how.startswith("was lost with its host")
-            world.lose(host, whole)
-            for other in silent:
-                if other != host:
-                    world.out[other] = world.slots[other]
-                    say(f"dagtrain: host {other} does not answer either: left out")
+            if e.how.startswith("was lost with its host") and lost:
+                silent = list(dict.fromkeys([where[lost[0]], *silent]))
+            for h in silent:
+                world.lose_host(h)
+            dropped = [
+                r
+                for r in lost
+                if where[r] not in silent and not world.lose_slot(where[r], _slot(job, r, spec))
+            ]
+            hosts_lost = list(dict.fromkeys([*(where[r] for r in lost), *silent]))
             pending = {
                 "kind": "world",
-                "change": "shrink",
+                "change": "shrink" if world.size < n else "restart",
                 "step": None,
                 "from": n,
                 "to": world.size,
-                "ranks": [lost] if lost is not None else [],
-                "hosts": [host, *(h for h in silent if h != host)],
+                "ranks": lost,
+                "hosts": hosts_lost,
                 "why": why,
                 "steps_lost": None,
                 "seconds": None,
-                "time": time.time(),
+                "time": _lost_at(job, lost, quiet),
                 "_reached": _reached(job),
             }
             if world.size < d.fewest_ranks:  # no change of world: the try fails
-                say(
-                    f"dagtrain: {why}; {world.size} rank(s) left, fewer than "
-                    f"distributed.min_ranks {d.fewest_ranks}: the try fails"
+                reason = (
+                    f"{world.size} rank(s) left, fewer than distributed.min_ranks {d.fewest_ranks}"
                 )
+                say(f"dagtrain: {why}; {reason}: the try fails")
+                _fails_the_try(e, reason)
                 raise
             changes.append(pending)
+            for other in silent:
+                if other not in where.values():
+                    say(f"dagtrain: host {other} does not answer either: left out")
+            left_out = [f"host {h}" for h in silent] + [
+                f"rank {r}'s slot, lost twice in this try" for r in dropped
+            ]
+            again = "; its slot used again" if len(lost) == 1 else "; their slots used again"
             say(
-                f"dagtrain: {why}; going on with {world.size} of {d.ranks} rank(s)"
-                + (f" (host {host} left out)" if whole else "")
+                f"dagtrain: {why}"
+                + (again if pending["change"] == "restart" else "")
+                + f"; going on with {world.size} of {d.ranks} rank(s)"
+                + (f" ({', '.join(left_out)} left out)" if left_out else "")
             )
             continue
         finally:
@@ -354,7 +467,7 @@ def _time_recovery(
             change["step"] = int(rec["start_step"])
             change["seconds"] = round(float(rec["first_step_time"]) - change["time"], 3)
             reached = change.get("_reached")
-            if reached is not None and change["change"] == "shrink":
+            if reached is not None and change["change"] != "grow":
                 change["steps_lost"] = max(0, reached + 1 - change["step"])
             break
         if ended:

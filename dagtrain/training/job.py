@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dagtrain.changes import change_line
 from dagtrain.config import TrainConfig
 from dagtrain.errors import InputError
 from dagtrain.launch import Hosts, Job, RankFailure, launch
@@ -54,7 +55,8 @@ def run_training(
 
     An elastic run (``distributed.min_ranks`` < ``ranks``) goes on after a lost rank or
     host on the ranks left (:mod:`.elastic`); ``on_change`` gets each world change as a
-    dict, which is also appended to ``metrics_file`` (``kind`` ``world``), and the
+    dict, which is also appended to ``metrics_file`` (``kind`` ``world``) and told to
+    ``on_line`` as one line (``dagtrain: world 3 -> 2 ranks at step ...``), and the
     result's ``world_changes`` lists them.
     """
     from .trainer import TrainResult
@@ -89,22 +91,33 @@ def run_training(
             out.unlink(missing_ok=True)
             cfg_path.write_text(run_cfg.model_dump_json())
 
+            jobs: list[Job] = []
+
             def begun(job: Job) -> None:
+                jobs.append(job)
                 started(job)
                 if on_start is not None:
                     on_start(job)
 
-            launch(
-                ["dagtrain.training.rank", str(cfg_path), str(out)],
-                run_cfg.world or d.ranks,
-                launcher or d.resolved_launcher,
-                world,
-                env=ranks_env,
-                timeout=timeout,
-                on_line=on_line,
-                on_start=begun,
-                status_dir=status_dir,
-            )
+            try:
+                launch(
+                    ["dagtrain.training.rank", str(cfg_path), str(out)],
+                    run_cfg.world or d.ranks,
+                    launcher or d.resolved_launcher,
+                    world,
+                    env=ranks_env,
+                    timeout=timeout,
+                    on_line=on_line,
+                    on_start=begun,
+                    status_dir=status_dir,
+                )
+            except RankFailure as e:
+                # lost after every rank had finished its work and rank 0 had written the
+                # result (in its teardown): the run is done, nothing to train again
+                if not (jobs and jobs[-1].done() and out.exists()):
+                    raise
+                if on_line is not None:
+                    on_line(f"dagtrain: {e.summary}, after every rank had finished: done")
             if not out.exists():
                 raise RankFailure(0, 0, None, [], " without writing its result")
             return TrainResult.from_json(out.read_text())
@@ -116,6 +129,8 @@ def run_training(
         def changed(change: dict) -> None:
             if cfg.metrics_file:
                 append_line(cfg.metrics_file, change)
+            if on_line is not None:  # the task's log: the line the CLI shows too
+                on_line(f"dagtrain: {change_line(change)}")
             if on_change is not None:
                 on_change(change)
 

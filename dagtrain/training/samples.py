@@ -114,13 +114,43 @@ def call_factory(spec: str, code_dirs: Iterable[str | None] = ()) -> Any:
     try:
         return fn()
     except Exception as e:
-        import traceback
-
-        frame = traceback.extract_tb(e.__traceback__)[-1]
         raise InputError(
             f"data.source {spec!r}: the factory raised {type(e).__name__}: {e} (at "
-            f"{frame.filename}:{frame.lineno})"
+            f"{_where(e, fn)})"
         ) from None
+
+
+def _where(e: BaseException, fn: Any) -> str:
+    """``file:line`` in the user's code where ``e`` came from: the innermost frame of
+    its traceback outside dagtrain, the standard library and the installed packages
+    (numpy's own lines say less than the user's call of it); the factory's definition
+    when no frame is the user's (it was called with arguments it does not take)."""
+    import inspect
+    import sysconfig
+    import traceback
+
+    def folder(path: str) -> str:
+        return os.path.join(os.path.abspath(path), "")
+
+    try:
+        source: str | None = inspect.getsourcefile(fn)
+    except TypeError:
+        source = None
+    ours = folder(os.path.dirname(os.path.dirname(__file__)))
+    libs = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    theirs = (ours, *(folder(p) for p in sorted(libs)))
+    user = folder(os.path.dirname(source)) if source else None  # installed or not
+    frames = traceback.extract_tb(e.__traceback__)
+    for frame in reversed(frames):
+        path = os.path.abspath(frame.filename)
+        if frame.filename.startswith("<"):
+            continue
+        if (user and path.startswith(user)) or not path.startswith(theirs):
+            return f"{frame.filename}:{frame.lineno}"
+    try:
+        return f"{source}:{inspect.getsourcelines(fn)[1]}"
+    except (OSError, TypeError):
+        return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
 
 
 def as_dataset(spec: str, obj: Any) -> Any:

@@ -182,15 +182,16 @@ function ranksTable(ranks) {
 }
 
 // An elastic run's changes of world (its metrics' world lines, each try's): where the
-// new world started, its size, the ranks and hosts lost or taken back, the seconds from
+// new world started, its size (a restart: the same slots, new processes), the ranks
+// and hosts lost or taken back, the seconds from
 // the loss to the new world's first step, the steps trained again, why.
 function worldTable(changes) {
   const plural = (v, w) => `${v} ${w}${v === 1 ? "" : "s"}`;
   return table(["try", "at step", "world", "ranks lost", "hosts", "recovered in", "steps lost", "why"], changes.map((c) => [
     c.try, html`<span class="num">${c.step ?? "?"}</span>`,
-    html`${c.from} → ${plural(c.to, "rank")} <span class="${c.change === "shrink" ? "warn" : "good"}">${c.change}</span>`,
+    html`${c.from} → ${plural(c.to, "rank")} <span class="${c.change === "grow" ? "good" : "warn"}">${c.change}</span>`,
     c.ranks?.length ? c.ranks.join(", ") : html`<span class="muted">none</span>`,
-    c.hosts?.length ? html`${c.hosts.join(", ")} <span class="muted">${c.change === "grow" ? "back" : "lost"}</span>` : "",
+    c.hosts?.length ? html`${c.hosts.join(", ")} <span class="muted">${{ grow: "back", restart: "its slots used again" }[c.change] ?? "lost"}</span>` : "",
     c.seconds != null ? html`<span class="num">${num(c.seconds, 1)} s</span>` : html`<span class="muted">unknown</span>`,
     html`<span class="num">${c.steps_lost ?? ""}</span>`, html`<div class="prose" title="${c.line}">${c.why}</div>`,
   ]), "world");

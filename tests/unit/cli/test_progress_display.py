@@ -52,6 +52,20 @@ def test_a_retried_try_is_followed_by_the_next_one():
     ]
 
 
+def test_a_failed_try_is_one_line_its_ranks_last_lines_left_to_the_task_log():
+    p, buf = progress()
+    error = (
+        "RankFailure: rank 1 was killed by SIGKILL; 0 world change(s) made already in this "
+        "try (distributed.max_world_changes): the try fails; the other ranks were stopped.\n"
+        "Last lines of its log:\n    {'epoch': 0, 'train_loss': 0.5}\n    {'epoch': 1}"
+    )
+    p.feed([ev("running", "train", 1.0), ev("failed", "train", 2.0, error=error)], [])
+    (line,) = buf.getvalue().splitlines()[1:]
+    assert line.startswith("train try 1 failed: RankFailure: rank 1 was killed by SIGKILL; 0 ")
+    assert line.endswith("the other ranks were stopped. (more in the task's log)"), line
+    assert "{" not in line and p.stages["train"].error in line
+
+
 def test_epoch_lines_come_in_time_order_with_the_stage_lines_and_not_once_stopping():
     p, buf = progress()
     start = {"kind": "start", "step": 0, "total_steps": 40, "steps_per_epoch": 20, "time": 1.5}

@@ -186,3 +186,22 @@ def test_rank_failure_fields_and_dict():
     assert doc["summary"] == "rank 2 was killed by SIGKILL" and doc["bad_input"] is False
     assert doc["log_tail"] == ["a", "b"] and doc["host"] == "h" and doc["error"] is None
     assert str(RankFailure(1, 1, None, [], host="b")).startswith("rank 1 on host b exited")
+
+
+def test_a_rank_made_to_stop_says_so_first_and_the_killed_ones_are_named(rank1, monkeypatch):
+    # what tells a survivor from a rank that died without a word: its record says it was
+    # made to stop, before its stop hooks run (a rescue may take longer than mpirun waits)
+    start_rank("train")
+    seen = []
+    monkeypatch.setattr(rank_env, "_stop_hooks", [lambda why: seen.append(_read(rank1))])
+    rank_env.stopping("the launcher stopped this rank (SIGTERM)")
+    (before_hook,) = seen
+    assert before_hook["stopping"] == "the launcher stopped this rank (SIGTERM)"
+    assert before_hook["stopping_at"] >= before_hook["started"]
+    # the direct launcher's exit statuses, read before it stopped the others: every rank
+    # killed by a signal but SIGTERM (its own stop) is lost with the one named
+    job = Job(nprocs=4, direct=True)
+    codes = [143, -9, -9, 1]
+    job.procs = [type("P", (), {"poll": lambda self, c=c: c})() for c in codes]
+    err = diagnose(job, Ending([(1, -9), (2, -9)], codes))
+    assert err.rank == 1 and err.lost_with == [2] and err.to_dict()["lost_with"] == [2]

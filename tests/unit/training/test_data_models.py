@@ -81,3 +81,21 @@ def test_user_model_by_import_path_and_clear_errors():
         build_model("mlp", (4,), 2, depth=3)
     model = build_model("tests.unit.training.factory:tiny", (4,), 3, width=5)
     assert model(torch.zeros(2, 4)).shape == (2, 3)
+
+
+def test_a_factory_that_raises_is_located_at_the_users_line(tmp_path):
+    # numpy raises inside its own file: the place to show is the user's call of it; a
+    # factory called with arguments it lacks raised in dagtrain: show its definition
+    from dagtrain.errors import InputError
+    from dagtrain.training.samples import call_factory
+
+    (tmp_path / "mydata.py").write_text(
+        "import numpy as np\n\n\ndef broken():\n    return np.load('/no/such/file.npz')\n\n\n"
+        "def needs(path):\n    return path\n"
+    )
+    with pytest.raises(InputError) as info:
+        call_factory("mydata:broken", [str(tmp_path)])
+    assert f"(at {tmp_path / 'mydata.py'}:5)" in str(info.value), str(info.value)
+    with pytest.raises(InputError) as info:
+        call_factory("mydata:needs", [str(tmp_path)])
+    assert f"(at {tmp_path / 'mydata.py'}:8)" in str(info.value), str(info.value)

@@ -58,22 +58,34 @@ def test_defaults_are_not_elastic():
     assert not d.elastic and d.fewest_ranks == 3 and d.regrow and d.max_world_changes == 4
 
 
-def test_a_lost_slot_is_out_until_its_host_answers_and_a_host_lost_twice_stays_out():
+def test_a_silent_host_is_out_until_it_answers_and_a_host_lost_twice_stays_out():
     w = World.of(Hosts(("a:2", "b:1")), 3)
     assert w.slots == {"a": 2, "b": 1} and w.size == 3
-    w.lose("a", whole=False)
-    assert w.size == 2 and w.waiting() == ["a"]
-    assert w.hosts_for(Hosts(("a:2", "b:1"))).entries == ("a:1", "b:1")
-    w.take_back("a")
+    w.lose_host("b")
+    assert w.size == 2 and w.waiting() == ["b"]
+    assert w.hosts_for(Hosts(("a:2", "b:1"))).entries == ("a:2",)
+    w.take_back("b")
     assert w.size == 3
-    w.lose("a", whole=True)  # its second loss: flapping
-    assert w.size == 1 and w.waiting() == [] and w.banned == {"a"}
-    assert w.hosts_for(Hosts(("a:2", "b:1"))).entries == ("b:1",)
+    w.lose_host("b")  # its second loss: flapping
+    assert w.size == 2 and w.waiting() == [] and w.banned == {"b"}
+
+
+def test_a_slot_on_a_host_that_answers_is_used_again_once_then_left_out_for_the_try():
+    w = World.of(Hosts(("a:2", "b:1")), 3)
+    assert w.lose_slot("a", 1) is True and w.size == 3  # relaunched in place
+    assert w.lose_slot("a", 0) is True and w.size == 3  # another slot: its first loss
+    assert w.lose_slot("a", 1) is False and w.size == 2  # the same slot again: out
+    assert w.waiting() == []  # "a" never stopped answering: nothing to take back
+    assert w.hosts_for(Hosts(("a:2", "b:1"))).entries == ("a:1", "b:1")
+    w.lose_host("a")
+    w.take_back("a")  # back after it stopped answering: still without the dropped slot
+    assert w.size == 2
 
 
 def test_a_world_on_this_host_alone_has_its_ranks_as_slots():
     w = World.of(None, 3)
-    w.lose(socket.gethostname(), whole=False)
+    assert w.lose_slot(socket.gethostname(), 2) is True and w.size == 3
+    assert w.lose_slot(socket.gethostname(), 2) is False
     assert w.size == 2 and w.hosts_for(None) is None
 
 
@@ -105,6 +117,10 @@ def test_a_world_change_reads_as_one_line():
     )
     grow = change_line({"change": "grow", "step": 576, "from": 2, "to": 3, "why": "back"})
     assert grow == "world 2 -> 3 ranks at step 576: back"
+    restart = change_line(
+        {"change": "restart", "step": 40, "from": 3, "to": 3, "why": "w", "steps_lost": 1}
+    )
+    assert restart == "world of 3 ranks relaunched at step 40: w (1 step lost)"
 
 
 def _state(step: int, sums: list[float], job: str = "j1", carried=(0.0, 0, 0)) -> dict:
