@@ -185,18 +185,21 @@ def _slot(job: Job | None, rank: int, spec: Hosts | None) -> int:
 def lost_ranks(e: RankFailure, job: Job | None, quiet: int | None = None) -> list[int]:
     """Every rank lost in ``e``'s loss, the one it names first (``quiet``: the rank that
     stopped answering, where ``e`` names one that gave up on it): those the launcher saw
-    killed (``e.lost_with``), those of a lost host, and those that died without a word
-    (they had reached their first collective, and their record says neither failed,
-    done, stopping nor rescued: every survivor of an elastic world says one of them)."""
+    killed (``e.lost_with``); every rank of a lost host; and, on the named rank's host,
+    those that died without a word (they had reached their first collective, and their
+    record says neither failed, done, stopping nor rescued: a survivor says one of them,
+    but a survivor on another host may be stopped by its daemon before it can)."""
     first = quiet if quiet is not None else e.rank
     lost = [first] if first is not None else []
     lost += list(getattr(e, "lost_with", []))
-    if job is None:
-        return lost
-    if e.how.startswith("was lost with its host") and e.rank is not None and job.hosts:
-        host = _host_of(job, e.rank, job.hosts)
-        lost += [r for r in range(job.nprocs) if _host_of(job, r, job.hosts) == host]
-    for r, rec in sorted(job.records.items()):
+    if job is None or first is None:
+        return list(dict.fromkeys(lost))
+    host = _host_of(job, first, job.hosts)
+    same = [r for r in range(job.nprocs) if _host_of(job, r, job.hosts) == host]
+    if e.how.startswith("was lost with its host") and job.hosts is not None:
+        return list(dict.fromkeys(lost + same))
+    for r in same:
+        rec = job.records.get(r, {})
         if (
             rec.get("ready")
             and rec.get("status") == "running"
