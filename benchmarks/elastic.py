@@ -7,8 +7,9 @@ For each backend (torch, mpi, horovod) and each round, two runs of the same work
 checkpoint every 50 steps. In each, rank 1 is SIGKILLed as it starts a random step
 (the same step for both systems in a round, between 60 and 230):
 
-- **elastic**: ``distributed.min_ranks: 2`` (``regrow: false``): the survivors save
-  their last completed step and the run goes on with 2 ranks in the same call;
+- **elastic**: ``distributed.min_ranks: 2``: the survivors save their last completed
+  step and the run goes on in the same call, rank 1's slot used again by a new
+  process (this host answers: 3 ranks again);
 - **restart**: no ``min_ranks``: the job fails, and is started again at once on 3
   ranks (as a restart policy does), resuming from the newest periodic checkpoint.
 
