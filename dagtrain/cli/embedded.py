@@ -162,10 +162,19 @@ class Home:
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "30",
             "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "10",
             "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(self.logs / "airflow"),
-            # the log servers of the workers and the triggerer: next to the api-server's
-            # port, so two projects' Airflows do not collide on the defaults (8793/8794)
+            # the log server of the workers and the triggerer (dagtrain.cli.logserver,
+            # one for both): next to the api-server's port, so two projects' Airflows do
+            # not collide on the defaults (8793/8794)
             "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(self.own_port + 1),
-            "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(self.own_port + 2),
+            "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(self.own_port + 1),
+            # a task's host, where the api-server reads its running log: the
+            # loopback the log server listens on, not a name that may resolve to a
+            # network address
+            **(
+                {"AIRFLOW__CORE__HOSTNAME_CALLABLE": "dagtrain.cli.logserver.loopback"}
+                if self.host in _ANY_OR_LOOPBACK and self.host not in ("0.0.0.0", "::")
+                else {}
+            ),
         }
 
     def activate(self) -> None:

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -210,17 +211,21 @@ def up(
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     try:
+        # Airflow's own log servers listen on every interface: one of ours instead, on
+        # the UI's address (dagtrain.cli.logserver)
+        logs = [sys.executable, "-P", "-m", "dagtrain.cli.logserver", host, str(h.own_port + 1)]
         for name, argv in (
-            ("api-server", ["api-server", "--host", host, "--port", str(port)]),
-            ("scheduler", ["scheduler"]),
-            ("dag-processor", ["dag-processor"]),
-            ("triggerer", ["triggerer"]),
+            ("api-server", [*AIRFLOW, "api-server", "--host", host, "--port", str(port)]),
+            ("scheduler", [*AIRFLOW, "scheduler", "--skip-serve-logs"]),
+            ("dag-processor", [*AIRFLOW, "dag-processor"]),
+            ("triggerer", [*AIRFLOW, "triggerer", "--skip-serve-logs"]),
+            ("log server", logs),
         ):
-            log = h.logs / f"{name}.log"
+            log = h.logs / f"{name.replace(' ', '-')}.log"
             out.print(f"starting the {name} (log: {log})", highlight=False)
             with open(log, "ab") as f:
                 procs[name] = subprocess.Popen(
-                    [*AIRFLOW, *argv],
+                    argv,
                     env=env,
                     stdout=f,
                     stderr=subprocess.STDOUT,

@@ -15,6 +15,7 @@ then a small .npz (``index``, ``mean``, ``std``, ``factory``, ``code_dir``,
 
 from __future__ import annotations
 
+import functools
 import importlib
 import numbers
 import os
@@ -115,8 +116,7 @@ def call_factory(spec: str, code_dirs: Iterable[str | None] = ()) -> Any:
         return fn()
     except Exception as e:
         raise InputError(
-            f"data.source {spec!r}: the factory raised {type(e).__name__}: {e} (at "
-            f"{_where(e, fn)})"
+            f"data.source {spec!r}: the factory raised {type(e).__name__}: {e} (at {_where(e, fn)})"
         ) from None
 
 
@@ -245,6 +245,39 @@ def _workers() -> Any:
     return ctx
 
 
+def _die_with(reader: int, worker_id: int) -> None:
+    """A DataLoader worker's ``worker_init_fn``: the worker ends when process ``reader``
+    (the rank or task that reads through it) ends, however it ends. A worker started
+    from the fork server is the server's child, and torch's own watchdog watches the
+    parent (the server); the server in turn lives while any worker holds its pipe. A
+    rank killed mid-epoch left both waiting forever: nothing may outlive its task."""
+    import select
+    import threading
+    import time
+
+    def watch() -> None:
+        try:
+            fd = os.pidfd_open(reader)
+        except OSError:  # gone already, or no pidfd here: look every second
+            while _alive(reader):
+                time.sleep(1.0)
+        else:
+            select.select([fd], [], [])  # readable once the process has ended
+        os._exit(0)
+
+    threading.Thread(target=watch, name="dagtrain-reader-watch", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process of that number: ours has ended
+        return False
+    return True
+
+
 def read_items(
     spec: str, ds: Any, workers: int = 0, chunk: int = 256
 ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
@@ -260,6 +293,7 @@ def read_items(
             num_workers=workers,
             collate_fn=_items,
             multiprocessing_context=_workers(),
+            worker_init_fn=functools.partial(_die_with, os.getpid()),
         )
     else:
         n = len(ds)
@@ -364,6 +398,7 @@ def loader(
                 num_workers=workers,
                 prefetch_factor=2,
                 multiprocessing_context=_workers(),
+                worker_init_fn=functools.partial(_die_with, os.getpid()),
             )
         )
     return (samples.batch(idx) for idx in plan)
