@@ -48,6 +48,15 @@ def slow(in_shape, classes, seconds=0.02):
     return _Slow(math.prod(in_shape), classes, seconds)
 
 
+def slow_to_stop(in_shape, classes, seconds=0.02):
+    """``slow``, in a rank that ignores SIGTERM: stopping it takes its launcher's grace
+    (seconds), long enough for a second Ctrl-C to land while the run stops."""
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    return slow(in_shape, classes, seconds)
+
+
 def fail_on_rank1(in_shape, classes):
 
     from dagtrain.rank_env import env_rank
