@@ -43,9 +43,10 @@ __all__ = [
 
 class Unbroken:
     """A text stream whose reader may go away — ``dagtrain up | tee log`` and Ctrl-C:
-    the terminal's SIGINT ends ``tee`` too — without taking the command's cleanup with
-    it: what is written after the reader left is dropped, not raised (and the stream's
-    descriptor is pointed at /dev/null, so the interpreter's last flush is quiet).
+    the terminal's SIGINT ends ``tee`` too; a terminal that hangs up (EIO) — without
+    taking the command's cleanup with it: what is written after the reader left is
+    dropped, not raised (and the stream's descriptor is pointed at /dev/null, so the
+    interpreter's last flush is quiet).
     ``stream``: the stream, or a function giving it (``sys.stdout`` as it is then:
     tests swap it)."""
 
@@ -61,7 +62,7 @@ class Unbroken:
         if not self.gone:
             try:
                 self.stream.write(text)
-            except (BrokenPipeError, ConnectionResetError, ValueError):
+            except (OSError, ValueError):  # a closed pipe, a hung-up terminal
                 self._left()
         return len(text)
 
@@ -69,7 +70,7 @@ class Unbroken:
         if not self.gone:
             try:
                 self.stream.flush()
-            except (BrokenPipeError, ConnectionResetError, ValueError):
+            except (OSError, ValueError):  # a closed pipe, a hung-up terminal
                 self._left()
 
     def _left(self) -> None:

@@ -8,7 +8,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -17,8 +19,10 @@ from rich.live import Live
 
 from dagtrain.atomic import atomic_write
 from dagtrain.config import ConfigError, deep_merge, parse_sets, without_file_only
+from dagtrain.rank_env import parent_death_signal
 
 from .common import HomeOpt, Sets, err, fail, home_of, load, out
+from .stop import Interrupts
 
 __all__ = ["trigger", "up"]
 
@@ -203,13 +207,8 @@ def up(
         stderr=subprocess.DEVNULL,
     )
     procs: dict[str, subprocess.Popen] = {}
-    stop = {"now": False}
-
-    def on_signal(signum, frame) -> None:
-        stop["now"] = True
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stopping = threading.Event()  # set once the orderly stop below has begun
+    stop = Interrupts(lambda count: count == 1 and _stop_by(procs, stopping)).install()
     try:
         # Airflow's own log servers listen on every interface: one of ours instead, on
         # the UI's address (dagtrain.cli.logserver)
@@ -229,9 +228,11 @@ def up(
                     env=env,
                     stdout=f,
                     stderr=subprocess.STDOUT,
-                    start_new_session=True,
+                    start_new_session=True,  # the terminal's Ctrl-C is ours to pass on
+                    # and if this process is killed outright, they stop with it
+                    preexec_fn=parent_death_signal(signal.SIGTERM),  # noqa: PLW1509 (a bare prctl)
                 )
-        if _wait_healthy(h.execution_url, procs, stop):
+        if _wait_healthy(h.execution_url, procs, lambda: stop.count > 0):
             h.up_file.write_text(json.dumps({"url": h.url, "pid": os.getpid()}))
             # kept after it stops: the address later runs' links name (MLflow's tags)
             atomic_write(h.ui_file, json.dumps({"url": h.url, "port": h.port}).encode())
@@ -240,27 +241,50 @@ def up(
                 f"DAGs from {h.dags}; logs in {h.logs}; Ctrl-C stops it all.",
                 highlight=False,
             )
-        while not stop["now"]:
+        while not stop.count:
             dead = [n for n, p in procs.items() if p.poll() is not None]
             if dead:
                 err.print(f"{', '.join(dead)} exited; see {h.logs}", style="red")
                 break
             time.sleep(0.5)
     finally:
-        out.print("stopping Airflow ...", highlight=False)
         h.up_file.unlink(missing_ok=True)
+        stopping.set()
+        out.print("stopping Airflow ...", highlight=False)
         stop_all(list(procs.values()))
         out.print("Airflow stopped; nothing it started is left running", highlight=False)
-    if not stop["now"]:
+    if not stop.count:
         raise typer.Exit(1)
 
 
-def _wait_healthy(url: str, procs: dict, stop: dict, timeout: float = 180.0) -> bool:
+# how long after Ctrl-C, SIGTERM or SIGHUP `up` may take to begin its orderly stop
+STOP_BEGINS_WITHIN = 5.0
+
+
+def _stop_by(procs: dict[str, subprocess.Popen], stopping: threading.Event) -> None:
+    """The deadline of a stop that was asked for: if ``up`` has not begun its orderly
+    stop ``STOP_BEGINS_WITHIN`` seconds after the signal — it is blocked writing to a
+    terminal that takes no more output (one that hung up without a SIGHUP, or is
+    paused with Ctrl-S) — Airflow is stopped from a thread that prints nothing, and
+    the process exits (status 1)."""
+    from .embedded import stop_all
+
+    def watch() -> None:
+        if not stopping.wait(STOP_BEGINS_WITHIN):
+            stop_all(list(procs.values()), grace=10.0)
+            os._exit(1)
+
+    threading.Thread(target=watch, name="stop-deadline", daemon=True).start()
+
+
+def _wait_healthy(
+    url: str, procs: dict, stopped: Callable[[], bool], timeout: float = 180.0
+) -> bool:
     import httpx
 
     deadline = time.monotonic() + timeout
     with out.status(f"waiting for the api-server at {url}"):
-        while time.monotonic() < deadline and not stop["now"]:
+        while time.monotonic() < deadline and not stopped():
             if any(p.poll() is not None for p in procs.values()):
                 return False
             try:
@@ -270,6 +294,6 @@ def _wait_healthy(url: str, procs: dict, stop: dict, timeout: float = 180.0) -> 
             except httpx.HTTPError:
                 pass
             time.sleep(1)
-    if not stop["now"]:
+    if not stopped():
         err.print(f"the api-server did not answer within {timeout:g} s; see its log")
     return False

@@ -1,4 +1,5 @@
-"""Stopping a run that ``dagtrain run`` started: Ctrl-C (SIGINT) or SIGTERM.
+"""Stopping a run that ``dagtrain run`` started: Ctrl-C (SIGINT), SIGTERM, or SIGHUP
+(its terminal closed).
 
 The first signal asks Airflow to stop the run: ``fail_run`` marks the DAG run failed
 through the service behind Airflow's REST API (``PATCH .../dagRuns/{id}`` with state
@@ -35,7 +36,7 @@ SAME_PRESS = 1.0
 
 
 class Interrupts:
-    """SIGINT and SIGTERM counted: ``count``, the time of the first (``first``), and a
+    """SIGINT, SIGTERM and SIGHUP counted: ``count``, the time of the first (``first``), and a
     callback run in the signal handler (``on_signal(count)``) for what must happen at
     once. Signals within ``SAME_PRESS`` seconds of the one before count once.
     ``install()`` replaces the handlers, ``restore()`` puts the old ones back."""
@@ -49,7 +50,7 @@ class Interrupts:
         self._previous: dict[int, Any] = {}
 
     def install(self) -> Interrupts:
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             self._previous[sig] = signal.signal(sig, self._handle)
         return self
 

@@ -181,6 +181,12 @@ class Terminal:
     def interrupt(self) -> None:
         os.write(self.master, b"\x03")
 
+    def pause(self) -> None:
+        """Ctrl-S: the terminal stops taking output, and the command's next write blocks
+        until Ctrl-Q (or for ever)."""
+        os.write(self.master, b"\x13")
+        time.sleep(1)  # a spinner writes several times a second
+
     def wait(self, timeout: float = 120) -> int:
         try:
             return self.proc.wait(timeout)

@@ -16,7 +16,7 @@ import pytest
 
 from dagtrain.cli.stop import SAME_PRESS
 
-from .live import DAGTRAIN, REPO, Terminal, processes_of_home, run_states
+from .live import DAGTRAIN, REPO, Terminal, free_port, processes_of_home, run_states
 
 pytestmark = pytest.mark.slow
 
@@ -136,3 +136,30 @@ def test_sigterm_to_the_command_stops_the_run_as_ctrl_c_does(tmp_path):
     assert_stopped_cleanly(code, text, home)
     assert "(stopped by SIGTERM)" in text
     assert REPO.exists()
+
+
+@pytest.mark.parametrize("how", ["SIGHUP while its terminal is paused", "SIGKILL"])
+def test_dagtrain_up_leaves_nothing_running_however_it_is_stopped(tmp_path, how):
+    """``dagtrain up`` stopped while it waits for its api-server: by SIGHUP (its window
+    closed) while it is blocked writing its spinner to a terminal paused with Ctrl-S —
+    its orderly stop would wait for the terminal, so a deadline stops Airflow without
+    it — or killed outright (its children have a parent-death signal)."""
+    home = tmp_path / "home"
+    argv = [*DAGTRAIN, "up", "--port", str(free_port()), "--home", str(home)]
+    term = Terminal([*argv, "--dags", str(REPO / "dags")])
+    term.wait_for("starting the log server", timeout=120)
+    if how == "SIGKILL":
+        deadline = time.monotonic() + 60  # all five started
+        while len(processes_of_home(home)) < 5 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        term.proc.send_signal(signal.SIGKILL)
+    else:
+        term.pause()
+        term.proc.send_signal(signal.SIGHUP)
+    code = term.wait(timeout=60)
+    assert code == (-signal.SIGKILL if how == "SIGKILL" else 1), term.text[-3000:]
+    deadline = time.monotonic() + 30
+    while processes_of_home(home) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    left = [" ".join(p.cmdline()) for p in processes_of_home(home)]
+    assert not left, left

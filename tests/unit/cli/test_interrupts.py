@@ -25,3 +25,15 @@ def test_a_forwarded_copy_is_one_press_and_a_later_press_the_second():
     finally:
         interrupts.restore()
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_a_closed_terminal_stops_as_ctrl_c_does():
+    seen: list[int] = []
+    before = signal.getsignal(signal.SIGHUP)
+    interrupts = Interrupts(seen.append).install()
+    try:
+        os.kill(os.getpid(), signal.SIGHUP)  # its default would end the command at once
+        assert (interrupts.count, seen, interrupts.name) == (1, [1], "SIGHUP")
+    finally:
+        interrupts.restore()
+    assert signal.getsignal(signal.SIGHUP) is before
