@@ -48,6 +48,7 @@ FILE_ONLY: dict[str, str] = {
     "data.source": "it is a file on the workers, a URL, or code they import",
     "data.connection": "it holds credentials to the data's storage (an Airflow connection)",
     "data.test_fraction": "it decides the test split that promotion is judged on",
+    "model.max_parameters": "it bounds the memory a run's model.args may ask of the workers",
     "evaluation": "it decides which model becomes the champion",
     "tracking": "it names a tracking server (an Airflow connection)",
     "distributed.hosts": "it names machines to run on",
@@ -64,6 +65,11 @@ FILE_ONLY: dict[str, str] = {
 # sections a kind of pipeline does not use: the trigger form does not offer them, and a
 # run's conf may not change them
 NOT_APPLICABLE: dict[str, tuple[str, ...]] = {"retraining": ("rounds",), "rounds": ()}
+
+
+# model.max_parameters's default: 400 MB of fp32 weights, 1.6 GB with their gradient and
+# Adam's two moments, on each rank; the largest built-in example has 21M
+MAX_PARAMETERS = 100_000_000
 
 
 class ConfigError(InputError):
@@ -137,6 +143,12 @@ class ModelConfig(_Section):
         "(config files only, never a run's conf)",
     )
     args: dict[str, Any] = Field(default_factory=dict, description="keyword arguments")
+    max_parameters: int = Field(
+        MAX_PARAMETERS,
+        ge=1,
+        description="the most parameters the model may have: model.args that build a "
+        "larger one are refused before it is built",
+    )
 
     @field_validator("name")
     @classmethod

@@ -19,7 +19,7 @@ from typing import Any, get_args
 import torch
 from torch import nn
 
-from dagtrain.config import BuiltinModel
+from dagtrain.config import BuiltinModel, ModelConfig
 from dagtrain.errors import InputError
 
 __all__ = ["MODELS", "build_model", "evaluate", "factory_of"]
@@ -212,6 +212,39 @@ def build_model(name: str, in_shape: Sequence[int], classes: int, **args) -> nn.
             f"model {name!r}: the factory returned {type(model).__name__}, not a torch.nn.Module"
         )
     return model
+
+
+def bounded_model(spec: ModelConfig, in_shape: Sequence[int], classes: int) -> nn.Module:
+    """The model ``spec`` describes, refused (InputError naming ``model.args``) before
+    any memory is spent if it has more than ``model.max_parameters`` parameters: it is
+    built first on the meta device (no memory, no weights) and counted. A factory that
+    cannot build on the meta device is counted once built."""
+    try:  # (the generators' state kept: the real build draws what it did without this)
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):
+            sized = build_model(spec.name, in_shape, classes, **spec.args)
+    except InputError:
+        raise
+    except Exception:  # a factory that needs real tensors: counted after
+        sized = None
+    if sized is not None:
+        check_parameters(sized, spec)
+    model = build_model(spec.name, in_shape, classes, **spec.args)
+    if sized is None:
+        check_parameters(model, spec)
+    return model
+
+
+def check_parameters(model: nn.Module, spec: ModelConfig) -> int:
+    """``model``'s parameter count; InputError if over ``spec.max_parameters``."""
+    n = sum(p.numel() for p in model.parameters())
+    if n > spec.max_parameters:
+        raise InputError(
+            f"model.args {spec.args}: model {spec.name!r} would have {n:,} parameters, "
+            f"more than model.max_parameters ({spec.max_parameters:,}, set in the config "
+            "file): use smaller model.args, or have the DAG's author raise "
+            "model.max_parameters if the workers have the memory"
+        )
+    return n
 
 
 def evaluate(

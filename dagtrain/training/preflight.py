@@ -28,11 +28,11 @@ def check(spec: dict[str, Any]) -> dict[str, Any]:
     """The checks; raises InputError or MissingDependency naming the field."""
     import torch
 
-    from dagtrain.config import is_factory
+    from dagtrain.config import ModelConfig, is_factory
     from dagtrain.errors import InputError
 
     from .data import read_arrays
-    from .models import build_model
+    from .models import build_model, check_parameters
 
     device = spec.get("device", "cpu")
     if device == "cuda" and not torch.cuda.is_available():
@@ -52,6 +52,7 @@ def check(spec: dict[str, Any]) -> dict[str, Any]:
     args = model_spec.get("args", {})
     with torch.device("meta"):
         model = build_model(model_spec["name"], in_shape, classes or 2, **args)
+    check_parameters(model, ModelConfig.model_validate(model_spec))
     # The batch passes through the model on the CPU where it is small (its weights a few
     # MB: built in milliseconds, and the meta device's kernels would cost more, importing
     # torch._dynamo and sympy, over a second); a large one on the meta device.

@@ -32,7 +32,7 @@ from dagtrain.sync import Backend, get_backend
 from . import checkpoint
 from .data import Dataset, load_dataset, shard_batches
 from .device import choose_device
-from .models import build_model, evaluate_samples
+from .models import bounded_model, evaluate_samples
 from .pipeline import PipelineStep
 from .progress import Progress, RankStatus
 from .rescue import Rescue, newest, remove_rescues
@@ -160,7 +160,7 @@ def _train(cfg: TrainConfig, backend: Backend) -> TrainResult:
     else:
         ds = load_dataset(cfg.data, cfg.test_fraction, t.seed, cfg.normalize)
     torch.manual_seed(t.seed)
-    model = build_model(cfg.model.name, ds.in_shape, ds.classes, **cfg.model.args)
+    model = bounded_model(cfg.model, ds.in_shape, ds.classes)
     model.to(backend.device)
     if cfg.init_from:
         model.load_state_dict(checkpoint.load(cfg.init_from)["model"])

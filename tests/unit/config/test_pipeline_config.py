@@ -72,6 +72,8 @@ def test_conf_merges_into_the_file_and_keeps_what_it_does_not_name(tmp_path):
         ({"evaluation": {"min_accuracy": 0.0}}, "evaluation"),
         ({"evaluation": {"metric": "test_loss"}}, "evaluation"),
         ({"data": {"test_fraction": 0.01}}, "data.test_fraction"),
+        # the bound on what model.args (which a conf may change) ask of the workers
+        ({"model": {"max_parameters": 10**12}}, "model.max_parameters"),
     ],
 )
 def test_a_runs_conf_cannot_name_code_or_places(tmp_path, conf, needle):
