@@ -255,7 +255,10 @@ def output_to(log_path: Path) -> Iterator[None]:
                 os.close(fd)
 
 
-def stop_all(procs: list[subprocess.Popen], grace: float = 15.0) -> None:
+STOP_GRACE = 15.0  # seconds stop_all gives a process to end on SIGTERM
+
+
+def stop_all(procs: list[subprocess.Popen], grace: float = STOP_GRACE) -> None:
     """SIGTERM each process and everything it started, SIGKILL what is left after
     ``grace`` seconds: nothing outlives it, even a child that left the process group
     (Airflow's log server does)."""

@@ -207,8 +207,8 @@ def up(
         stderr=subprocess.DEVNULL,
     )
     procs: dict[str, subprocess.Popen] = {}
-    stopping = threading.Event()  # set once the orderly stop below has begun
-    stop = Interrupts(lambda count: count == 1 and _stop_by(procs, stopping)).install()
+    deadline = _StopDeadline(procs)
+    stop = Interrupts(lambda count: count == 1 and deadline.start()).install()
     try:
         # Airflow's own log servers listen on every interface: one of ours instead, on
         # the UI's address (dagtrain.cli.logserver)
@@ -249,32 +249,45 @@ def up(
             time.sleep(0.5)
     finally:
         h.up_file.unlink(missing_ok=True)
-        stopping.set()
         out.print("stopping Airflow ...", highlight=False)
+        deadline.begun.set()
         stop_all(list(procs.values()))
+        deadline.stopped.set()
         out.print("Airflow stopped; nothing it started is left running", highlight=False)
     if not stop.count:
         raise typer.Exit(1)
 
 
-# how long after Ctrl-C, SIGTERM or SIGHUP `up` may take to begin its orderly stop
-STOP_BEGINS_WITHIN = 5.0
+# how long after Ctrl-C, SIGTERM or SIGHUP `up` may take to say it is stopping, and to
+# print its last line once everything has stopped
+STOP_SAYS_WITHIN = 5.0
 
 
-def _stop_by(procs: dict[str, subprocess.Popen], stopping: threading.Event) -> None:
-    """The deadline of a stop that was asked for: if ``up`` has not begun its orderly
-    stop ``STOP_BEGINS_WITHIN`` seconds after the signal — it is blocked writing to a
-    terminal that takes no more output (one that hung up without a SIGHUP, or is
-    paused with Ctrl-S) — Airflow is stopped from a thread that prints nothing, and
-    the process exits (status 1)."""
-    from .embedded import stop_all
+class _StopDeadline:
+    """The deadline of a stop that was asked for (``start()``, from the signal handler),
+    for a ``up`` blocked writing to a terminal that takes no more output (paused with
+    Ctrl-S, or gone without a SIGHUP): if it has not said it is stopping (``begun``)
+    ``STOP_SAYS_WITHIN`` seconds after the signal, or not stopped Airflow (``stopped``)
+    within ``stop_all``'s grace after that, Airflow is stopped from a thread that prints
+    nothing and the process exits (status 1); once Airflow has stopped, the process
+    exits (status 0) if its last line cannot be printed within ``STOP_SAYS_WITHIN``."""
 
-    def watch() -> None:
-        if not stopping.wait(STOP_BEGINS_WITHIN):
-            stop_all(list(procs.values()), grace=10.0)
+    def __init__(self, procs: dict[str, subprocess.Popen]) -> None:
+        self.procs = procs
+        self.begun = threading.Event()
+        self.stopped = threading.Event()
+
+    def start(self) -> None:
+        threading.Thread(target=self._watch, name="stop-deadline", daemon=True).start()
+
+    def _watch(self) -> None:
+        from .embedded import STOP_GRACE, stop_all
+
+        if not self.begun.wait(STOP_SAYS_WITHIN) or not self.stopped.wait(STOP_GRACE + 10):
+            stop_all(list(self.procs.values()), grace=10.0)
             os._exit(1)
-
-    threading.Thread(target=watch, name="stop-deadline", daemon=True).start()
+        time.sleep(STOP_SAYS_WITHIN)
+        os._exit(0)
 
 
 def _wait_healthy(

@@ -12,6 +12,7 @@ import signal
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from dagtrain.cli.stop import SAME_PRESS
@@ -148,18 +149,19 @@ def test_dagtrain_up_leaves_nothing_running_however_it_is_stopped(tmp_path, how)
     argv = [*DAGTRAIN, "up", "--port", str(free_port()), "--home", str(home)]
     term = Terminal([*argv, "--dags", str(REPO / "dags")])
     term.wait_for("starting the log server", timeout=120)
-    if how == "SIGKILL":
-        deadline = time.monotonic() + 60  # all five started
-        while len(processes_of_home(home)) < 5 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        term.proc.send_signal(signal.SIGKILL)
-    else:
+    deadline = time.monotonic() + 60  # all five started
+    while len(processes_of_home(home)) < 5 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if how != "SIGKILL":
         term.pause()
-        term.proc.send_signal(signal.SIGHUP)
+    # (Airflow's processes retitle themselves over their environment: found as up's too)
+    family = psutil.Process(term.proc.pid).children(recursive=True)
+    term.proc.send_signal(signal.SIGKILL if how == "SIGKILL" else signal.SIGHUP)
     code = term.wait(timeout=60)
     assert code == (-signal.SIGKILL if how == "SIGKILL" else 1), term.text[-3000:]
+    _, alive = psutil.wait_procs(family, timeout=30)
     deadline = time.monotonic() + 30
     while processes_of_home(home) and time.monotonic() < deadline:
         time.sleep(0.5)
-    left = [" ".join(p.cmdline()) for p in processes_of_home(home)]
+    left = [" ".join(p.cmdline()) for p in [*alive, *processes_of_home(home)]]
     assert not left, left
