@@ -59,7 +59,7 @@ def _schedule(cfg: PipelineConfig):
 def _dag(cfg: PipelineConfig, path: Path, dag_id: str | None, kind: str) -> DAG:
     t = cfg.training
     return DAG(
-        dag_id or f"dagtrain_{cfg.name}",
+        dag_id or cfg.dag_id,
         description=f"dagtrain {kind}: {cfg.model.name} on {cfg.shown()['data']['source']} "
         f"({cfg.distributed.ranks} {cfg.distributed.backend} ranks)",
         schedule=_schedule(cfg),

@@ -239,7 +239,11 @@ def _run(
         run_id = run_id_for(when)
         stages = [t.task_id for t in dag.topological_sort() if not _mapped(t)]
         progress = Progress(
-            term, f"{dag.dag_id}  {run_id}", events, ArtifactLayout.of(eff).run(run_id).dir, stages
+            term,
+            f"{dag.dag_id}  {run_id}",
+            events,
+            ArtifactLayout.of(eff.for_dag(dag.dag_id)).run(run_id).dir,
+            stages,
         )
         try:
             if not check.verdict(cancelled):
@@ -448,6 +452,7 @@ def _summary(
 
     from .summary import outcome_lines
 
+    cfg = cfg.for_dag(dag_id)
     run = ArtifactLayout.of(cfg).run(run_id)
     # a run that ended well before the signal could stop it is not said to be stopped
     cut = bool(interrupts.count) and state != "success"

@@ -652,6 +652,8 @@ class PipelineConfig(_RunSections):
     # where the file was read from: relative paths resolve against it (not a field of
     # the file, never part of the schema)
     _base_dir: str | None = PrivateAttr(None)
+    # the DAG whose run this config is for (``for_dag``): its runs' folders are its own
+    _dag_id: str | None = PrivateAttr(None)
 
     @model_validator(mode="after")
     def _processes_bounded(self) -> PipelineConfig:
@@ -673,6 +675,19 @@ class PipelineConfig(_RunSections):
     @base_dir.setter
     def base_dir(self, value: str | None) -> None:
         self._base_dir = value
+
+    @property
+    def dag_id(self) -> str:
+        """The DAG this config's runs belong to: the one ``for_dag`` named (a task's,
+        ``dagtrain run``'s), else the DAG a bare config gets, ``dagtrain_<name>``."""
+        return self._dag_id or f"dagtrain_{self.name}"
+
+    def for_dag(self, dag_id: str) -> PipelineConfig:
+        """This config, for a run of DAG ``dag_id`` (one config may build several DAGs:
+        each run's folder is its DAG's, ``ArtifactLayout.run``)."""
+        out = self.model_copy()
+        out._dag_id = dag_id
+        return out
 
     def shown(self) -> dict[str, Any]:
         """The config's values as dagtrain records and shows them (the DAG's Params, the

@@ -70,10 +70,13 @@ class DagtrainOperator(BaseOperator):
         return self._config
 
     def run_config(self, context: Any) -> PipelineConfig:
-        """The file's config with this run's conf merged in."""
+        """The file's config with this run's conf merged in, for this task's DAG."""
         dag_run = context.get("dag_run")
         conf = getattr(dag_run, "conf", None) or {}
         cfg = merge_conf(self.file_config(), conf)
+        dag_id = getattr(context.get("dag"), "dag_id", None)
+        if dag_id:  # (a test's bare context has none: the config's own DAG)
+            cfg = cfg.for_dag(dag_id)
         check_tracking(cfg)  # MissingDependency / InputError: no retry
         # a model module beside the config file is importable here as on the ranks
         # (Airflow puts the DAGs folder on sys.path; a generated DAG file lives apart)

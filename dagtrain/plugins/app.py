@@ -198,7 +198,7 @@ def create_app():
         ]
         serialized = dag_bag().get_latest_version_of_dag(dag_id, session=session)
         file_config = None if serialized is None else serialized.params.dump()
-        out = report.run_report(root, run_id, stages, file_config, data)
+        out = report.run_report(root, dag_id, run_id, stages, file_config, data)
         out["asset_events"] = asset_events(session, dag_id, run_id)
         return out
 
@@ -231,7 +231,7 @@ def create_app():
         dag_of(dag_id, session)
         prepared = output_of(session, dag_id, run_id, PREPARE_TASK) is not None
         root = dag_root(session, dag_id, run_id) if prepared else None
-        return {"lines": [] if root is None else report.progress_of(root, run_id, after)}
+        return {"lines": [] if root is None else report.progress_of(root, dag_id, run_id, after)}
 
     @app.get("/api/dags/{dag_id}/runs/{run_id}/trace", dependencies=read_run)
     def trace(
@@ -240,9 +240,9 @@ def create_app():
         dag_of(dag_id, session)
         root, _ = root_of(session, dag_id, run_id)
         at = "last" if step is None else f"step{step}"
-        name = f"{dag_id}-{report.run_dir_of(root, run_id).name}-{at}-trace.json"
+        name = f"{dag_id}-{report.run_dir_of(root, dag_id, run_id).name}-{at}-trace.json"
         try:
-            merged = report.merged_trace(root, run_id, step)
+            merged = report.merged_trace(root, dag_id, run_id, step)
         except LookupError as e:
             raise HTTPException(404, str(e)) from None
         return JSONResponse(
@@ -259,7 +259,9 @@ def create_app():
         for r in runs_of(session, dag_id, limit):
             root = dag_root(session, dag_id, r["run_id"])
             if root is not None:
-                out += [c | {"state": r["state"]} for c in report.curves_of(root, [r["run_id"]])]
+                out += [
+                    c | {"state": r["state"]} for c in report.curves_of(root, dag_id, [r["run_id"]])
+                ]
         return out
 
     @app.get("/api/dags/{dag_id}/registry", dependencies=read_dag)

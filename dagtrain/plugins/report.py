@@ -68,14 +68,15 @@ def _inside(root: Path, path: Path) -> Path:
     return p
 
 
-def run_dir_of(root: Path, run_id: str) -> Path:
-    return _inside(root, ArtifactLayout(root).run(run_id).dir)
+def run_dir_of(root: Path, dag_id: str, run_id: str) -> Path:
+    """The folder of run ``run_id`` of DAG ``dag_id``, checked to be inside the root."""
+    return _inside(root, ArtifactLayout(root, dag_id).run(run_id).dir)
 
 
-def _run(root: Path, run_id: str):
+def _run(root: Path, dag_id: str, run_id: str):
     """The run's layout, its folder checked to be inside the root."""
-    run_dir_of(root, run_id)
-    return ArtifactLayout(root).run(run_id)
+    run_dir_of(root, dag_id, run_id)
+    return ArtifactLayout(root, dag_id).run(run_id)
 
 
 def _json(root: Path, path: Path) -> Any:
@@ -101,11 +102,11 @@ def _lines(root: Path, path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def progress_of(root: Path, run_id: str, after: float = 0.0) -> list[dict[str, Any]]:
+def progress_of(root: Path, dag_id: str, run_id: str, after: float = 0.0) -> list[dict[str, Any]]:
     """Rank 0's progress lines of the run's training tasks written after time ``after``,
     oldest first, each with ``file``: its metrics file, relative to the run's folder
     (``train/metrics.jsonl``, ``rounds/round-01/shard-00/metrics.jsonl``)."""
-    run = _run(root, run_id)
+    run = _run(root, dag_id, run_id)
     out = []
     for f in (t.metrics for t in run.training_folders()):
         rel = f.relative_to(run.dir).as_posix()
@@ -338,13 +339,13 @@ def _step_list(files: dict, result: dict | None) -> list[dict[str, Any]]:
     return rows
 
 
-def merged_trace(root: Path, run_id: str, step: int | None = None) -> dict[str, Any]:
+def merged_trace(root: Path, dag_id: str, run_id: str, step: int | None = None) -> dict[str, Any]:
     """Every rank's trace of one traced step (default: the run's last) as one
     Perfetto/Chrome trace: each rank a process, the ops on each rank's critical path
     marked ``args.critical``. A pipeline-parallel run's processes are named
     ``rank N · stage s``, and ``otherData.pipeline`` holds that step's
     ``pipeline_of`` (each stage rank's bubble)."""
-    train = _run(root, run_id).train
+    train = _run(root, dag_id, run_id).train
     files = train.trace_files()
     if step is not None and step not in files:
         raise LookupError(f"step {step} was not traced; traced: {sorted(k for k in files if k)}")
@@ -589,11 +590,11 @@ def registry_of(root: Path) -> dict[str, Any]:
     return reg | {"mlflow": tracking_links.version_links(root)}
 
 
-def curves_of(root: Path, run_ids: list[str]) -> list[dict[str, Any]]:
+def curves_of(root: Path, dag_id: str, run_ids: list[str]) -> list[dict[str, Any]]:
     """Each run's per-epoch metrics (runs without any left out), for overlaid curves."""
     out = []
     for run_id in run_ids:
-        epochs = epochs_of(_lines(root, _run(root, run_id).train.metrics))
+        epochs = epochs_of(_lines(root, _run(root, dag_id, run_id).train.metrics))
         if epochs:
             out.append({"run_id": run_id, "epochs": epochs})
     return out
@@ -633,6 +634,7 @@ def _rounds(root: Path, run: Any, stages: list[dict[str, Any]]) -> list[dict[str
 
 def run_report(
     root: Path,
+    dag_id: str,
     run_id: str,
     stages: list[dict[str, Any]],
     file_config: dict[str, Any] | None,
@@ -640,7 +642,7 @@ def run_report(
 ) -> dict[str, Any]:
     """The page's view of one run; ``stages`` are its task instances, ``file_config``
     the DAG's Params (the file's values), ``data`` the prepare_data output."""
-    run = _run(root, run_id)
+    run = _run(root, dag_id, run_id)
     train = run.train
     result = _json(root, train.result)
     config = _json(root, train.config)
@@ -699,5 +701,5 @@ def run_report(
         "failures": failures,
         "trace_steps": _step_list(files, result),
         "rounds": _rounds(root, run, stages),
-        "mlflow": tracking_links.run_link(root, run_id),
+        "mlflow": tracking_links.run_link(root, dag_id, run_id),
     }

@@ -13,10 +13,10 @@ from dagtrain.tracking import mlflow_links
 __all__ = ["run_link", "version_links"]
 
 
-def run_link(root: Path, run_id: str) -> dict[str, Any] | None:
-    """``{"url", "run_id", "experiment", "pending"}`` of run ``run_id``'s MLflow run
-    (``pending``: some logging still waits for the server), or None."""
-    return mlflow_links(ArtifactLayout(root).run(run_id).dir, None)["run"]
+def run_link(root: Path, dag_id: str, run_id: str) -> dict[str, Any] | None:
+    """``{"url", "run_id", "experiment", "pending"}`` of the MLflow run of run ``run_id``
+    of DAG ``dag_id`` (``pending``: some logging still waits for the server), or None."""
+    return mlflow_links(ArtifactLayout(root, dag_id).run(run_id).dir, None)["run"]
 
 
 def version_links(root: Path) -> dict[str, dict[str, Any]]:

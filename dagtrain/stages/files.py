@@ -11,7 +11,9 @@ operators, the CLI and the training page find every file through them, and
         train.npz val.npz test.npz       .split(name)
         shard-00.npz ...                 .split(shard_split(k))
         stats.npz manifest.json          .stats .manifest
-      runs/<run>/                        .run(run_id) -> RunLayout (safe_name(run_id))
+      runs/<dag>/<run>/                  .run(run_id) -> RunLayout (the DAG's id and the
+                                         run's, each safe_name'd: one DAG's runs never
+                                         share a folder with another's)
         train/                           .train -> TrainFiles
           config.json                    .config     the TrainConfig the ranks received
           result.json                    .result     rank 0's result, summarised
@@ -200,7 +202,7 @@ def _numbered(folder: Path, name: Name, field: str) -> dict[int, Path]:
 
 @dataclass(frozen=True)
 class RunLayout:
-    """One DAG run's folder (``runs/<run>/``)."""
+    """One DAG run's folder (``runs/<dag>/<run>/``)."""
 
     dir: Path
 
@@ -267,13 +269,16 @@ class RunLayout:
 
 @dataclass(frozen=True)
 class ArtifactLayout:
-    """A pipeline's artifact root (``artifacts.root``/``<pipeline>``)."""
+    """A pipeline's artifact root (``artifacts.root``/``<pipeline>``), seen from the DAG
+    ``dag_id`` (whose runs ``run`` finds; the data and the registry are the pipeline's,
+    shared by every DAG built from its config)."""
 
     root: Path
+    dag_id: str | None = None
 
     @classmethod
     def of(cls, cfg: PipelineConfig) -> ArtifactLayout:
-        return cls(cfg.artifact_root())
+        return cls(cfg.artifact_root(), cfg.dag_id)
 
     @classmethod
     def of_data_root(cls, data_root: str | Path) -> ArtifactLayout:
@@ -296,8 +301,11 @@ class ArtifactLayout:
         return self.root / "runs"
 
     def run(self, run_id: str) -> RunLayout:
-        """A DAG run's folder, its id made one safe path component."""
-        return RunLayout(self.runs / safe_name(run_id))
+        """Run ``run_id`` of the layout's DAG: its folder, the DAG's id and the run's each
+        made one safe path component (injectively: no two runs share a folder)."""
+        if self.dag_id is None:
+            raise ValueError("a run's folder is its DAG's: ArtifactLayout(root, dag_id)")
+        return RunLayout(self.runs / safe_name(self.dag_id) / safe_name(run_id))
 
     @property
     def registry(self) -> Path:
@@ -369,8 +377,8 @@ def _describe(parts: tuple[str, ...]) -> str | None:
         if name in (d.stats.name, d.manifest.name) or _SPLIT.match(name):
             return "prepared data"
         return None
-    if len(parts) >= 3 and parts[0] == lay.runs.name:
-        run, rest = RunLayout(Path()), parts[2:]
+    if len(parts) >= 4 and parts[0] == lay.runs.name:
+        run, rest = RunLayout(Path()), parts[3:]
         if rest == (run.evaluation.name,):
             return "run evaluation"
         if rest in ((RECORD,), (PENDING,)):

@@ -60,7 +60,7 @@ def tracker_of(
         lay.run(run_id).dir,
         lay.registry,
         airflow=airflow,
-        run_dir_of=lambda other: lay.run(other).dir,
+        run_dir_of=lambda dag_id, run_id: ArtifactLayout(lay.root, dag_id).run(run_id).dir,
         registry_lock=lay.registry_lock,
         log=log,
     )
@@ -197,14 +197,22 @@ def champion(cfg: PipelineConfig) -> dict[str, Any] | None:
 
 
 def promoted_in(cfg: PipelineConfig, run_id: str) -> dict[str, Any] | None:
-    """The registry entry that run ``run_id`` promoted, or None."""
+    """The registry entry that run ``run_id`` of the config's DAG promoted, or None."""
     path = _layout(cfg).registry_file
     if not path.exists():
         return None
     versions = read_json(path)["versions"]
+    run = {"dag_id": cfg.dag_id, "run_id": run_id}
     return next(
-        (v for v in versions if v["promoted"] and v["lineage"].get("run_id") == run_id), None
+        (v for v in versions if v["promoted"] and _run_of(v) == run),
+        None,
     )
+
+
+def _run_of(entry: dict[str, Any]) -> dict[str, Any]:
+    """The DAG run that registered ``entry``: ``{"dag_id", "run_id"}`` of its lineage."""
+    lineage = entry.get("lineage") or {}
+    return {"dag_id": lineage.get("dag_id"), "run_id": lineage.get("run_id")}
 
 
 def finite_metrics(metrics: Any) -> dict[str, int | float]:

@@ -116,10 +116,10 @@ class Tracker:
     """A stage's MLflow logging for one DAG run (``run_dir``: its artifact folder).
 
     ``airflow``: ``dag_id``, ``run_id``, ``try_number`` and ``page`` (the training
-    page's URL), from the task's context. ``run_dir_of``: the artifact folder of another
-    DAG run (promote registers a champion MLflow lacks from its own run). ``log``: the
-    task's logger. ``registry_lock``: the file lock of dagtrain's registry, held while
-    the champion alias is set from it. Raises InputError (the connection) and
+    page's URL), from the task's context. ``run_dir_of(dag_id, run_id)``: the artifact
+    folder of another DAG run (promote registers a champion MLflow lacks from its own
+    run). ``log``: the task's logger. ``registry_lock``: the file lock of dagtrain's
+    registry, held while the champion alias is set from it. Raises InputError (the connection) and
     MissingDependency (no client) on construction, before any work."""
 
     def __init__(
@@ -129,7 +129,7 @@ class Tracker:
         registry_dir: Path,
         *,
         airflow: dict[str, Any] | None = None,
-        run_dir_of: Callable[[str], Path] | None = None,
+        run_dir_of: Callable[[str, str], Path] | None = None,
         registry_lock: Path | None = None,
         log: Any = None,
     ) -> None:
@@ -421,10 +421,11 @@ class Tracker:
 
     def _run_of(self, entry: dict[str, Any]) -> str | None:
         """The MLflow run of the DAG run that registered ``entry`` (its record), if any."""
-        run_id = (entry.get("lineage") or {}).get("run_id")
-        if not run_id or self.run_dir_of is None:
+        lineage = entry.get("lineage") or {}
+        dag_id, run_id = lineage.get("dag_id"), lineage.get("run_id")
+        if not dag_id or not run_id or self.run_dir_of is None:
             return None
-        rec = records.read(self.run_dir_of(run_id) / records.RECORD)
+        rec = records.read(self.run_dir_of(dag_id, run_id) / records.RECORD)
         return rec["run_id"] if rec.get("run_id") and rec.get("uri") == self.shown_uri else None
 
     def _drop_alias(self) -> None:

@@ -114,7 +114,9 @@ def test_a_killed_rank_shows_as_the_tasks_error_with_its_exception(airflow, fail
     # the try the training operator recorded before it launched the ranks (the page's tries)
     from dagtrain.stages.files import ArtifactLayout
 
-    metrics = ArtifactLayout(airflow["art"] / "tiny_fail").run(failed).train.metrics
+    metrics = (
+        ArtifactLayout(airflow["art"] / "tiny_fail", "dagtrain_tiny_fail").run(failed).train.metrics
+    )
     kinds = [json.loads(x) for x in metrics.read_text().splitlines()]
     assert [(k["kind"], k.get("try")) for k in kinds[:2]] == [("try", 1), ("start", None)]
 

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from dagtrain.config.schema import MAX_PARAMETERS
+
 REPO = Path(__file__).parents[2]
 DAGTRAIN = [sys.executable, "-m", "dagtrain"]
 
@@ -60,7 +62,7 @@ def task_rows(tmp_path: Path) -> dict[str, tuple[str, int]]:
 
 
 def run_artifacts(tmp_path: Path, name: str) -> Path:
-    runs = list((tmp_path / "art" / name / "runs").iterdir())
+    runs = list((tmp_path / "art" / name / "runs" / f"dagtrain_{name}").iterdir())
     assert len(runs) == 1, runs
     return runs[0]
 
@@ -72,12 +74,13 @@ def every_file_is_named_by_the_layout(root: Path, stdout: str) -> None:
     from dagtrain.plugins import report
     from dagtrain.stages.files import ArtifactLayout
 
-    layout = ArtifactLayout(root)
+    layout = ArtifactLayout(root, f"dagtrain_{root.name}")
     files = [f for f in root.rglob("*") if f.is_file()]
     assert files
     unnamed = [str(f.relative_to(root)) for f in files if layout.describe(f) is None]
     assert not unnamed, unnamed
-    (run_dir,) = list(layout.runs.iterdir())
+    (dag_runs,) = list(layout.runs.iterdir())  # the runs of the one DAG that ran
+    (run_dir,) = list(dag_runs.iterdir())
     (run_id,) = re.findall(r"^run (\S+): ", stdout, re.M)  # the summary's line
     run = layout.run(run_id)
     assert run.dir == run_dir
@@ -86,7 +89,7 @@ def every_file_is_named_by_the_layout(root: Path, stdout: str) -> None:
     assert layout.describe(ev["checkpoint"]) in ("run train checkpoint", "round global checkpoint")
     assert layout.describe(ev["manifest"]) == "prepared data"
     stages = [{"task_id": "train", "state": "success", "try_number": 1}]
-    page = report.run_report(root, run_id, stages, None, None)
+    page = report.run_report(root, layout.dag_id, run_id, stages, None, None)
     assert page["evaluation"] == ev
     assert page["epochs"] or page["rounds"]
     if run.train.dir.exists():
@@ -124,7 +127,11 @@ def test_scheduled_retraining_runs_end_to_end(tmp_path):
     received = json.loads((run / "train" / "config.json").read_text())
     assert received == result["config"]
     assert received["training"]["lr"] == 0.125 and received["training"]["epochs"] == 3
-    assert received["model"] == {"name": "mlp", "args": {"hidden": [32]}}
+    assert received["model"] == {
+        "name": "mlp",
+        "args": {"hidden": [32]},
+        "max_parameters": MAX_PARAMETERS,  # the file's bound, as every field's default
+    }
     assert received["distributed"]["ranks"] == 2
     from dagtrain.training import checkpoint
 

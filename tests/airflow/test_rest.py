@@ -100,7 +100,8 @@ def test_trigger_starts_a_run_that_succeeds_and_its_conf_reaches_the_ranks(airfl
     from dagtrain.stages.files import safe_name
 
     run_id = re.search(r"triggered dagtrain_tiny run (\S+)", r.stdout).group(1)
-    train = airflow["art"] / "tiny" / "runs" / safe_name(run_id) / "train"
+    run = airflow["art"] / "tiny" / "runs" / "dagtrain_tiny" / safe_name(run_id)
+    train = run / "train"
     received = json.loads((train / "config.json").read_text())
     assert received["training"]["lr"] == 0.125 and received["training"]["epochs"] == 2
     assert json.loads((train / "result.json").read_text())["config"] == received

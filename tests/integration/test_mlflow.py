@@ -73,7 +73,7 @@ def dagtrain_run(tmp_path: Path, cfg: Path, url: str, *sets: str) -> subprocess.
 
 
 def run_dirs(tmp_path: Path, name: str) -> list[Path]:
-    runs = tmp_path / "art" / name / "runs"
+    runs = tmp_path / "art" / name / "runs" / f"dagtrain_{name}"
     return sorted(runs.iterdir(), key=lambda p: p.stat().st_mtime)
 
 
@@ -193,7 +193,7 @@ def test_runs_retries_the_champion_alias_and_a_server_lost_mid_run_follow_dagtra
     def stop_once_the_third_run_is_recorded() -> None:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline and not stopped.is_set():
-            if len(list((tmp_path / "art").glob("mlf/runs/*/mlflow.json"))) == 3:
+            if len(list((tmp_path / "art").glob("mlf/runs/*/*/mlflow.json"))) == 3:
                 server.stop(kill=True)  # before any rank starts: every epoch is missed
                 stopped.set()
                 return
@@ -283,7 +283,7 @@ def test_runs_retries_the_champion_alias_and_a_server_lost_mid_run_follow_dagtra
         )
         rec = read_json(runs[0] / "mlflow.json")
         airflow_run = c.get_run(rec["run_id"]).data.tags["airflow.run_id"]
-        link = report.run_report(root, airflow_run, [], None, None)["mlflow"]
+        link = report.run_report(root, "dagtrain_mlf", airflow_run, [], None, None)["mlflow"]
         want = f"{server.url}/#/experiments/{rec['experiment_id']}/runs/{rec['run_id']}"
         assert link["url"] == want
         assert link["pending"] is False

@@ -71,7 +71,7 @@ def _start_training(cluster: Cluster):
     client = cluster.client()
     client.unpause(DAG)
     run_id = client.trigger(DAG, {})["dag_run_id"]
-    out = cluster.artifacts / ELASTIC / "runs" / safe_name(run_id) / "train"
+    out = cluster.artifacts / ELASTIC / "runs" / DAG / safe_name(run_id) / "train"
     wait_for("3 ranks training", lambda: _training(out / "ranks") == 3, 420, every=0.1)
     return client, run_id, out
 

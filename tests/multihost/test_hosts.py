@@ -210,7 +210,7 @@ def test_digits_retraining_spans_two_worker_hosts_and_survives_losing_one(cluste
     client = cluster.client()
     client.unpause(DAG)
     run_id = client.trigger(DAG, {})["dag_run_id"]
-    out = cluster.artifacts / "digits" / "runs" / safe_name(run_id) / "train"
+    out = cluster.artifacts / "digits" / "runs" / DAG / safe_name(run_id) / "train"
     ckpts = out / "checkpoints"
 
     # mid-training: a checkpoint written, the task running on one worker host
@@ -294,6 +294,6 @@ def test_digits_retraining_with_torchrun_nodes_on_the_worker_hosts(cluster: Clus
     summary = client.xcom(DAG, run_id, "train")
     assert summary["backend"] == "torch" and summary["world"] == 2, summary
     assert set(summary["placement"].values()) == {h.hostname for h in net.hosts}, summary
-    out = cluster.artifacts / "digits" / "runs" / safe_name(run_id) / "train"
+    out = cluster.artifacts / "digits" / "runs" / DAG / safe_name(run_id) / "train"
     # torch.distributed and MPI sum two numbers alike: the one-host MPI run's model
     assert summary["params_sha256"] == _one_host_run(out).params_sha256

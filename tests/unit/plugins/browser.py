@@ -15,8 +15,9 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from dagtrain.plugins import report
 from dagtrain.plugins.app import _FILES, STATIC
 
+from .pipeline_fixture import DAG
+
 ORIGIN = "http://dagtrain.test"
-DAG = "dagtrain_pp"
 
 
 def chromium() -> str | None:
@@ -31,12 +32,12 @@ def _api(root: Path, data: dict, run_id: str, path: str, query: dict) -> Any:
     if path == runs:
         return [{"run_id": run_id, "state": "success", "start": None, "end": None}]
     if path == f"{runs}/{run_id}":
-        return report.run_report(root, run_id, stages, None, data) | {"asset_events": []}
+        return report.run_report(root, DAG, run_id, stages, None, data) | {"asset_events": []}
     if path == f"{runs}/{run_id}/trace":
         step = query.get("step", [None])[0]
-        return report.merged_trace(root, run_id, int(step) if step else None)
+        return report.merged_trace(root, DAG, run_id, int(step) if step else None)
     if path == f"api/dags/{DAG}/curves":
-        return report.curves_of(root, [run_id])
+        return report.curves_of(root, DAG, [run_id])
     if path == f"api/dags/{DAG}/registry":
         return report.registry_of(root)
     return None

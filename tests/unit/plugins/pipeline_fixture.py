@@ -13,6 +13,8 @@ from typing import Any
 
 from dagtrain.stages.files import ArtifactLayout
 
+DAG = "dagtrain_pp"  # the DAG whose runs the page tests show
+
 F_US, B_US, W_US, COMM_US = 1000.0, 1400.0, 600.0, 150.0
 
 
@@ -143,7 +145,7 @@ def make_pipeline_run(
     replica r // S; returns (artifact root, the prepare_data output)."""
     root = tmp_path / "art" / "p"
     (root / "data" / "v1").mkdir(parents=True, exist_ok=True)
-    train = ArtifactLayout(root).run(run_id).train
+    train = ArtifactLayout(root, DAG).run(run_id).train
     train.traces.mkdir(parents=True, exist_ok=True)
     train.ranks.mkdir(parents=True, exist_ok=True)
     world = stages * replicas

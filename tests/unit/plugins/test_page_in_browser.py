@@ -13,7 +13,7 @@ import pytest
 from dagtrain.plugins import report
 
 from . import browser
-from .pipeline_fixture import make_pipeline_run
+from .pipeline_fixture import DAG, make_pipeline_run
 from .test_page_report import make_run
 from .test_world_changes import GROW, SHRINK, make_elastic_run
 from .test_world_changes import RUN as ELASTIC_RUN
@@ -63,7 +63,7 @@ def test_a_pipelined_runs_page_has_a_lane_per_stage_rank_and_its_bubble(chromium
             "rank 0 · stage 0",
             "rank 1 · stage 1",
         ]
-        want = report.run_report(root, "manual__pp", [], None, data)["pipeline"]
+        want = report.run_report(root, DAG, "manual__pp", [], None, data)["pipeline"]
         bubbles = [f"bubble {round(100 * x['bubble'])}%" for x in want["ranks"]]
         assert texts(page, "svg.timeline text.lane.bubble") == bubbles
         # bars labelled by microbatch, each kind its own colour
@@ -226,7 +226,7 @@ def test_values_written_as_html_show_as_text_and_never_run(chromium, tmp_path):
             }
         )
     )
-    train = report.run_dir_of(root, "manual__1") / "train"
+    train = report.run_dir_of(root, DAG, "manual__1") / "train"
     (train / "failure-try1.json").write_text(json.dumps({"rank": 1, "how": XSS, "error": XSS}))
     ev = [{"ph": "X", "name": XSS, "pid": XSS, "tid": XSS, "ts": 0, "dur": 100}]
     (train / "traces" / "step-rank0.json").write_text(json.dumps({"traceEvents": ev}))

@@ -11,11 +11,13 @@ import pytest
 from dagtrain.plugins import report
 from dagtrain.stages.train import record_try
 
+from .pipeline_fixture import DAG
+
 
 def make_run(tmp_path, run_id="manual__1"):
     root = tmp_path / "art" / "p"
     (root / "data" / "v1").mkdir(parents=True)
-    train = report.run_dir_of(root, run_id) / "train"
+    train = report.run_dir_of(root, DAG, run_id) / "train"
     (train / "traces").mkdir(parents=True)
     lines = [
         {"kind": "start", "step": 0, "total_steps": 40, "steps_per_epoch": 20},
@@ -55,27 +57,29 @@ def test_the_artifact_root_is_the_dags_data_asset_never_the_xcoms_dir(tmp_path):
 def test_a_report_of_a_run_retried_after_a_killed_rank(tmp_path):
     root, data = make_run(tmp_path)
     assert report.artifact_root([data_asset(root)]) == root.resolve()
-    r = report.run_report(root, "manual__1", [], {"training": {"lr": 0.05, "epochs": 2}}, data)
+    r = report.run_report(root, DAG, "manual__1", [], {"training": {"lr": 0.05, "epochs": 2}}, data)
     assert [e["epoch"] for e in r["epochs"]] == [0, 1]  # the half-written line is not one
     assert [t["resumed_from_step"] for t in r["tries"]] == [None, 20]
     assert r["config_vs_file"] == [{"field": "training.lr", "run": 0.1, "other": 0.05}]
     assert r["ranks"][1]["status"] == "failed" and r["ranks"][1]["last_lines"] == ["bye"]
     assert "SIGKILL" in r["ranks"][1]["how"]
     assert r["sync"]["hidden_share"] == pytest.approx(0.5)  # half the allreduce under backward
-    merged = report.merged_trace(root, "manual__1")
+    merged = report.merged_trace(root, DAG, "manual__1")
     assert {e["pid"] for e in merged["traceEvents"]} == {0, 1}
 
 
 def test_nothing_outside_the_artifact_root_is_read(tmp_path):
     root, _ = make_run(tmp_path)
     # a crafted run id cannot leave the runs folder: its path is made of safe characters
-    assert report.run_dir_of(root, "../../../etc").parent == (root / "runs").resolve()
+    runs = (root / "runs" / DAG).resolve()
+    assert report.run_dir_of(root, DAG, "../../../etc").parent == runs
+    assert report.run_dir_of(root, "../..", "manual__1").parent.parent == (root / "runs").resolve()
     outside = tmp_path / "secret.json"
     outside.write_text("{}")
-    link = report.run_dir_of(root, "manual__1") / "eval.json"
+    link = report.run_dir_of(root, DAG, "manual__1") / "eval.json"
     link.symlink_to(outside)  # a link out of the root is refused, not followed
     with pytest.raises(ValueError, match="outside the pipeline's artifact root"):
-        report.run_report(root, "manual__1", [], None, None)
+        report.run_report(root, DAG, "manual__1", [], None, None)
 
 
 def test_the_critical_path_follows_what_each_op_waited_for():
@@ -106,7 +110,7 @@ def test_a_step_graphs_trace_names_what_each_task_waited_for(tmp_path):
 
 def test_ranks_show_their_live_figures_and_a_failed_try_marks_the_others_stopped(tmp_path):
     root, _ = make_run(tmp_path)
-    ranks = report.run_dir_of(root, "manual__1") / "train" / "ranks"
+    ranks = report.run_dir_of(root, DAG, "manual__1") / "train" / "ranks"
     ranks.mkdir()
     for r, med in ((0, 10.0), (1, 30.0)):
         (ranks / f"rank{r}.json").write_text(
@@ -123,7 +127,7 @@ def test_ranks_show_their_live_figures_and_a_failed_try_marks_the_others_stopped
             )
         )
     stages = [{"task_id": "train", "state": "failed", "map_index": -1}]
-    r = report.run_report(root, "manual__1", stages, None, None)
+    r = report.run_report(root, DAG, "manual__1", stages, None, None)
     by = {k["rank"]: k for k in r["ranks"]}
     assert by[1]["status"] == "failed" and by[0]["status"] == "stopped"
     assert by[0]["host"] == "h0" and by[1]["p95_step_ms"] == 60.0
@@ -148,7 +152,7 @@ def test_rank_status_writes_percentiles_of_its_own_steps(tmp_path):
 def _train_dir(tmp_path, run_id="manual__1"):
     root = tmp_path / "art" / "p"
     (root / "data" / "v1").mkdir(parents=True)
-    train = report.run_dir_of(root, run_id) / "train"
+    train = report.run_dir_of(root, DAG, run_id) / "train"
     train.mkdir(parents=True)
     return root, train
 
@@ -174,7 +178,7 @@ def test_a_train_task_that_failed_three_times_before_training_lists_three_tries(
             bad_input=True,
         )
     stages = [{"task_id": "train", "map_index": -1, "state": "failed", "try_number": 3}]
-    r = report.run_report(root, "manual__1", stages, None, None)
+    r = report.run_report(root, DAG, "manual__1", stages, None, None)
     assert [t["try"] for t in r["tries"]] == [1, 2, 3]
     for n, t in enumerate(r["tries"], 1):
         assert t["started"] is False and t["resumed_from_step"] is None
@@ -190,12 +194,12 @@ def test_tries_known_only_from_failure_files_or_airflow_are_listed(tmp_path):
     root, train = _train_dir(tmp_path)
     _failure(train, 1, rank=1, how="rank 1 was killed by SIGKILL")
     stages = [{"task_id": "train", "map_index": -1, "state": "running", "try_number": 2}]
-    tries = report.run_report(root, "manual__1", stages, None, None)["tries"]
+    tries = report.run_report(root, DAG, "manual__1", stages, None, None)["tries"]
     assert [(t["try"], t["failure"] is not None, t["started"]) for t in tries] == [
         (1, True, False),
         (2, False, False),
     ]
-    assert report.run_report(root, "manual__1", [], None, None)["tries"][0]["try"] == 1
+    assert report.run_report(root, DAG, "manual__1", [], None, None)["tries"][0]["try"] == 1
 
 
 def test_a_resume_is_listed_under_its_own_try_when_an_earlier_try_never_started(tmp_path):
@@ -211,7 +215,7 @@ def test_a_resume_is_listed_under_its_own_try_when_an_earlier_try_never_started(
     with m.open("a") as f:
         f.writelines(json.dumps(x) + "\n" for x in lines)
     stages = [{"task_id": "train", "map_index": -1, "state": "success", "try_number": 2}]
-    tries = report.run_report(root, "manual__1", stages, None, None)["tries"]
+    tries = report.run_report(root, DAG, "manual__1", stages, None, None)["tries"]
     assert [t["try"] for t in tries] == [1, 2]
     one, two = tries
     assert not one["started"] and one["failure"]["how"] == "rank 1 exited with code 1"
@@ -233,12 +237,14 @@ def test_a_try_line_is_one_whole_line_appended_after_what_is_there(tmp_path):
 @pytest.mark.parametrize("left", ["starting", "running"])
 def test_a_rank_whose_try_ended_without_its_record_saying_so_shows_as_stopped(tmp_path, left):
     root, data = make_run(tmp_path)
-    train = report.run_dir_of(root, "manual__1") / "train"
+    train = report.run_dir_of(root, DAG, "manual__1") / "train"
     (train / "failure-try1.json").unlink()
     (train / "ranks").mkdir()
     (train / "ranks" / "rank0.json").write_text(json.dumps({"rank": 0, "status": left}))
     stages = [{"task_id": "train", "state": "up_for_retry", "try_number": 1}]
-    r = report.run_report(root, "manual__1", stages, None, data)
+    r = report.run_report(root, DAG, "manual__1", stages, None, data)
     assert r["ranks"][0]["status"] == "stopped", r["ranks"][0]
     stages[0]["state"] = "running"  # while the try runs, the record says where it is
-    assert report.run_report(root, "manual__1", stages, None, data)["ranks"][0]["status"] == left
+    assert (
+        report.run_report(root, DAG, "manual__1", stages, None, data)["ranks"][0]["status"] == left
+    )

@@ -11,7 +11,7 @@ import pytest
 from dagtrain.plugins import report
 from dagtrain.stages.files import ArtifactLayout
 
-from .pipeline_fixture import make_pipeline_run
+from .pipeline_fixture import DAG, make_pipeline_run
 from .test_page_report import make_run
 
 
@@ -44,7 +44,7 @@ def test_a_ranks_bubble_is_the_share_of_its_step_without_forward_backward_or_wei
 def test_a_pipelined_report_has_each_ranks_stage_replica_and_bubble(tmp_path, order):
     root, data = make_pipeline_run(tmp_path, stages=2, replicas=2, microbatches=4, order=order)
     stages = [{"task_id": "train", "state": "success", "map_index": -1, "try_number": 1}]
-    r = report.run_report(root, "manual__pp", stages, None, data)
+    r = report.run_report(root, DAG, "manual__pp", stages, None, data)
     # the ranks table: each rank's stage and replica, from its record
     assert [(k["rank"], k["stage"], k["replica"]) for k in r["ranks"]] == [
         (0, 0, 0),
@@ -63,7 +63,7 @@ def test_a_pipelined_report_has_each_ranks_stage_replica_and_bubble(tmp_path, or
         assert 0 < x["bubble"] < 1 and x["busy_ms"] < x["span_ms"]
     assert p["mean_bubble"] == pytest.approx(sum(x["bubble"] for x in p["ranks"]) / 4)
     # measured as defined: 1 - (F/B/W time) / (the rank's step span), from the file
-    trace = ArtifactLayout(root).run("manual__pp").train.trace_files()[None][1]
+    trace = ArtifactLayout(root, DAG).run("manual__pp").train.trace_files()[None][1]
     spans = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]
     busy = sum(e["dur"] for e in spans if e["name"][0] in "FBW" and e["name"][1:].isdigit())
     span = max(e["ts"] + e["dur"] for e in spans) - min(e["ts"] for e in spans)
@@ -75,7 +75,7 @@ def test_a_pipelined_report_has_each_ranks_stage_replica_and_bubble(tmp_path, or
 def test_while_a_pipelined_run_trains_its_stages_come_from_the_rank_records(tmp_path):
     root, data = make_pipeline_run(tmp_path, with_result=False)  # no result.json yet
     stages = [{"task_id": "train", "state": "running", "map_index": -1, "try_number": 1}]
-    r = report.run_report(root, "manual__pp", stages, None, data)
+    r = report.run_report(root, DAG, "manual__pp", stages, None, data)
     assert [k["stage"] for k in r["ranks"]] == [0, 1]
     p = r["pipeline"]
     assert p["stages"] == 2 and p["order"] is None
@@ -86,7 +86,7 @@ def test_while_a_pipelined_run_trains_its_stages_come_from_the_rank_records(tmp_
 def test_the_merged_trace_names_each_process_by_its_stage_and_carries_its_bubbles(tmp_path):
     root, _ = make_pipeline_run(tmp_path, steps=(None, 20))
     for step in (None, 20):
-        merged = report.merged_trace(root, "manual__pp", step)
+        merged = report.merged_trace(root, DAG, "manual__pp", step)
         names = {
             e["pid"]: e["args"]["name"]
             for e in merged["traceEvents"]
@@ -102,26 +102,27 @@ def test_the_merged_trace_names_each_process_by_its_stage_and_carries_its_bubble
 
 def test_a_data_parallel_run_has_no_pipeline_stage_or_replica(tmp_path):
     root, data = make_run(tmp_path)
-    r = report.run_report(root, "manual__1", [], None, data)
+    r = report.run_report(root, DAG, "manual__1", [], None, data)
     assert r["pipeline"] is None
     assert all(k["stage"] is None and k["replica"] is None for k in r["ranks"])
-    merged = report.merged_trace(root, "manual__1")
+    merged = report.merged_trace(root, DAG, "manual__1")
     assert "otherData" not in merged
     assert not [e for e in merged["traceEvents"] if e.get("name") == "process_name"]
     # a record written before pipelines, or with stage None, is data-parallel too
-    ranks = report.run_dir_of(root, "manual__1") / "train" / "ranks"
+    ranks = report.run_dir_of(root, DAG, "manual__1") / "train" / "ranks"
     ranks.mkdir()
     (ranks / "rank0.json").write_text(json.dumps({"rank": 0, "stage": None, "replica": None}))
-    assert report.run_report(root, "manual__1", [], None, data)["pipeline"] is None
+    assert report.run_report(root, DAG, "manual__1", [], None, data)["pipeline"] is None
 
 
 def test_a_pipeline_of_one_replica_a_stage_says_it_has_no_gradient_sync_and_why(tmp_path):
     root, data = make_pipeline_run(tmp_path, stages=2, replicas=1, microbatches=4, order="1f1b")
     stages = [{"task_id": "train", "state": "success", "map_index": -1, "try_number": 1}]
-    r = report.run_report(root, "manual__pp", stages, None, data)
+    r = report.run_report(root, DAG, "manual__pp", stages, None, data)
     assert r["sync"]["none"].startswith("no gradient sync: each of the 2 pipeline stages")
     two = report.run_report(
         *make_pipeline_run(tmp_path / "b", stages=2, replicas=2, microbatches=4, order="1f1b")[:1],
+        DAG,
         "manual__pp",
         stages,
         None,

@@ -12,6 +12,7 @@ from dagtrain.plugins import report
 from dagtrain.stages.files import ArtifactLayout
 
 from . import browser
+from .pipeline_fixture import DAG
 from .test_page_report import make_run
 
 URI = "http://mlflow.example:5000"
@@ -19,7 +20,7 @@ URI = "http://mlflow.example:5000"
 
 def with_records(tmp_path):
     root, data = make_run(tmp_path)
-    lay = ArtifactLayout(root)
+    lay = ArtifactLayout(root, DAG)
     run = lay.run("manual__1").dir
     rec = {"uri": URI, "experiment_id": "4", "run_id": "r123", "experiment": "p"}
     (run / "mlflow.json").write_text(json.dumps(rec))
@@ -28,7 +29,7 @@ def with_records(tmp_path):
     entry = version | {
         "promoted": True,
         "reason": "the first model",
-        "lineage": {"run_id": "manual__1"},
+        "lineage": {"dag_id": DAG, "run_id": "manual__1"},
     }
     lay.registry_file.write_text(json.dumps({"champion": 1, "versions": [entry]}))
     versions = {"1": {"name": "p", "version": "7"}}
@@ -38,7 +39,7 @@ def with_records(tmp_path):
 
 def test_the_report_links_the_run_and_each_version(tmp_path):
     root, _ = with_records(tmp_path)
-    r = report.run_report(root, "manual__1", [], None, None)
+    r = report.run_report(root, DAG, "manual__1", [], None, None)
     assert r["mlflow"] == {
         "url": f"{URI}/#/experiments/4/runs/r123",
         "run_id": "r123",
@@ -52,7 +53,7 @@ def test_the_report_links_the_run_and_each_version(tmp_path):
 
 def test_without_tracking_there_is_no_link(tmp_path):
     root, _ = make_run(tmp_path)
-    assert report.run_report(root, "manual__1", [], None, None)["mlflow"] is None
+    assert report.run_report(root, DAG, "manual__1", [], None, None)["mlflow"] is None
     assert report.registry_of(root)["mlflow"] == {}
 
 

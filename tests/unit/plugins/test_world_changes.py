@@ -10,6 +10,8 @@ from dagtrain.changes import change_line
 from dagtrain.plugins import report
 from dagtrain.stages.train import record_try
 
+from .pipeline_fixture import DAG
+
 RUN = "manual__el"
 # what a real 3-rank run wrote when its rank 1 was killed after epoch 4 (27 steps an
 # epoch) and the host was taken back at epoch 5's end
@@ -83,7 +85,7 @@ def make_elastic_run(tmp_path, *, finished: bool = True):
     trace, and (``finished``) the result. Returns (root, data)."""
     root = tmp_path / "art" / "p"
     (root / "data" / "v1").mkdir(parents=True)
-    train = report.run_dir_of(root, RUN) / "train"
+    train = report.run_dir_of(root, DAG, RUN) / "train"
     (train / "traces").mkdir(parents=True)
     m = train / "metrics.jsonl"
     record_try(m, 1)
@@ -108,13 +110,13 @@ def _stages(state: str, try_number: int = 1) -> list[dict]:
 
 def test_each_try_lists_its_world_changes_after_its_try_line(tmp_path):
     root, _ = make_elastic_run(tmp_path)
-    train = report.run_dir_of(root, RUN) / "train"
+    train = report.run_dir_of(root, DAG, RUN) / "train"
     # try 2: resumed at 540, lost a rank on h2 at once and did not get it back
     record_try(train / "metrics.jsonl", 2)
     lost = SHRINK | {"step": 540, "ranks": [2], "hosts": ["h2"], "seconds": None}
     lost["why"] = "rank 2 was lost with its host h2"
     _append(train / "metrics.jsonl", _start(540, 40.0), _start(540, 48.0), lost)
-    r = report.run_report(root, RUN, _stages("running", 2), None, None)
+    r = report.run_report(root, DAG, RUN, _stages("running", 2), None, None)
     one, two = r["tries"]
     assert [(c["change"], c["step"], c["from"], c["to"]) for c in one["world_changes"]] == [
         ("shrink", 108, 3, 2),
@@ -138,7 +140,7 @@ def test_a_run_without_world_lines_has_no_world_changes_and_keeps_its_fields(tmp
     from .test_page_report import make_run
 
     root, data = make_run(tmp_path)
-    r = report.run_report(root, "manual__1", [], None, data)
+    r = report.run_report(root, DAG, "manual__1", [], None, data)
     assert r["world_changes"] == [] and all(t["world_changes"] == [] for t in r["tries"])
     assert {"tries", "ranks", "result", "failures", "epochs", "sync", "pipeline"} <= set(r)
     # a file without try lines: each start line is still a try of its own
@@ -148,17 +150,17 @@ def test_a_run_without_world_lines_has_no_world_changes_and_keeps_its_fields(tmp
 
 def test_the_results_world_changes_stand_in_for_missing_world_lines(tmp_path):
     root, _ = make_elastic_run(tmp_path)
-    m = report.run_dir_of(root, RUN) / "train" / "metrics.jsonl"
+    m = report.run_dir_of(root, DAG, RUN) / "train" / "metrics.jsonl"
     kept = [x for x in m.read_text().splitlines() if '"world"' not in x]
     m.write_text("\n".join(kept) + "\n")
-    r = report.run_report(root, RUN, _stages("success"), None, None)
+    r = report.run_report(root, DAG, RUN, _stages("success"), None, None)
     assert [(c["try"], c["step"]) for c in r["world_changes"]] == [(1, 108), (1, 135)]
     assert r["result"]["world_changes"][0]["why"] == SHRINK["why"]  # passed on as it was
 
 
 def test_a_rank_a_shrink_lost_stays_in_the_ranks_table_as_left(tmp_path):
     root, _ = make_elastic_run(tmp_path)
-    ranks = report.run_report(root, RUN, _stages("success"), None, None)["ranks"]
+    ranks = report.run_report(root, DAG, RUN, _stages("success"), None, None)["ranks"]
     assert [(k["rank"], k["status"]) for k in ranks] == [
         (0, "done"),
         (1, "done"),
@@ -175,9 +177,9 @@ def test_a_rank_a_shrink_lost_stays_in_the_ranks_table_as_left(tmp_path):
 
 def test_a_host_never_taken_back_has_no_back_step(tmp_path):
     root, _ = make_elastic_run(tmp_path)
-    m = report.run_dir_of(root, RUN) / "train" / "metrics.jsonl"
+    m = report.run_dir_of(root, DAG, RUN) / "train" / "metrics.jsonl"
     m.write_text("".join(x + "\n" for x in m.read_text().splitlines() if '"grow"' not in x))
-    ranks = report.run_report(root, RUN, _stages("success"), None, None)["ranks"]
+    ranks = report.run_report(root, DAG, RUN, _stages("success"), None, None)["ranks"]
     assert ranks[-1]["status"] == "left" and ranks[-1]["back_at_step"] is None
 
 
@@ -185,7 +187,7 @@ def _shrunk_while_running(tmp_path, *, world_line: bool):
     """Try 1 of 3 ranks (job1) lost rank 1; the new world (job2) of 2 ranks runs. Rank 2's
     record is job1's: its process was stopped, and no rank 2 runs now."""
     root, _ = make_elastic_run(tmp_path, finished=False)
-    train = report.run_dir_of(root, RUN) / "train"
+    train = report.run_dir_of(root, DAG, RUN) / "train"
     m = train / "metrics.jsonl"
     m.unlink()
     record_try(m, 1)
@@ -198,7 +200,7 @@ def _shrunk_while_running(tmp_path, *, world_line: bool):
 
 def test_a_record_an_earlier_world_wrote_does_not_show_as_running(tmp_path):
     root = _shrunk_while_running(tmp_path, world_line=True)
-    ranks = report.run_report(root, RUN, _stages("running"), None, None)["ranks"]
+    ranks = report.run_report(root, DAG, RUN, _stages("running"), None, None)["ranks"]
     # the world of now is 2 ranks (the last change's); rank 1 of 3 left
     assert [(k["rank"], k["status"], k["left_at_step"]) for k in ranks] == [
         (0, "running", None),
@@ -211,7 +213,7 @@ def test_before_its_world_line_an_earlier_worlds_record_shows_as_stopped(tmp_pat
     # the world line comes once the new world's first step is done; until then the
     # records alone say which world each rank's belongs to
     root = _shrunk_while_running(tmp_path, world_line=False)
-    ranks = report.run_report(root, RUN, _stages("running"), None, None)["ranks"]
+    ranks = report.run_report(root, DAG, RUN, _stages("running"), None, None)["ranks"]
     by = {k["rank"]: k for k in ranks}
     assert [k["rank"] for k in ranks] == [0, 1, 2]
     assert by[2]["status"] == "stopped" and by[2]["earlier_world"] is True

@@ -10,6 +10,7 @@ import torch
 
 from dagtrain.config import load_config
 from dagtrain.errors import InputError
+from dagtrain.stages.files import ArtifactLayout
 from dagtrain.stages.registry import better, champion, evaluation_of, promote
 from dagtrain.training import checkpoint
 
@@ -22,7 +23,7 @@ def cfg_with(tmp_path, evaluation: str = ""):
 
 def run_folder(cfg) -> Path:
     """A run's checkpoint folder under the pipeline's artifact root."""
-    return cfg.artifact_root() / "runs" / "r1" / "train" / "checkpoints"
+    return ArtifactLayout.of(cfg).run("r1").train.checkpoints
 
 
 def test_better_follows_the_metric_its_direction_and_the_margins(tmp_path):
@@ -88,7 +89,7 @@ def test_promote_reads_the_runs_evaluation_file_not_the_xcom(tmp_path):
     cfg = cfg_with(tmp_path)
     with pytest.raises(InputError, match="run 'r1' has no evaluation: run its evaluate task"):
         evaluation_of(cfg, "r1")
-    path = cfg.artifact_root() / "runs" / "r1" / "eval.json"
+    path = ArtifactLayout.of(cfg).run("r1").evaluation
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"checkpoint": "c.pt", "metrics": {"test_accuracy": 0.5}}))
     assert evaluation_of(cfg, "r1")["metrics"] == {"test_accuracy": 0.5}
@@ -109,4 +110,4 @@ def test_evaluate_refuses_a_checkpoint_outside_the_pipelines_artifact_root(tmp_p
     theirs = checkpoint.save({"model": {"w": torch.ones(2)}}, run_folder(cfg).parents[2] / "r0", 1)
     with pytest.raises(InputError, match=r"model: .* is not under the folder of run 'r1'"):
         evaluate_stage(cfg, "r1", data, {"checkpoint": str(theirs)})
-    assert not (cfg.artifact_root() / "runs" / "r1" / "eval.json").exists()
+    assert not ArtifactLayout.of(cfg).run("r1").evaluation.exists()

@@ -37,9 +37,11 @@ def test_a_name_builds_and_reads_back_its_fields():
 
 
 def test_the_layout_places_every_file_of_a_run():
-    lay = ArtifactLayout(ROOT)
+    lay = ArtifactLayout(ROOT, "dagtrain_digits")
     run = lay.run("manual__2026-11-30T04:32:18+00:00")
-    assert run.dir == ROOT / "runs" / "manual__2026-11-30T04~3a32~3a18~2b00~3a00"
+    assert (
+        run.dir == ROOT / "runs" / "dagtrain_digits" / "manual__2026-11-30T04~3a32~3a18~2b00~3a00"
+    )
     assert run.train.result == run.dir / "train" / "result.json"
     assert run.train.failure(2) == run.dir / "train" / "failure-try2.json"
     assert run.train.ranks == run.dir / "train" / "ranks"
@@ -58,29 +60,30 @@ def test_the_layout_places_every_file_of_a_run():
     [
         ("data/abc/train.npz", "prepared data"),
         ("data/abc/manifest.json", "prepared data"),
-        ("runs/r/train/config.json", "run train config"),
-        ("runs/r/train/metrics.jsonl", "run train metrics"),
-        ("runs/r/train/failure-try1.json", "run train failure record"),
-        ("runs/r/train/checkpoints/ckpt-00000020.pt", "run train checkpoint"),
-        ("runs/r/train/checkpoints/ckpt-00000020.pt.json", "run train checkpoint"),
-        ("runs/r/train/traces/step-rank0.json", "run train step trace"),
-        ("runs/r/train/traces/step0000020-rank1.json", "run train step trace"),
-        ("runs/r/train/ranks/rank1.json", "run train rank record"),
-        ("runs/r/eval.json", "run evaluation"),
-        ("runs/r/rounds/global/ckpt-00000001.pt", "round global checkpoint"),
-        ("runs/r/rounds/round-00/global.json", "round result"),
-        ("runs/r/rounds/round-00/shard-01/delta.pt.json", "round shard round delta sidecar"),
-        ("runs/r/rounds/round-00/shard-01/ranks/rank0.json", "round shard rank record"),
+        ("runs/d/r/train/config.json", "run train config"),
+        ("runs/d/r/train/metrics.jsonl", "run train metrics"),
+        ("runs/d/r/train/failure-try1.json", "run train failure record"),
+        ("runs/d/r/train/checkpoints/ckpt-00000020.pt", "run train checkpoint"),
+        ("runs/d/r/train/checkpoints/ckpt-00000020.pt.json", "run train checkpoint"),
+        ("runs/d/r/train/traces/step-rank0.json", "run train step trace"),
+        ("runs/d/r/train/traces/step0000020-rank1.json", "run train step trace"),
+        ("runs/d/r/train/ranks/rank1.json", "run train rank record"),
+        ("runs/d/r/eval.json", "run evaluation"),
+        ("runs/d/r/rounds/global/ckpt-00000001.pt", "round global checkpoint"),
+        ("runs/d/r/rounds/round-00/global.json", "round result"),
+        ("runs/d/r/rounds/round-00/shard-01/delta.pt.json", "round shard round delta sidecar"),
+        ("runs/d/r/rounds/round-00/shard-01/ranks/rank0.json", "round shard rank record"),
         ("registry/registry.json", "registry"),
         ("registry/mlflow.json", "registry mlflow record"),
-        ("runs/r/mlflow.json", "run mlflow record"),
-        ("runs/r/mlflow-pending.json", "run mlflow record"),
+        ("runs/d/r/mlflow.json", "run mlflow record"),
+        ("runs/d/r/mlflow-pending.json", "run mlflow record"),
         ("data/sources/0123456789ab.npz", "source copy"),
         ("registry/models/v0001/model.pt.json", "registered model"),
-        ("runs/r/train/notes.txt", None),
-        ("runs/r/train/checkpoints/latest.pt", None),
-        ("runs/r/rounds/round-00/shard-01/traces/x.json", None),
+        ("runs/d/r/train/notes.txt", None),
+        ("runs/d/r/train/checkpoints/latest.pt", None),
+        ("runs/d/r/rounds/round-00/shard-01/traces/x.json", None),
         ("data/abc/extra/train.npz", None),
+        ("runs/r/eval.json", None),  # a run's folder is its DAG's
         ("elsewhere.json", None),
     ],
 )
@@ -89,7 +92,27 @@ def test_the_layout_names_what_a_path_is_and_nothing_else(rel, what):
 
 
 def test_a_path_outside_the_root_is_not_in_the_layout():
-    assert ArtifactLayout(ROOT).describe("/elsewhere/runs/r/eval.json") is None
+    assert ArtifactLayout(ROOT).describe("/elsewhere/runs/d/r/eval.json") is None
+
+
+def test_two_dags_of_one_config_never_share_a_run_folder():
+    """One config may build several DAGs (a DAG file with its own dag_id beside the
+    generated one); a run id a triggering user chooses for one DAG cannot be another's
+    folder, so it never resumes from that run's checkpoints or reuses its MLflow run.
+    Data and registry stay the pipeline's, shared."""
+    from dagtrain.config import validate
+
+    cfg = validate({"name": "digits", "artifacts": {"root": str(ROOT)}})
+    a, b = ArtifactLayout.of(cfg), ArtifactLayout.of(cfg.for_dag("digits_hourly"))
+    assert (a.dag_id, b.dag_id) == ("dagtrain_digits", "digits_hourly")
+    run = "scheduled__2026-01-05T00:00:00+00:00"
+    assert a.run(run).dir != b.run(run).dir
+    assert a.run(run).dir.parent.parent == b.run(run).dir.parent.parent == a.runs
+    # the DAG's id made safe as the run's is: no dag id reaches another's folder
+    assert ArtifactLayout(a.root, "../x").run(run).dir.parent.parent == a.runs
+    assert (a.registry, a.data_root) == (b.registry, b.data_root)
+    with pytest.raises(ValueError, match="its DAG's"):
+        ArtifactLayout(ROOT).run(run)
 
 
 def test_what_is_found_on_disk_is_read_back_by_number(tmp_path):

@@ -130,7 +130,7 @@ def test_a_round_records_its_global_model_and_the_page_shows_it_per_shard(setup)
         {"task_id": "round_0_train", "map_index": k, "state": "success"} for k in range(3)
     ] + [{"task_id": "round_0_sync", "map_index": -1, "state": "success"}]
     root = s.cfg.artifact_root()
-    rounds = report.run_report(root, RUN, stages, None, None)["rounds"]
+    rounds = report.run_report(root, s.cfg.dag_id, RUN, stages, None, None)["rounds"]
     assert [r["round"] for r in rounds] == [0]
     assert [(x["shard"], x["state"], x["contributed"]) for x in rounds[0]["shards"]] == [
         (k, "success", True) for k in range(3)
