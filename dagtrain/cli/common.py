@@ -28,7 +28,9 @@ from dagtrain.errors import InputError, MissingDependency
 __all__ = [
     "ConfigArg",
     "HomeOpt",
+    "PasswordOpt",
     "Sets",
+    "UserOpt",
     "Unbroken",
     "err",
     "fail",
@@ -36,6 +38,7 @@ __all__ = [
     "ModelCheck",
     "load",
     "out",
+    "password_of",
     "preflight",
     "start_preflight",
 ]
@@ -117,6 +120,31 @@ HomeOpt = Annotated[
         help="project-local directory for Airflow's SQLite DB, logs and generated DAGs",
     ),
 ]
+
+UserOpt = Annotated[
+    str,
+    typer.Option(envvar="DAGTRAIN_AIRFLOW_USER", help="the Airflow user to log in as"),
+]
+PasswordOpt = Annotated[
+    str | None,
+    typer.Option(
+        envvar="DAGTRAIN_AIRFLOW_PASSWORD",
+        help="its password (default: the one dagtrain up made in --home, for admin)",
+    ),
+]
+
+
+def password_of(home: Path, user: str, password: str | None) -> str:
+    """The password given, else the one ``dagtrain up`` made for ``user`` in ``home``."""
+    if password is None:
+        import json
+
+        pw_file = home.resolve() / "airflow" / "passwords.json"
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            password = json.loads(pw_file.read_text()).get(user)
+    if password is None:
+        raise fail("no password: give --password (or DAGTRAIN_AIRFLOW_PASSWORD)", 2)
+    return password
 
 
 def fail(msg: str, code: int = 1) -> typer.Exit:

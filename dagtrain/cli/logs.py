@@ -30,7 +30,7 @@ from typing import Annotated, Any
 import typer
 from rich.text import Text
 
-from .common import HomeOpt, fail, home_of, out
+from .common import HomeOpt, PasswordOpt, UserOpt, fail, home_of, out, password_of
 from .progress import dag_order as tasks_in_order
 
 __all__ = ["format_record", "log_files", "logs"]
@@ -498,23 +498,17 @@ def logs(
             help="read through this api-server's REST API (default: the home's database)",
         ),
     ] = None,
-    user: Annotated[str, typer.Option(envvar="DAGTRAIN_AIRFLOW_USER")] = "admin",
-    password: Annotated[str | None, typer.Option(envvar="DAGTRAIN_AIRFLOW_PASSWORD")] = None,
+    user: UserOpt = "admin",
+    password: PasswordOpt = None,
     home: HomeOpt = Path(".dagtrain"),
 ) -> None:
     """Print a run's task logs, a line per record as the web UI shows them (every task in
     the DAG's order, each its newest try, unless TASK / --try say otherwise)."""
     h = home_of(home)
     if url:
-        if password is None and h.passwords.exists():  # as `dagtrain trigger` finds it
-            import json
-
-            password = json.loads(h.passwords.read_text()).get(user)
-        if password is None:
-            raise fail("no password: give --password (or DAGTRAIN_AIRFLOW_PASSWORD)", 2)
         from .rest import RestError
 
-        client = _Rest(url, user, password)
+        client = _Rest(url, user, password_of(home, user, password))
         try:
             client.client.login()
             _print_logs(client, run_id, task, try_, dag, url)

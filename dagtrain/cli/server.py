@@ -21,7 +21,18 @@ from dagtrain.atomic import atomic_write
 from dagtrain.config import ConfigError, deep_merge, parse_sets, without_file_only
 from dagtrain.rank_env import parent_death_signal
 
-from .common import HomeOpt, Sets, err, fail, home_of, load, out
+from .common import (
+    HomeOpt,
+    PasswordOpt,
+    Sets,
+    UserOpt,
+    err,
+    fail,
+    home_of,
+    load,
+    out,
+    password_of,
+)
 from .stop import Interrupts
 
 __all__ = ["trigger", "up"]
@@ -39,7 +50,10 @@ def _url_of(home: Path) -> str:
 
 
 def trigger(
-    dag_id: str,
+    dag_id: Annotated[
+        str,
+        typer.Argument(metavar="DAG_ID", help="the DAG to run (e.g. dagtrain_digits)"),
+    ],
     config: Annotated[Path | None, typer.Option(help="a config whose sections become conf")] = None,
     sets: Sets = None,
     url: Annotated[
@@ -50,8 +64,8 @@ def trigger(
             f"{DEFAULT_URL})",
         ),
     ] = None,
-    user: Annotated[str, typer.Option(envvar="DAGTRAIN_AIRFLOW_USER")] = "admin",
-    password: Annotated[str | None, typer.Option(envvar="DAGTRAIN_AIRFLOW_PASSWORD")] = None,
+    user: UserOpt = "admin",
+    password: PasswordOpt = None,
     wait: Annotated[bool, typer.Option(help="follow the run until it ends")] = False,
     timeout: Annotated[float, typer.Option(help="seconds to --wait at most")] = 12 * 3600.0,
     home: HomeOpt = Path(".dagtrain"),
@@ -73,13 +87,7 @@ def trigger(
             conf = parse_sets(sets)
         except ConfigError as e:
             raise fail(str(e), 2) from None
-    if password is None:
-        pw_file = home.resolve() / "airflow" / "passwords.json"
-        if pw_file.exists():
-            password = json.loads(pw_file.read_text()).get(user)
-    if password is None:
-        raise fail("no password: give --password (or DAGTRAIN_AIRFLOW_PASSWORD)", 2)
-    client = Client(url, user, password)
+    client = Client(url, user, password_of(home, user, password))
     try:
         client.login()
         if conf:
