@@ -51,7 +51,9 @@ class Unbroken:
     dropped, not raised (and the stream's descriptor is pointed at /dev/null, so the
     interpreter's last flush is quiet).
     ``stream``: the stream, or a function giving it (``sys.stdout`` as it is then:
-    tests swap it)."""
+    tests swap it). While a rich display (a status spinner, a live table) runs,
+    ``sys.stdout`` and ``sys.stderr`` are its proxies, which write to this console: the
+    stream is what they proxy, or a write would go round that loop for ever."""
 
     def __init__(self, stream: IO[str] | Callable[[], IO[str]]) -> None:
         self._stream = stream
@@ -59,7 +61,10 @@ class Unbroken:
 
     @property
     def stream(self) -> IO[str]:
-        return self._stream() if callable(self._stream) else self._stream
+        stream = self._stream() if callable(self._stream) else self._stream
+        while hasattr(stream, "rich_proxied_file"):  # rich.file_proxy.FileProxy
+            stream = stream.rich_proxied_file
+        return stream
 
     def write(self, text: str) -> int:
         if not self.gone:

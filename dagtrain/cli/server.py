@@ -73,6 +73,9 @@ def trigger(
     """Trigger a DAG run on a running Airflow through its REST API (unpausing the DAG)."""
     from .rest import Client, RestError
 
+    # the run's logs are read where it can be without a login: the home's database when
+    # this home's `dagtrain up` serves the run
+    via_home = url is None and (home.resolve() / "airflow" / "up.json").exists()
     url = url or _url_of(home)
     conf: dict[str, Any] = {}
     if config is not None:
@@ -120,7 +123,10 @@ def trigger(
         )
         for line in lines:
             out.print(line)
-        out.print(f"task logs: dagtrain logs {run_id} TASK --url {url}")
+        where = "" if via_home else f" --url {url}"
+        if home.resolve() != Path(".dagtrain").resolve():
+            where += f" --home {home.resolve()}"
+        out.print(f"task logs: dagtrain logs {run_id} TASK{where}")
     except RestError as e:
         raise fail(str(e)) from None
     except TimeoutError as e:

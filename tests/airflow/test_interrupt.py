@@ -141,10 +141,10 @@ def test_sigterm_to_the_command_stops_the_run_as_ctrl_c_does(tmp_path):
 
 @pytest.mark.parametrize("how", ["SIGHUP while its terminal is paused", "SIGKILL"])
 def test_dagtrain_up_leaves_nothing_running_however_it_is_stopped(tmp_path, how):
-    """``dagtrain up`` stopped while it waits for its api-server: by SIGHUP (its window
-    closed) while it is blocked writing its spinner to a terminal paused with Ctrl-S —
-    its orderly stop would wait for the terminal, so a deadline stops Airflow without
-    it — or killed outright (its children have a parent-death signal)."""
+    """``dagtrain up`` on a terminal: once it is up, stopped by SIGHUP (its window
+    closed) with the terminal paused by Ctrl-S — its orderly stop would wait for the
+    terminal to print, so a deadline stops Airflow without it; or, while it waits for its
+    api-server, killed outright (its children have a parent-death signal)."""
     home = tmp_path / "home"
     argv = [*DAGTRAIN, "up", "--port", str(free_port()), "--home", str(home)]
     term = Terminal([*argv, "--dags", str(REPO / "dags")])
@@ -153,6 +153,8 @@ def test_dagtrain_up_leaves_nothing_running_however_it_is_stopped(tmp_path, how)
     while len(processes_of_home(home)) < 5 and time.monotonic() < deadline:
         time.sleep(0.2)
     if how != "SIGKILL":
+        # its spinner on a terminal once printed nothing, for ever (a write loop)
+        term.wait_for("Airflow is up", timeout=180)
         term.pause()
     # (Airflow's processes retitle themselves over their environment: found as up's too)
     family = psutil.Process(term.proc.pid).children(recursive=True)

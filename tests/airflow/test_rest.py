@@ -5,6 +5,7 @@ task logs the web UI reads through the REST API, triggers and refused confs."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -105,6 +106,20 @@ def test_trigger_starts_a_run_that_succeeds_and_its_conf_reaches_the_ranks(airfl
     received = json.loads((train / "config.json").read_text())
     assert received["training"]["lr"] == 0.125 and received["training"]["epochs"] == 2
     assert json.loads((train / "result.json").read_text())["config"] == received
+    # the logs command it ends with runs as printed (it once left out the home whose
+    # password it needs)
+    printed = re.search(r"^task logs: dagtrain logs (.+)$", r.stdout, re.M).group(1).split()
+    logs = subprocess.run(
+        [*DAGTRAIN, "logs", *[a if a != "TASK" else "train" for a in printed]],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+        timeout=120,
+        check=False,
+    )
+    assert logs.returncode == 0, logs.stdout + logs.stderr
+    assert "DistributedTrainOperator" in logs.stdout, logs.stdout[-2000:]
 
 
 def test_a_conf_that_violates_the_schema_is_refused_naming_the_field(airflow):
