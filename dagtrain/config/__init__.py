@@ -25,6 +25,7 @@ from __future__ import annotations
 from .files import (
     apply_sets,
     deep_merge,
+    explain,
     load_config,
     merge_conf,
     parse_sets,
@@ -71,6 +72,7 @@ __all__ = [
     "EvaluationConfig",
     "TrackingConfig",
     "is_factory",
+    "explain",
     "ExecutorConfig",
     "Launcher",
     "ModelConfig",

@@ -53,7 +53,7 @@ _TYPES = {"int", "float", "str", "bool", "none", "list", "dict"}
 _SHOULD = "Input should be "
 
 
-def _explain(e: ValidationError, where: str) -> ConfigError:
+def explain(e: ValidationError, where: str) -> ConfigError:
     """One line a field: what is allowed and what was given (a union's members, each
     an error of pydantic's, said in one line)."""
     lines: list[str] = []
@@ -81,7 +81,7 @@ def validate(data: dict[str, Any], where: str = "config", base_dir: str | None =
     try:
         cfg = PipelineConfig.model_validate(data)
     except ValidationError as e:
-        raise _explain(e, where) from None
+        raise explain(e, where) from None
     cfg.base_dir = base_dir
     return cfg
 

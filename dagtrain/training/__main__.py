@@ -17,7 +17,7 @@ from typing import get_args
 
 from pydantic import ValidationError
 
-from dagtrain.config import Backend, Launcher
+from dagtrain.config import Backend, Launcher, explain
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = TrainConfig(**fields)
     except ValidationError as e:
-        print(f"invalid training config:\n{e}", file=sys.stderr)
+        print(f"error: {explain(e, args.config or 'the flags')}", file=sys.stderr)
         return 2
     d = cfg.distributed
     print(

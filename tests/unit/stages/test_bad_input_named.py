@@ -114,3 +114,13 @@ def test_the_training_cli_ends_well_without_an_epoch_or_a_test_split(tmp_path, e
     assert "Traceback" not in r.stderr, r.stderr
     last = r.stdout.strip().splitlines()[-1]
     assert ("no accuracy yet" in last) if "max_steps" in extra else ("validation accuracy" in last)
+
+
+def test_the_training_command_names_a_bad_flag_as_validate_does(capsys):
+    from dagtrain.training.__main__ import main
+
+    assert main(["--ranks", "2", "--backend", "mpi", "--epochs", "0", "--quiet"]) == 2
+    said = capsys.readouterr().err
+    # one line a field, not pydantic's dump (its type names and URL)
+    assert "training.epochs: should be greater than or equal to 1 (got 0)" in said, said
+    assert "pydantic" not in said and "validation error" not in said, said
