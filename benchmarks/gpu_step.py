@@ -267,9 +267,8 @@ def run_pipeline(device: str, backend: str, timeout: float, env: dict[str, str])
             "train": None,
         }
         layout = ArtifactLayout(load_config(cfg_path).artifact_root(home))
-        runs = sorted(layout.runs.iterdir()) if layout.runs.is_dir() else []
-        if runs:
-            run = RunLayout(runs[-1])  # the one run of this home
+        if ran := sorted(layout.runs.glob("*/*")):  # runs/<dag>/<run>: this home's one
+            run = RunLayout(ran[-1])
             if run.evaluation.is_file():
                 ev = json.loads(run.evaluation.read_text())
                 out["test_accuracy"] = ev["metrics"]["test_accuracy"]
