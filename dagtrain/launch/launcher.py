@@ -27,6 +27,7 @@ step as it recorded them, and its last log lines. Killing the launcher
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import uuid
 from collections.abc import Callable, Sequence
@@ -127,6 +128,13 @@ def _usable_hosts(launcher: str, nprocs: int, hosts: Hosts | Sequence[str] | Non
     return None
 
 
+# torchrun's own stop on SIGTERM can hang at its exit for ever (its log tailers, which
+# --tee starts, are never told to stop: seen as a torchrun alive 35 minutes after the
+# process that started it was SIGKILLed, its rank a zombie). Its ranks each die with
+# their parent (a SIGKILL of their own), so a SIGKILL of a local torchrun leaves nothing.
+_TORCHRUN_ORPHAN = signal.SIGKILL
+
+
 def _start(
     job: Job,
     launcher: str,
@@ -149,11 +157,21 @@ def _start(
         nodes = node_argvs(nprocs, module_args, spec, env)
         job.node_hosts = [host for host, _, _ in nodes]
         for k, (_, argv, remote_input) in enumerate(nodes):
-            spawn(job, argv, {**base, **TORCHRUN_ENV}, on_line, node=k, remote=remote_input)
+            guard = _TORCHRUN_ORPHAN if remote_input is None else signal.SIGTERM
+            spawn(
+                job,
+                argv,
+                {**base, **TORCHRUN_ENV},
+                on_line,
+                node=k,
+                remote=remote_input,
+                orphan_signal=guard,
+            )
     else:
         extra = TORCHRUN_ENV if launcher == "torchrun" else session
         argv = build_argv(launcher, nprocs, module_args, spec, env)
-        spawn(job, argv, {**base, **extra}, on_line)
+        guard = _TORCHRUN_ORPHAN if launcher == "torchrun" else signal.SIGTERM
+        spawn(job, argv, {**base, **extra}, on_line, orphan_signal=guard)
 
 
 def _to_stderr(line: str) -> None:

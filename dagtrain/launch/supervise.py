@@ -167,8 +167,8 @@ def reader(
 
 
 @functools.cache
-def _orphan_guard() -> Callable[[], None]:
-    return parent_death_signal(signal.SIGTERM)
+def _orphan_guard(sig: int) -> Callable[[], None]:
+    return parent_death_signal(sig)
 
 
 def spawn(
@@ -179,10 +179,12 @@ def spawn(
     rank: int | None = None,
     node: int | None = None,
     remote: str | None = None,
+    orphan_signal: int = signal.SIGTERM,
 ) -> None:
     """Start ``argv`` as one of ``job``'s processes (``rank``: the rank it is, for the
     direct launcher; ``node``: the torchrun node it is), with a reader per stream.
-    ``remote``: a remote node's first line of input (its variables, as JSON)."""
+    ``remote``: a remote node's first line of input (its variables, as JSON).
+    ``orphan_signal``: what the process gets when this one dies."""
     p = subprocess.Popen(
         argv,
         env=env,
@@ -194,9 +196,9 @@ def spawn(
         text=True,
         start_new_session=True,
         # SIGKILL of this process (OOM killer, Airflow's supervisor) must not leave
-        # mpirun/torchrun or a rank running: each child gets SIGTERM when we die,
+        # mpirun/torchrun or a rank running: each child gets orphan_signal when we die,
         # and every rank arranges its own SIGKILL for when its parent dies
-        preexec_fn=_orphan_guard(),  # noqa: PLW1509 (a bare prctl, resolved before)
+        preexec_fn=_orphan_guard(orphan_signal),  # noqa: PLW1509 (a bare prctl)
     )
     job.procs.append(p)
     if remote is not None and p.stdin is not None:

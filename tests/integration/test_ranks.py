@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
@@ -176,12 +177,15 @@ def test_killing_the_launcher_leaves_no_rank_behind(tmp_path, backend):
         time.sleep(0.05)
     ranks = [int(p.read_text()) for p in pids.iterdir()]
     assert len(ranks) == 2 and all(alive(p) for p in ranks)
+    family = psutil.Process(launcher.pid).children(recursive=True)  # mpirun/torchrun too
     launcher.send_signal(signal.SIGTERM)
     launcher.wait(timeout=20)
     deadline = time.monotonic() + 15
     while any(alive(p) for p in ranks) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [p for p in ranks if alive(p)], "orphaned ranks"
+    _, left = psutil.wait_procs(family, timeout=30)
+    assert not left, [" ".join(p.cmdline()) for p in left if p.is_running()]
 
 
 def test_a_corrupt_newest_checkpoint_is_skipped_and_the_previous_one_resumed(tmp_path):
@@ -266,9 +270,13 @@ def test_sigkill_of_the_launching_process_leaves_no_rank_behind(tmp_path, backen
         time.sleep(0.05)
     ranks = [int(p.read_text()) for p in pids.iterdir()]
     assert len(ranks) == 2 and all(alive(p) for p in ranks)
+    # mpirun or torchrun too (a torchrun stopped by SIGTERM once hung at its exit for ever)
+    family = psutil.Process(parent.pid).children(recursive=True)
     parent.send_signal(signal.SIGKILL)  # no handler runs: only the kernel can help
     parent.wait(timeout=20)
     deadline = time.monotonic() + 15
     while any(alive(p) for p in ranks) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [p for p in ranks if alive(p)], "ranks outlived a SIGKILLed launcher"
+    _, left = psutil.wait_procs(family, timeout=30)
+    assert not left, [" ".join(p.cmdline()) for p in left if p.is_running()]
