@@ -34,6 +34,7 @@ __all__ = [
     "Unbroken",
     "err",
     "fail",
+    "home_flag",
     "home_of",
     "ModelCheck",
     "load",
@@ -144,9 +145,8 @@ def password_of(home: Path, user: str, password: str | None) -> str:
     if password is None:
         import json
 
-        pw_file = home.resolve() / "airflow" / "passwords.json"
         with contextlib.suppress(OSError, ValueError, AttributeError):
-            password = json.loads(pw_file.read_text()).get(user)
+            password = json.loads(home_of(home).passwords.read_text()).get(user)
     if password is None:
         raise fail("no password: give --password (or DAGTRAIN_AIRFLOW_PASSWORD)", 2)
     return password
@@ -291,6 +291,11 @@ class ModelCheck:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.communicate()
+
+
+def home_flag(home: Path) -> str:
+    """`` --home DIR`` for a command printed to be run again; empty for the default."""
+    return "" if home.resolve() == Path(".dagtrain").resolve() else f" --home {home.resolve()}"
 
 
 def home_of(home: Path, dags: Path | None = None, port: int = 8080, host: str = "127.0.0.1"):

@@ -43,6 +43,7 @@ from .common import (
     Sets,
     Unbroken,
     fail,
+    home_flag,
     home_of,
     load,
     out,
@@ -404,7 +405,7 @@ def _log_files(dag_id: str, run_id: str) -> None:
 
     files = log_files(dag_id, run_id)
     home = Path(os.environ[HOME_VARIABLE])
-    where = "" if home == Path(".dagtrain").resolve() else f" --home {home}"
+    where = home_flag(home)
     if files:
         out.print(f"task logs (dagtrain logs {run_id} TASK{where} prints one):")
     for label, n, path in files:

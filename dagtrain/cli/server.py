@@ -28,6 +28,7 @@ from .common import (
     UserOpt,
     err,
     fail,
+    home_flag,
     home_of,
     load,
     out,
@@ -42,9 +43,8 @@ DEFAULT_URL = "http://localhost:8080"
 
 def _url_of(home: Path) -> str:
     """The URL of the Airflow that ``dagtrain up`` runs on ``home``, else the default."""
-    up_file = home.resolve() / "airflow" / "up.json"
     try:
-        return json.loads(up_file.read_text())["url"]
+        return json.loads(home_of(home).up_file.read_text())["url"]
     except (OSError, ValueError, KeyError):
         return DEFAULT_URL
 
@@ -75,7 +75,7 @@ def trigger(
 
     # the run's logs are read where it can be without a login: the home's database when
     # this home's `dagtrain up` serves the run
-    via_home = url is None and (home.resolve() / "airflow" / "up.json").exists()
+    via_home = url is None and home_of(home).up_file.exists()
     url = url or _url_of(home)
     conf: dict[str, Any] = {}
     if config is not None:
@@ -123,9 +123,7 @@ def trigger(
         )
         for line in lines:
             out.print(line)
-        where = "" if via_home else f" --url {url}"
-        if home.resolve() != Path(".dagtrain").resolve():
-            where += f" --home {home.resolve()}"
+        where = ("" if via_home else f" --url {url}") + home_flag(home)
         out.print(f"task logs: dagtrain logs {run_id} TASK{where}")
     except RestError as e:
         raise fail(str(e)) from None
