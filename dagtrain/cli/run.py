@@ -378,9 +378,11 @@ def _task_states(dag_id: str, run_id: str) -> dict[str, tuple[str, int]]:
 def _fail(dag_id: str, run_id: str) -> bool:
     """Whether the run is now marked failed (or had ended); False: not created yet, or
     the database was busy (try again)."""
+    from sqlalchemy.exc import OperationalError
+
     try:
         return fail_run(dag_id, run_id) is not None
-    except Exception:
+    except OperationalError:  # SQLite's "database is locked": the next poll tries again
         return False
 
 

@@ -81,7 +81,7 @@ def validate(data: dict[str, Any], where: str = "config", base_dir: str | None =
     try:
         cfg = PipelineConfig.model_validate(data)
     except ValidationError as e:
-        raise explain(e, where) from None
+        raise explain(e, where) from e
     cfg.base_dir = base_dir
     return cfg
 
@@ -114,11 +114,11 @@ def _load_config(p: Path) -> PipelineConfig:
     try:
         text = p.read_text()
     except OSError as e:
-        raise ConfigError(f"{p}: cannot read the config ({e.strerror})") from None
+        raise ConfigError(f"{p}: cannot read the config ({e.strerror})") from e
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: not valid YAML: {e}") from None
+        raise ConfigError(f"{p}: not valid YAML: {e}") from e
     if data is None:
         data = {}
     if not isinstance(data, dict):

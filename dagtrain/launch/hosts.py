@@ -153,7 +153,7 @@ def from_extra(conn_id: str, extra: str | Mapping[str, Any] | None) -> Hosts:
         try:
             extra = json.loads(extra) if extra.strip() else {}
         except ValueError as e:
-            raise InputError(f"{where}: its extra is not valid JSON ({e}){how}") from None
+            raise InputError(f"{where}: its extra is not valid JSON ({e}){how}") from e
     if not isinstance(extra, Mapping):
         raise InputError(f"{where}: its extra is not a JSON object{how}")
     unknown = sorted(set(extra) - set(EXTRA_KEYS))

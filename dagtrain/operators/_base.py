@@ -40,14 +40,19 @@ def fails_fast_on_bad_input(execute: Callable) -> Callable:
     """Turn the project's own input errors (``dagtrain.errors.InputError``, which
     ConfigError and ShardError are, and ``MissingDependency``) raised by ``execute`` into
     BadInput (no retry). Any other error, a ValueError from torch included, keeps its
-    type and is retried: it is the machinery's (a rank that died, a timeout)."""
+    type and is retried: it is the machinery's (a rank that died, a timeout). The
+    process's ``sys.path`` is as it was afterwards (``run_config`` extends it for the
+    task's own imports)."""
 
     @functools.wraps(execute)
     def wrapper(self, context: Any) -> Any:
+        path = list(sys.path)
         try:
             return execute(self, context)
         except FAIL_FAST as e:
             raise BadInput(str(e), getattr(e, "shard", None)) from e
+        finally:
+            sys.path[:] = path
 
     return wrapper
 
@@ -79,7 +84,8 @@ class DagtrainOperator(BaseOperator):
             cfg = cfg.for_dag(dag_id)
         check_tracking(cfg)  # MissingDependency / InputError: no retry
         # a model module beside the config file is importable here as on the ranks
-        # (Airflow puts the DAGs folder on sys.path; a generated DAG file lives apart)
+        # (Airflow puts the DAGs folder on sys.path; a generated DAG file lives apart),
+        # until execute returns (fails_fast_on_bad_input puts sys.path back)
         if cfg.base_dir and cfg.base_dir not in sys.path:
             sys.path.append(cfg.base_dir)
         return cfg

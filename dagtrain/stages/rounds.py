@@ -108,7 +108,7 @@ def _check(shard: int, d: TrainFiles, expect_shapes: dict[str, list[int]], base_
     try:
         meta = json.loads(side.read_text())
     except ValueError as e:
-        raise ShardError(shard, f"unreadable sidecar {side}: {e}") from None
+        raise ShardError(shard, f"unreadable sidecar {side}: {e}") from e
     if path.stat().st_size != meta.get("bytes") or sha256_file(path) != meta.get("sha256"):
         raise ShardError(shard, f"{path} is truncated or corrupted (checksum mismatch)")
     if meta.get("base_sha256") != base_digest:
@@ -116,9 +116,7 @@ def _check(shard: int, d: TrainFiles, expect_shapes: dict[str, list[int]], base_
     try:
         delta = torch.load(path, weights_only=True)
     except Exception as e:  # never on torch's advice to load it with weights_only=False
-        raise ShardError(
-            shard, f"{path} is not a delta dagtrain wrote ({type(e).__name__})"
-        ) from None
+        raise ShardError(shard, f"{path} is not a delta dagtrain wrote ({type(e).__name__})") from e
     if set(delta) != set(expect_shapes):
         missing = sorted(set(expect_shapes) - set(delta))
         extra = sorted(set(delta) - set(expect_shapes))

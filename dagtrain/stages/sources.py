@@ -121,7 +121,7 @@ def _check_url(cfg: PipelineConfig) -> None:
         raise MissingDependency(
             f"data.source {_src(cfg)!r}: no filesystem for {scheme}:// is installed in "
             f"this environment ({sys.prefix}): {e}" + (f"; pip install '{hint}'" if hint else "")
-        ) from None
+        ) from e
     except ValueError:
         raise InputError(
             f"data.source {_src(cfg)!r}: {scheme}:// is not a storage scheme fsspec knows; {_HOW}"
@@ -213,10 +213,10 @@ def fetch_url(cfg: PipelineConfig, folder: Path) -> tuple[Path, str]:
     except PermissionError as e:
         raise InputError(
             f"data.source {_hide(url)!r}: access refused ({e}); check data.connection's credentials"
-        ) from None
+        ) from e
     except OSError as e:
         raise InputError(
             f"data.source {_hide(url)!r}: cannot read it: {type(e).__name__}: "
             f"{str(e).replace(url, _hide(url))}"
-        ) from None
+        ) from e
     return dest, digest.hexdigest()

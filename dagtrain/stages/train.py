@@ -71,7 +71,7 @@ def connection_hosts(conn_id: str) -> Any:
         raise InputError(
             f"distributed.hosts_connection is {conn_id!r}, an Airflow connection, but "
             f"Airflow is not installed here ({e}); give distributed.hosts instead"
-        ) from None
+        ) from e
     try:
         conn = BaseHook.get_connection(conn_id)
     except AirflowNotFoundException:

@@ -13,9 +13,18 @@ from typing import Any, get_args
 from dagtrain.config import Backend as BackendName
 from dagtrain.errors import MissingDependency
 
-from .base import Backend, CollectiveTimeout, Handle
+from .base import GAVE_UP, Backend, CollectiveFailed, CollectiveTimeout, Handle
 
-__all__ = ["BACKENDS", "Backend", "CollectiveTimeout", "Handle", "get_backend", "require"]
+__all__ = [
+    "BACKENDS",
+    "GAVE_UP",
+    "Backend",
+    "CollectiveFailed",
+    "CollectiveTimeout",
+    "Handle",
+    "get_backend",
+    "require",
+]
 
 BACKENDS: tuple[str, ...] = get_args(BackendName)
 

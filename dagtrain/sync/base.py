@@ -23,7 +23,20 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Backend", "CollectiveTimeout", "Handle", "copy_back_and_divide", "wait_until"]
+__all__ = [
+    "GAVE_UP",
+    "Backend",
+    "CollectiveFailed",
+    "CollectiveTimeout",
+    "Handle",
+    "copy_back_and_divide",
+    "give_up",
+    "wait_until",
+]
+
+# the exit code of a rank that gave up on a blocked collective (os.EX_SOFTWARE): it
+# cannot be interrupted, so the process ends; the launcher reads the rank's status record
+GAVE_UP = 70
 
 
 class CollectiveTimeout(TimeoutError):
@@ -37,6 +50,21 @@ class CollectiveTimeout(TimeoutError):
         self.what = what
         self.rank = rank
         self.timeout = timeout
+
+
+class CollectiveFailed(RuntimeError):
+    """A collective failed before its deadline (a peer's connection closed or reset): the
+    library's error is the ``__cause__`` and its text is in the message."""
+
+    def __init__(self, what: str, rank: int, cause: BaseException) -> None:
+        said = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+        super().__init__(
+            f"rank {rank}: {what} failed: {type(cause).__name__}: {said}; a peer rank has "
+            "probably failed (its log says why)"
+        )
+        self.what = what
+        self.rank = rank
+        self.__cause__ = cause
 
 
 class Handle:
@@ -66,7 +94,7 @@ class Handle:
             wait_until(self._test or (lambda: True), self.what, rank, timeout)
         else:
             err = CollectiveTimeout(self.what, rank, timeout)
-            key = _WATCHDOG.arm(timeout, self._on_timeout or _raise_in_log, err)
+            key = _WATCHDOG.arm(timeout, self._on_timeout or give_up, err)
             try:
                 self._block()
             finally:
@@ -146,16 +174,19 @@ def copy_back_and_divide(
     return finish
 
 
-def _raise_in_log(err: CollectiveTimeout) -> None:
-    import os
+def give_up(err: BaseException, end: Callable[[int], Any] | None = None) -> None:
+    """End a rank whose collective passed its deadline: its status record says why (the
+    launcher reads it), its log too, an elastic rank saves its last completed step, then
+    ``end(GAVE_UP)`` (``os._exit`` unless the library has its own abort)."""
     import sys
 
     from dagtrain.rank_env import report_failure, stopping
 
-    report_failure(str(err.rank), err)  # the status record: the launcher learns why
-    print(f"dagtrain rank {err.rank} failed: {err}", file=sys.stderr, flush=True)
-    stopping(str(err))  # an elastic rank saves its last completed step
-    os._exit(70)  # a blocked collective cannot be interrupted: end the process
+    rank = getattr(err, "rank", "?")
+    report_failure(str(rank), err)
+    print(f"dagtrain rank {rank} failed: {err}", file=sys.stderr, flush=True)
+    stopping(str(err))
+    (end or os._exit)(GAVE_UP)
 
 
 def wait_until(test: Callable[[], bool], what: str, rank: int, timeout: float) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .base import Backend, Handle, copy_back_and_divide
+from .base import Backend, Handle, copy_back_and_divide, give_up
 
 __all__ = ["MPIBackend"]
 
@@ -41,14 +41,7 @@ class MPIBackend(Backend):
         return Handle(what, block=req.Wait, finish=finish, on_timeout=self._abort)
 
     def _abort(self, err: Exception) -> None:
-        import sys
-
-        from dagtrain.rank_env import report_failure, stopping
-
-        report_failure(str(self.rank), err)  # the status record: the launcher learns why
-        print(f"dagtrain rank {self.rank} failed: {err}", file=sys.stderr, flush=True)
-        stopping(str(err))  # an elastic rank saves its last completed step
-        self.comm.Abort(70)
+        give_up(err, self.comm.Abort)
 
     def broadcast(self, tensors: Sequence[torch.Tensor], root: int = 0) -> None:
         # non-blocking broadcasts, all waited for under one watchdog: a peer that never

@@ -24,7 +24,8 @@ warning naming the connection and goes on; what it could not log is kept in
 ``runs/<run>/mlflow-pending.json`` and done first by the next stage of the run, and the
 task's XCom says how it went (``"tracking": {"ok", "connection", "uri", "error", ...}``).
 Every call has a deadline: MLflow's ``MLFLOW_HTTP_REQUEST_TIMEOUT`` and
-``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` are set small unless the environment sets them.
+``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` are set small for dagtrain's calls unless the
+environment sets them (and unset again after each).
 
 Importing this package imports neither mlflow nor Airflow.
 """
@@ -79,7 +80,7 @@ def tracking_uri(conn_id: str) -> str:
         raise InputError(
             f"tracking.connection is {conn_id!r}, an Airflow connection, but Airflow is "
             f"not installed here ({e})"
-        ) from None
+        ) from e
     try:
         conn = BaseHook.get_connection(conn_id)
     except AirflowNotFoundException:

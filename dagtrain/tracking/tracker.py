@@ -95,15 +95,24 @@ def _number(v: Any) -> float | None:
     return float(v) if math.isfinite(v) else None
 
 
-def _quiet_retries() -> None:
-    """urllib3 logs a warning for each retry of an MLflow call to a server that is
-    down, beside the one warning of dagtrain's that names the connection: drop those
-    (of MLflow's REST paths only; any other client's retries are still logged)."""
+@contextlib.contextmanager
+def _deadlines() -> Iterator[None]:
+    """While MLflow is called: ``DEADLINES`` in the environment (where it does not say
+    otherwise), and urllib3's warning for each retry of an MLflow call to a server that
+    is down dropped, beside the one warning of dagtrain's that names the connection (of
+    MLflow's REST paths only). Both are as they were afterwards."""
     import logging
 
-    log = logging.getLogger("urllib3.connectionpool")
-    if not any(isinstance(f, _MlflowRetries) for f in log.filters):
-        log.addFilter(_MlflowRetries())
+    added = {k: v for k, v in DEADLINES.items() if k not in os.environ}
+    os.environ.update(added)
+    log, quiet = logging.getLogger("urllib3.connectionpool"), _MlflowRetries()
+    log.addFilter(quiet)
+    try:
+        yield
+    finally:
+        log.removeFilter(quiet)
+        for k in added:
+            os.environ.pop(k, None)
 
 
 class _MlflowRetries:
@@ -163,7 +172,8 @@ class Tracker:
         pending file for the next stage."""
         if self.error is None:
             try:
-                getattr(self, f"_{part}")(**args)
+                with _deadlines():
+                    getattr(self, f"_{part}")(**args)
             except Exception as e:  # tracking never fails a task
                 self._down(part, e)
             else:
@@ -212,9 +222,6 @@ class Tracker:
     @property
     def client(self) -> Any:
         if self._client is None:
-            for k, v in DEADLINES.items():
-                os.environ.setdefault(k, v)
-            _quiet_retries()
             from mlflow.tracking import MlflowClient
 
             self._client = MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)

@@ -94,7 +94,7 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
         raise InputError(
             f"{path.name} is not a dagtrain checkpoint: it holds no tensors and plain data "
             f"that torch.load(weights_only=True) reads ({type(e).__name__})"
-        ) from None
+        ) from e
     if not isinstance(state, dict):
         raise InputError(f"{path.name} is not a dagtrain checkpoint: it holds no dict of states")
     return state

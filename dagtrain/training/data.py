@@ -228,7 +228,7 @@ def _read_csv(path: Path, spec: str) -> tuple[np.ndarray, np.ndarray]:
         try:
             a = np.genfromtxt(path, delimiter=",", dtype=np.float64, ndmin=2)
         except ValueError as e:  # rows of different lengths
-            raise InputError(f"data {spec!r}: not a rectangular CSV ({e})") from None
+            raise InputError(f"data {spec!r}: not a rectangular CSV ({e})") from e
     if np.isnan(a[0]).all():  # a header row
         a = a[1:]
     if len(a) == 0:

@@ -43,6 +43,7 @@ Importing this module imports no torch.
 from __future__ import annotations
 
 import re
+import signal
 import threading
 import time
 from collections import Counter
@@ -55,9 +56,12 @@ from dagtrain.config import TrainConfig
 from dagtrain.launch import Hosts, Job, RankFailure, RankInputError, answers
 from dagtrain.launch.diagnose import STALLED, stalled_rank
 from dagtrain.rank_env import REGROW
+from dagtrain.sync import GAVE_UP
 
 __all__ = ["PROBE_EVERY", "World", "is_loss", "lost_ranks", "run_elastic"]
 
+# the exit code a launcher reports for a rank ended by SIGTERM (the shell's 128 + 15)
+TERMINATED = 128 + signal.SIGTERM
 PROBE_EVERY = 2.0  # seconds between two probes of the left-out hosts while a world runs
 PROBE_TIMEOUT = 5.0  # seconds a host has to answer a probe
 FIRST_STEP_WAIT = 120.0  # seconds a new world's first step is waited for, to time it
@@ -155,7 +159,7 @@ def is_loss(e: RankFailure, job: Job | None = None) -> bool:
     if job is not None and stalled_rank(job) is not None:
         return True
     return bool(_PEER_GONE.search(e.error_message or "")) or (
-        e.error_type is None and e.exit_code in (None, 70, 143)
+        e.error_type is None and e.exit_code in (None, GAVE_UP, TERMINATED)
     )
 
 

@@ -141,8 +141,10 @@ class PipelineStep:
         )
         # a transfer's waiting thread takes the GIL to complete its task: within 0.5 ms
         # of the transfer, not the default 5 ms switch interval (the stage may be running
-        # Python between kernels then), which is on the pipeline's critical path
-        sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL))
+        # Python between kernels then), which is on the pipeline's critical path; the
+        # process's own interval is back once the step is closed
+        self._switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(min(self._switch_interval, SWITCH_INTERVAL))
         t = cfg.distributed.collective_timeout
         self._waiters = {
             k: Transfers(f"pipeline-{k}", backend.rank, t)
@@ -580,6 +582,7 @@ class PipelineStep:
             h.remove()
         for w in self._waiters.values():
             w.close()
+        sys.setswitchinterval(self._switch_interval)
 
 
 def _unpack(t: torch.Tensor) -> torch.Tensor:

@@ -77,7 +77,7 @@ def check(spec: dict[str, Any]) -> dict[str, Any]:
                 f"model.name {model_spec['name']!r} with model.args {args}: "
                 f"a batch of samples of shape {tuple(in_shape)} does not pass through the "
                 f"model: {type(e).__name__}: {e}"
-            ) from None
+            ) from e
     parallel = spec.get("parallel") or {}
     if parallel.get("stages", 1) > 1:  # the blocks a pipeline splits it into
         from .split import check_blocks
@@ -133,7 +133,7 @@ def _signature(model_spec: dict[str, Any]) -> dict[str, Any]:
     try:
         inspect.signature(factory_of(name)).bind(None, None, **args)
     except TypeError as e:
-        raise InputError(f"model.args {args}: bad model_args for model {name!r}: {e}") from None
+        raise InputError(f"model.args {args}: bad model_args for model {name!r}: {e}") from e
     return {"ok": True, "in_shape": None, "classes": None, "parameters": None}
 
 

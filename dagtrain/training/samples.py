@@ -109,7 +109,7 @@ def call_factory(spec: str, code_dirs: Iterable[str | None] = ()) -> Any:
             f"data.source {spec!r}: cannot import the factory ({why}); put the module next "
             "to the config or DAG file (or in Airflow's plugins folder), or install it "
             "where the tasks run"
-        ) from None
+        ) from e
     if not callable(fn):
         raise InputError(f"data.source {spec!r}: {attr!r} is a {type(fn).__name__}, not callable")
     try:
@@ -117,7 +117,7 @@ def call_factory(spec: str, code_dirs: Iterable[str | None] = ()) -> Any:
     except Exception as e:
         raise InputError(
             f"data.source {spec!r}: the factory raised {type(e).__name__}: {e} (at {_where(e, fn)})"
-        ) from None
+        ) from e
 
 
 def _where(e: BaseException, fn: Any) -> str:
@@ -223,7 +223,7 @@ def check_picklable(spec: str, ds: Any) -> None:
             f"processes, and it does not pickle ({type(e).__name__}: {e}); keep no lambda, "
             "open file or connection in it (open them in __getitem__), or set data.workers "
             "to 0"
-        ) from None
+        ) from e
 
 
 def _workers() -> Any:

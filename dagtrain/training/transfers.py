@@ -3,7 +3,9 @@
 A stage's send and receive tasks are detached: their body posts the transfer and
 returns, and a :class:`Transfers` thread per direction waits for each transfer (with
 the backend's deadline) in the order they were posted, then completes its task, or
-fails it with a :class:`~dagtrain.sync.CollectiveTimeout` naming the transfer. Transfers
+fails it with a :class:`~dagtrain.sync.CollectiveTimeout` naming the transfer (or a
+:class:`~dagtrain.sync.CollectiveFailed` carrying the library's error, such as a peer's
+connection reset, as its cause). Transfers
 of one direction between two ranks complete in the order they were posted (a channel's
 messages do not overtake each other), so waiting in order delays none.
 """
@@ -15,7 +17,7 @@ import threading
 from time import perf_counter
 from typing import Any
 
-from dagtrain.sync import CollectiveTimeout, Handle
+from dagtrain.sync import CollectiveFailed, CollectiveTimeout, Handle
 from dagtrain.taskgraph import Event
 
 __all__ = ["Transfers"]
@@ -43,9 +45,9 @@ class Transfers:
             handle, event, keep, name, posted = item
             try:
                 handle.wait(self.rank, self.timeout)
-            except BaseException as e:  # a gloo timeout, a peer gone
+            except BaseException as e:  # our deadline, gloo's, a peer's connection gone
                 if not isinstance(e, CollectiveTimeout):
-                    e = CollectiveTimeout(handle.what, self.rank, self.timeout)
+                    e = CollectiveFailed(handle.what, self.rank, e)
                 event.fail(e)
                 continue
             self.done.append((name, posted, perf_counter()))

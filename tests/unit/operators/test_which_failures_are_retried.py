@@ -4,6 +4,7 @@ dependency fail at once; anything else (a ValueError from torch too) is retried.
 from __future__ import annotations
 
 import importlib.util
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -37,13 +38,17 @@ def test_a_value_error_of_someone_else_keeps_its_type_and_is_retried():
 
 
 def test_horovod_missing_fails_the_task_at_once_with_the_install_command(tmp_path, monkeypatch):
+    """Also: a task puts the process's ``sys.path`` back (the config's folder is on it
+    for the task's own imports only), whether it returned or failed."""
     cfg = tmp_path / "h.yaml"
+    path = list(sys.path)
     cfg.write_text(
         "name: h\ndata: {source: digits}\ndistributed: {backend: horovod, ranks: 2}\n"
         f"artifacts: {{root: {tmp_path / 'art'}}}\n"
     )
     ctx = {"run_id": "manual__h", "dag_run": SimpleNamespace(conf={}), "outlet_events": {}}
     data = DataPrepOperator(task_id="prep", config=cfg).execute(ctx)
+    assert sys.path == path
     real = importlib.util.find_spec
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == "horovod" else real(name, *a)
@@ -53,3 +58,4 @@ def test_horovod_missing_fails_the_task_at_once_with_the_install_command(tmp_pat
         DistributedTrainOperator(task_id="train", config=cfg, data=data).execute(ctx)
     assert isinstance(info.value.__cause__, MissingDependency)
     assert not list(tmp_path.glob("rank*.pid")), "a rank started"
+    assert sys.path == path

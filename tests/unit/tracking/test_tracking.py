@@ -129,12 +129,20 @@ def test_a_url_is_recorded_without_its_user_password_and_query(raw, shown):
 
 def test_a_tracking_uri_with_a_password_is_never_recorded_or_reported(monkeypatch, tmp_path):
     """The server is down (a closed port): the XCom's ``uri`` and ``error``, the warning
-    and the run's record hold the URI without its user and password."""
+    and the run's record hold the URI without its user and password. Also: MLflow's
+    deadlines and the quieted retry warnings hold for dagtrain's calls only (the
+    process's environment and urllib3's logger are as they were after)."""
     pytest.importorskip("mlflow")
     import logging
+    import os
     import socket
 
     from dagtrain.tracking import Tracker
+    from dagtrain.tracking.tracker import DEADLINES
+
+    for k in DEADLINES:
+        monkeypatch.delenv(k, raising=False)
+    filters = list(logging.getLogger("urllib3.connectionpool").filters)
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -167,6 +175,8 @@ def test_a_tracking_uri_with_a_password_is_never_recorded_or_reported(monkeypatc
     assert "s3cret" not in text and "alice" not in text, text
     # one warning, dagtrain's, naming the connection; not urllib3's retry line too
     assert retries == [], retries
+    assert not [k for k in DEADLINES if k in os.environ]
+    assert logging.getLogger("urllib3.connectionpool").filters == filters
     (warning,) = [r.getMessage() for r in records]
     assert warning.startswith("MLflow tracking: connection 'mlflow_secret'") and (
         "failed in start" in warning
