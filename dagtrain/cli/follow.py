@@ -20,7 +20,7 @@ from typing import Any
 from .progress import dag_order, label_of
 from .rest import Client
 
-__all__ = ["RestFollower", "stage_order"]
+__all__ = ["RestFollower", "stage_order", "unix_seconds"]
 
 _ENDED = {"success": "success", "skipped": "skipped", "failed": "failed", "up_for_retry": "failed"}
 
@@ -33,7 +33,8 @@ def stage_order(tasks: list[dict[str, Any]]) -> list[str]:
     return [t for t in order if t not in mapped]
 
 
-def _epoch(value: Any) -> float | None:
+def unix_seconds(value: Any) -> float | None:
+    """An ISO 8601 time (the REST API's, `Z` or an offset) as unix seconds; None: none."""
     if not value:
         return None
     try:
@@ -78,7 +79,7 @@ class RestFollower:
                 "task_id": ti["task_id"],
                 "map_index": index,
                 "try_number": try_number,
-                "time": _epoch(when),
+                "time": unix_seconds(when),
                 **extra,
             }
 

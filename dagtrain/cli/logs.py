@@ -318,16 +318,16 @@ class _Rest:
         self.client = Client(url, user, password)
 
     def _get(self, path: str, **kw: Any) -> Any:
-        from .rest import RestError, _detail
+        from .rest import RestError, detail
 
         r = self.client._send("GET", path, **kw)
         user = self.client.user
         if r.status_code in (401, 403):
-            raise RestError(f"user {user!r} may not read {path}: {_detail(r)}")
+            raise RestError(f"user {user!r} may not read {path}: {detail(r)}")
         if r.status_code == 404:
             return None
         if r.status_code >= 400:
-            raise RestError(f"GET {path} failed ({r.status_code}): {_detail(r)}")
+            raise RestError(f"GET {path} failed ({r.status_code}): {detail(r)}")
         return r.json()
 
     def _pages(self, path: str, key: str, **params: Any) -> list[dict[str, Any]]:

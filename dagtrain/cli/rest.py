@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-__all__ = ["Client", "RestError"]
+__all__ = ["Client", "RestError", "detail"]
 
 FINISHED = {"success", "failed"}
 
@@ -23,7 +23,7 @@ class RestError(RuntimeError):
     """A REST call failed; the message says why and what to try."""
 
 
-def _detail(r: httpx.Response) -> str:
+def detail(r: httpx.Response) -> str:
     try:
         body = r.json()
     except ValueError:
@@ -61,13 +61,13 @@ class Client:
         if r.status_code in (401, 403):
             raise RestError(
                 f"Airflow at {self.url} refused the credentials of user {self.user!r} "
-                f"({r.status_code}: {_detail(r)}); check --user/--password "
+                f"({r.status_code}: {detail(r)}); check --user/--password "
                 "(dagtrain up prints them)"
             )
         if r.status_code == 404:
             raise RestError(f"{self.url} has no /auth/token: is it an Airflow 3 api-server?")
         if r.status_code >= 400:
-            raise RestError(f"login failed ({r.status_code}): {_detail(r)}")
+            raise RestError(f"login failed ({r.status_code}): {detail(r)}")
         self.token = r.json()["access_token"]
 
     def trigger(self, dag_id: str, conf: dict[str, Any]) -> dict[str, Any]:
@@ -82,12 +82,12 @@ class Client:
             )
         if r.status_code in (400, 422):
             # the first lines say which param and why; the schema Airflow appends is noise
-            why = _detail(r).split("\n\nFailed validating")[0].strip()
+            why = detail(r).split("\n\nFailed validating")[0].strip()
             raise RestError(f"Airflow refused the run's conf: {why}")
         if r.status_code in (401, 403):
-            raise RestError(f"user {self.user!r} may not trigger {dag_id!r}: {_detail(r)}")
+            raise RestError(f"user {self.user!r} may not trigger {dag_id!r}: {detail(r)}")
         if r.status_code >= 400:
-            raise RestError(f"triggering {dag_id!r} failed ({r.status_code}): {_detail(r)}")
+            raise RestError(f"triggering {dag_id!r} failed ({r.status_code}): {detail(r)}")
         return r.json()
 
     def unpause(self, dag_id: str) -> dict[str, Any] | None:
@@ -99,19 +99,19 @@ class Client:
                 f"no DAG {dag_id!r} on {self.url} (is its file in the DAGs folder, and parsed?)"
             )
         if r.status_code >= 400:
-            raise RestError(f"reading DAG {dag_id!r} failed ({r.status_code}): {_detail(r)}")
+            raise RestError(f"reading DAG {dag_id!r} failed ({r.status_code}): {detail(r)}")
         dag = r.json()
         if not dag.get("is_paused"):
             return None
         r = self._send("PATCH", f"/api/v2/dags/{dag_id}", json={"is_paused": False})
         if r.status_code >= 400:
-            raise RestError(f"unpausing {dag_id!r} failed ({r.status_code}): {_detail(r)}")
+            raise RestError(f"unpausing {dag_id!r} failed ({r.status_code}): {detail(r)}")
         return dag
 
     def run(self, dag_id: str, run_id: str) -> dict[str, Any]:
         r = self._send("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}")
         if r.status_code >= 400:
-            raise RestError(f"reading run {run_id!r} failed ({r.status_code}): {_detail(r)}")
+            raise RestError(f"reading run {run_id!r} failed ({r.status_code}): {detail(r)}")
         return r.json()
 
     def tasks(self, dag_id: str) -> list[dict[str, Any]]:
@@ -176,7 +176,7 @@ class Client:
         if r.status_code == 404:
             return None
         if r.status_code >= 400:
-            raise RestError(f"reading {task_id}'s XCom failed ({r.status_code}): {_detail(r)}")
+            raise RestError(f"reading {task_id}'s XCom failed ({r.status_code}): {detail(r)}")
         value = r.json().get("value")
         if isinstance(value, str):  # stored as JSON text
             try:

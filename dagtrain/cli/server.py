@@ -190,9 +190,9 @@ def _follow(client: Any, dag_id: str, run_id: str, timeout: float) -> dict[str, 
 
 
 def _took(run: dict[str, Any]) -> str:
-    from .follow import _epoch
+    from .follow import unix_seconds
 
-    start, end = _epoch(run.get("start_date")), _epoch(run.get("end_date"))
+    start, end = unix_seconds(run.get("start_date")), unix_seconds(run.get("end_date"))
     return f" in {end - start:.1f} s" if start and end else ""
 
 

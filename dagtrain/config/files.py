@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .schema import _BUILTINS, FILE_ONLY, NOT_APPLICABLE, ConfigError, PipelineConfig
+from .schema import BUILTIN_MODELS, FILE_ONLY, NOT_APPLICABLE, ConfigError, PipelineConfig
 
 __all__ = [
     "apply_sets",
@@ -216,10 +216,10 @@ def merge_conf(
                 f"(pipeline: {cfg.pipeline} in the config file): leave it out"
             )
     name = _get(conf, "model.name")
-    if name is not _MISSING and name != cfg.model.name and name not in _BUILTINS:
+    if name is not _MISSING and name != cfg.model.name and name not in BUILTIN_MODELS:
         raise ConfigError(
             f"{where}: model.name {name!r} names code; a run's conf may choose only a built-in "
-            f"({', '.join(_BUILTINS)}) or the file's own model; put a factory path in "
+            f"({', '.join(BUILTIN_MODELS)}) or the file's own model; put a factory path in "
             "the config file"
         )
     merged = deep_merge(cfg.model_dump(mode="json"), conf)

@@ -6,7 +6,7 @@ import copy
 import functools
 from typing import Any
 
-from .schema import _BUILTINS, FILE_ONLY, NOT_APPLICABLE, PipelineConfig
+from .schema import BUILTIN_MODELS, FILE_ONLY, NOT_APPLICABLE, PipelineConfig
 
 __all__ = ["config_schema", "dag_params", "fixed_sections"]
 
@@ -94,7 +94,7 @@ def dag_params(cfg: PipelineConfig) -> dict[str, Any]:
         sub.pop("default", None)  # config_schema() returned a copy of its own
         props = sub.get("properties", {})
         if section == "model":
-            names = sorted({*_BUILTINS, cfg.model.name})
+            names = sorted({*BUILTIN_MODELS, cfg.model.name})
             props["name"] = {**props["name"], "enum": names}
         for dotted in FILE_ONLY:  # the file's own: a conf may only repeat it
             head, _, field = dotted.partition(".")

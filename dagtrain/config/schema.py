@@ -22,7 +22,7 @@ from dagtrain.errors import InputError
 BuiltinModel = Literal["mlp", "cnn", "rescnn", "transformer"]
 Backend = Literal["mpi", "torch", "horovod", "local"]
 Launcher = Literal["mpirun", "horovodrun", "torchrun", "direct"]
-_BUILTINS: tuple[str, ...] = get_args(BuiltinModel)
+BUILTIN_MODELS: tuple[str, ...] = get_args(BuiltinModel)  # model.name without a factory path
 # the backends whose point-to-point transfers a pipeline's stages use
 PIPELINE_BACKENDS = ("torch", "mpi")
 # the launcher a backend gets when distributed.launcher is not set
@@ -153,9 +153,10 @@ class ModelConfig(_Section):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if v not in _BUILTINS and ":" not in v:
+        if v not in BUILTIN_MODELS and ":" not in v:
             raise ValueError(
-                f"{v!r} is neither a built-in ({', '.join(_BUILTINS)}) nor 'package.module:factory'"
+                f"{v!r} is neither a built-in ({', '.join(BUILTIN_MODELS)}) nor "
+                "'package.module:factory'"
             )
         return v
 

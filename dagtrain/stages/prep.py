@@ -74,20 +74,20 @@ class _Scanned:
     training statistics; ``digest`` hashes what it holds."""
 
     def __init__(self, cfg: PipelineConfig) -> None:
-        from dagtrain.training.data import _checked, open_source
+        from dagtrain.training.data import checked_arrays, open_source
 
         spec, d = cfg.data.source, cfg.data
         src = open_source(spec, (cfg.base_dir,))
         self.dataset: Any = None
         h = hashlib.sha256()
         if isinstance(src, tuple):
-            self.arrays = _checked(spec, *src, None, 0)
+            self.arrays = checked_arrays(spec, *src, None, 0)
             for a in self.arrays[:2]:
                 h.update(np.ascontiguousarray(a).tobytes())
             h.update(repr(self.arrays[2]).encode())
             self.digest = "arrays-" + h.hexdigest()
             return
-        from dagtrain.training.data import _check_classes
+        from dagtrain.training.data import check_classes
         from dagtrain.training.samples import RunningStats, read_items
 
         self.dataset, self.arrays = src, None
@@ -103,7 +103,7 @@ class _Scanned:
             if d.normalize:
                 stats.add(xs[in_train[start : start + len(xs)]])
         y = np.concatenate(labels)
-        _check_classes(spec, y)
+        check_classes(spec, y)
         self.shape, self.classes = tuple(shape), int(y.max()) + 1
         h.update(repr(self.shape).encode())
         self.stats = stats.result(shape)

@@ -27,6 +27,8 @@ from .samples import (
 
 __all__ = [
     "Dataset",
+    "check_classes",
+    "checked_arrays",
     "load_dataset",
     "open_source",
     "read_arrays",
@@ -120,7 +122,7 @@ def read_arrays(spec: str) -> tuple[np.ndarray, np.ndarray, tuple[int, ...], int
                 f"data.source {spec!r}: the factory returned a Dataset, read a batch at a "
                 "time, not a pair of arrays"
             )
-        return _checked(spec, *pair, None, 0)
+        return checked_arrays(spec, *pair, None, 0)
     path = Path(spec)
     if not path.exists():
         raise InputError(f"data {spec!r}: no such file (or use 'digits')")
@@ -158,12 +160,15 @@ def read_arrays(spec: str) -> tuple[np.ndarray, np.ndarray, tuple[int, ...], int
         x = df.drop(columns=[label]).to_numpy()
     else:
         raise InputError(f"data {spec!r}: use .npz, .npy, .csv or .parquet")
-    return _checked(spec, x, y, shape, classes)
+    return checked_arrays(spec, x, y, shape, classes)
 
 
-def _checked(
+def checked_arrays(
     spec: str, x: np.ndarray, y: np.ndarray, shape: tuple[int, ...] | None, classes: int
 ) -> tuple[np.ndarray, np.ndarray, tuple[int, ...], int]:
+    """Features and labels as the trainer takes them (float32 features, int64 labels,
+    the sample shape, the number of classes), or InputError naming ``spec`` and what is
+    wrong: shapes, non-numbers, NaN, labels that are not classes."""
     x, y = np.asarray(x), np.asarray(y)
     if x.ndim < 1 or y.ndim != 1:
         raise InputError(
@@ -180,14 +185,14 @@ def _checked(
     if not np.array_equal(yi, y) or yi.min() < 0:
         raise InputError(f"{_named(spec)}: labels must be integers 0..C-1")
     if not classes:  # a source (not a prepared split, which may lack a class): 0..C-1
-        _check_classes(spec, yi)
+        check_classes(spec, yi)
     if shape is not None and math.prod(shape) != math.prod(x.shape[1:]):
         raise InputError(f"{_named(spec)}: in_shape {shape} does not fit samples of {x.shape[1:]}")
     classes = max(classes, int(yi.max()) + 1)
     return x.astype(np.float32), yi, shape or tuple(x.shape[1:]), classes
 
 
-def _check_classes(spec: str, y: np.ndarray) -> None:
+def check_classes(spec: str, y: np.ndarray) -> None:
     """Labels are the classes 0..C-1, each of them present: labels 1..3 would otherwise
     train a model of 4 classes, one of which never appears."""
     present = np.unique(y)
@@ -297,7 +302,7 @@ def _dataset_of(spec: str, ds: object, test_fraction: float, seed: int, normaliz
         labels.append(ys)
         stats.add(xs[in_train[start : start + len(xs)]])
     y = np.concatenate(labels)
-    _check_classes(spec, y)
+    check_classes(spec, y)
     if normalize:
         mean, std = stats.result(shape)
     else:

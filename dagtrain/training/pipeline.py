@@ -54,7 +54,7 @@ from dagtrain.taskgraph import Event, Ref, TaskGraph, TraceFile
 
 from .split import Split, blocks_of, choose_split
 from .stage_state import gather_stages, load_stage_states
-from .step import FIRST_BUCKET_MB, NonFiniteGradients, _step_seed, make_optimizer
+from .step import FIRST_BUCKET_MB, NonFiniteGradients, make_optimizer, step_seed
 from .transfers import Transfers
 
 __all__ = ["PipelineStep", "stage_of"]
@@ -379,7 +379,7 @@ class PipelineStep:
         if b == a:
             return (inp, None, 0)
         torch.default_generator.manual_seed(
-            _step_seed(self.cfg.training.seed, self.backend.rank, self.step * self.M + m)
+            step_seed(self.cfg.training.seed, self.backend.rank, self.step * self.M + m)
         )
         # counted on the first step and the traced ones (a Python call per saved tensor
         # is ~5% of a small transformer's step): the peak of the steps it shows

@@ -49,7 +49,7 @@ from dagtrain.taskgraph import Event, TaskGraph, TraceFile
 
 from .overlap import OverlapChoice
 
-__all__ = ["Bucket", "NonFiniteGradients", "OverlapChoice", "StepGraph"]
+__all__ = ["Bucket", "NonFiniteGradients", "OverlapChoice", "StepGraph", "step_seed"]
 
 log = logging.getLogger(__name__)
 
@@ -308,7 +308,7 @@ class StepGraph:
             self.model.train()  # every module: 0.06 ms a step for the residual CNN)
         # the CPU generator only: torch.manual_seed also queues seeds for CUDA, MTIA and
         # XPU, formatting a stack trace each time (0.8 ms a step)
-        seed = _step_seed(self.cfg.training.seed, self.backend.rank, self.step)
+        seed = step_seed(self.cfg.training.seed, self.backend.rank, self.step)
         torch.default_generator.manual_seed(seed)
         if self.device.type == "cuda":  # dropout on a GPU draws from its own generator
             torch.cuda.manual_seed(seed)
@@ -505,7 +505,7 @@ def _noop() -> None:
     return None
 
 
-def _step_seed(seed: int, rank: int, step: int) -> int:
+def step_seed(seed: int, rank: int, step: int) -> int:
     """A seed per (run, rank, step): dropout is reproducible across a resume without
     saving every rank's generator."""
     return (seed * 1_000_003 + rank * 10_007 + step) % (2**63 - 1)

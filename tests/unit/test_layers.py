@@ -184,3 +184,37 @@ def test_the_work_behind_the_operators_and_the_dag_builders_have_distinct_names(
     close = [(a, b) for a in names for b in names if a < b and (a + "s" == b or b + "s" == a)]
     assert not close, close
     assert (PACKAGE / "cli" / "embedded.py").exists() and (PACKAGE / "cli" / "rest.py").exists()
+
+
+def private_imports(package: Path = PACKAGE) -> list[str]:
+    """Every ``from module import _name`` of a private name (not a module) of another
+    module: what crosses modules has a public name."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom) or node.module == "__future__":
+                continue
+            where = path.parent
+            for _ in range(max(node.level - 1, 0)):
+                where = where.parent
+            base = where if node.level else package.parent
+            mod = base.joinpath(*(node.module or "").split(".")) if node.module else base
+            for a in node.names:
+                sub = mod / a.name
+                module = sub.with_suffix(".py").is_file() or sub.is_dir()
+                if a.name.startswith("_") and not a.name.startswith("__") and not module:
+                    rel = path.relative_to(package.parent)
+                    found.append(f"{rel} imports {a.name} from {'.' * node.level}{node.module}")
+    return found
+
+
+def test_no_module_imports_another_modules_private_names(tmp_path):
+    assert private_imports() == []
+    # and the check can fail: a planted private import is found, a private module is not
+    import shutil
+
+    copy = tmp_path / "dagtrain"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "static"))
+    with open(copy / "cli" / "run.py", "a") as f:
+        f.write("\nfrom .rest import _planted\nfrom dagtrain.operators import _base\n")
+    assert private_imports(copy) == ["dagtrain/cli/run.py imports _planted from .rest"]
