@@ -53,6 +53,7 @@ from dagtrain.sync import Backend
 from dagtrain.taskgraph import Event, Ref, TaskGraph, TraceFile
 
 from .split import Split, blocks_of, choose_split
+from .split_backward import input_grad, weight_grads
 from .stage_state import gather_stages, load_stage_states
 from .step import FIRST_BUCKET_MB, NonFiniteGradients, make_optimizer, step_seed
 from .transfers import Transfers
@@ -418,25 +419,19 @@ class PipelineStep:
         return None if self.first else inp.grad
 
     def _backward_input(self, m: int, act: tuple, dout: torch.Tensor | None) -> Any:
-        from torch.distributed.pipelining._backward import stage_backward_input
-
         inp, out, nbytes = act
         if out is None:
             return None
-        dinputs, groups = stage_backward_input(
-            [out], None if self.last else [dout], [inp], self.module.parameters()
-        )
-        self._pending_w[m] = (groups, nbytes)
-        return dinputs[0]
+        dx, pending = input_grad(out, None if self.last else dout, inp, self.module.parameters())
+        self._pending_w[m] = (pending, nbytes)
+        return dx
 
     def _backward_weight(self, m: int, dx: Any) -> None:
-        from torch.distributed.pipelining._backward import stage_backward_weight
-
         got = self._pending_w.pop(m, None)
         if got is None:
             return
-        groups, nbytes = got
-        stage_backward_weight(self.module.parameters(), groups)
+        pending, nbytes = got
+        weight_grads(self.module.parameters(), pending)
         self._freed(nbytes)
 
     def _hook(self, bk: _Bucket) -> Callable[[torch.Tensor], None]:
