@@ -52,10 +52,11 @@ from dagtrain.errors import InputError
 from dagtrain.sync import Backend
 from dagtrain.taskgraph import Event, Ref, TaskGraph, TraceFile
 
+from .buckets import bucket_groups
 from .split import Split, blocks_of, choose_split
 from .split_backward import input_grad, weight_grads
 from .stage_state import gather_stages, load_stage_states
-from .step import FIRST_BUCKET_MB, NonFiniteGradients, make_optimizer, step_seed
+from .step import NonFiniteGradients, make_optimizer, step_seed
 from .transfers import Transfers
 
 __all__ = ["PipelineStep", "stage_of"]
@@ -612,22 +613,7 @@ class _Bucket:
 
 
 def _buckets(params: list[nn.Parameter], bucket_mb: float) -> list[_Bucket]:
-    """``params`` (in backward's order) in buckets: the first up to FIRST_BUCKET_MB,
-    the others up to ``bucket_mb``, one dtype and device each, as the data-parallel
-    step's."""
-    groups: list[list[nn.Parameter]] = []
-    cap, size = max(1, int(min(FIRST_BUCKET_MB, bucket_mb) * 2**20)), 0
-    for q in params:
-        nbytes = q.numel() * q.element_size()
-        if (
-            not groups
-            or size + nbytes > cap
-            or (groups[-1][-1].dtype, groups[-1][-1].device) != (q.dtype, q.device)
-        ):
-            if groups:
-                cap = max(1, int(bucket_mb * 2**20))
-            groups.append([])
-            size = 0
-        groups[-1].append(q)
-        size += nbytes
-    return [_Bucket(i, g) for i, g in enumerate(groups)]
+    """``params`` (in backward's order) in buckets, by the data-parallel step's rule."""
+    return [
+        _Bucket(i, [params[j] for j in g]) for i, g in enumerate(bucket_groups(params, bucket_mb))
+    ]

@@ -11,7 +11,8 @@ from torch import nn
 
 from dagtrain.sync.local import LocalBackend
 from dagtrain.training import TrainConfig, overlap
-from dagtrain.training.step import NonFiniteGradients, StepGraph, make_buckets
+from dagtrain.training.buckets import make_buckets
+from dagtrain.training.step import NonFiniteGradients, StepGraph
 
 MB = 2**20
 
@@ -41,6 +42,16 @@ def test_the_first_bucket_is_small_and_the_others_hold_up_to_bucket_mb():
     assert all(nbytes(b) <= 2.5 * MB for b in buckets[1:])
     # bucket_mb below 1 MB caps the first bucket too
     assert all(nbytes(b) <= 0.2 * MB for b in make_buckets(mlp(64, 64, 64, 64), 0.2))
+
+
+def test_a_pipeline_stage_buckets_its_gradients_by_the_same_rule():
+    from dagtrain.training.pipeline import _buckets
+
+    model = mlp(64, 512, 512, 512, 512, 64)
+    stage = _buckets(list(reversed(list(model.parameters()))), bucket_mb=2.5)
+    step = make_buckets(model, bucket_mb=2.5)
+    assert [b.flat.numel() for b in stage] == [b.flat.numel() for b in step]
+    assert [len(b.params) for b in stage] == [3, 4, 3]
 
 
 def test_every_parameter_is_in_exactly_one_bucket_in_reverse_order():
@@ -423,12 +434,12 @@ class _WithUnused(nn.Module):
 def test_gradients_copied_in_by_the_hook_or_added_by_autograd_give_the_same_parameters(
     monkeypatch, overlap
 ):
-    from dagtrain.training import step as step_module
+    from dagtrain.training import buckets as buckets_module
 
     x, y = torch.randn(8, 6, generator=torch.Generator().manual_seed(3)), torch.arange(8) % 3
     results = []
     for numel in (1, 50, 1 << 40):  # every gradient copied, the large ones, none
-        monkeypatch.setattr(step_module, "COPY_NUMEL", numel)
+        monkeypatch.setattr(buckets_module, "COPY_NUMEL", numel)
         model = _WithUnused()
         sg = step_graph(model, bucket_mb=0.0004, overlap=overlap, weight_decay=0.01)
         assert len(sg.buckets) > 2
