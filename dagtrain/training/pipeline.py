@@ -75,7 +75,7 @@ def stage_of(rank: int, replicas: int) -> tuple[int, int]:
 
 
 class PipelineStep:
-    """One rank's pipeline step, with :class:`~.step.StepGraph`'s interface:
+    """One rank's pipeline step (a :class:`~.protocol.TrainStep`):
     ``run(batch, snapshot, trace)`` -> (loss sum / world, correct, samples here).
 
     Every rank holds the whole model (built from the same seed), trains its stage's
@@ -554,6 +554,9 @@ class PipelineStep:
         """Load a checkpoint's optimizer state (any step's, any split's): this stage's
         parameters' part of it."""
         load_stage_states(self, states)
+
+    def placement(self) -> dict[str, int]:
+        return {"stage": self.stage, "replica": self.replica}
 
     def describe(self) -> dict[str, Any]:
         """What the result and the page show of this rank's pipeline."""

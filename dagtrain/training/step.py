@@ -81,7 +81,8 @@ def make_optimizer(cfg: TrainConfig, params: list[nn.Parameter]) -> torch.optim.
 
 
 class StepGraph:
-    """One rank's step: ``run(batch_x, batch_y, global_count)`` -> summed loss, correct.
+    """One rank's data-parallel step (a :class:`~.protocol.TrainStep`):
+    ``run((x, y, global_count))`` -> (loss sum / world, correct, samples).
 
     ``next_batch`` is a callable the prefetch task calls for the following step.
     """
@@ -96,6 +97,8 @@ class StepGraph:
         self.cfg = cfg
         self.model = model
         self.backend = backend
+        # each rank is a replica of its own, reading its share of each batch
+        self.replica, self.replicas = backend.rank, backend.size
         self.buckets = make_buckets(model, cfg.distributed.bucket_mb)
         first = next(model.parameters(), None)
         self.device = first.device if first is not None else torch.device("cpu")
@@ -342,6 +345,12 @@ class StepGraph:
             b.optimizer.load_state_dict(
                 {"state": _flat_state(b, mine), "param_groups": [{**hyper, "params": [0]}]}
             )
+
+    def placement(self) -> dict[str, int]:
+        return {}  # not a pipeline
+
+    def describe(self) -> None:
+        return None
 
     def close(self) -> None:
         for h in self._hooks:

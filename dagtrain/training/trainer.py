@@ -35,6 +35,7 @@ from .device import choose_device
 from .models import bounded_model, evaluate_samples
 from .pipeline import PipelineStep
 from .progress import Progress, RankStatus
+from .protocol import TrainStep
 from .rescue import Rescue, newest, remove_rescues
 from .samples import loader
 from .step import StepGraph
@@ -213,11 +214,9 @@ def _train(cfg: TrainConfig, backend: Backend) -> TrainResult:
     if cfg.parallel.stages > 1:
         # a stage's ranks of one replica read the same share of each batch
         first = ds.train.batch(torch.arange(min(len(ds.train), t.batch_size)))[0]
-        sg = PipelineStep(cfg, model, backend, first, snap)
-        share, shares = sg.replica, sg.replicas
+        sg: TrainStep = PipelineStep(cfg, model, backend, first, snap)
     else:
         sg = StepGraph(cfg, model, backend, snap)
-        share, shares = rank, world
     try:
         if world > 1:  # the launcher names a rank that never gets here as the one waited for
             mark_ready()  # in its status record, for the launcher
@@ -236,7 +235,7 @@ def _train(cfg: TrainConfig, backend: Backend) -> TrainResult:
             rescue.arm()
         if t.max_steps is not None:
             total = min(total, t.max_steps)
-        batches = _batches(ds, cfg, share, shares, start, cfg.data_workers)
+        batches = _batches(ds, cfg, sg.replica, sg.replicas, start, cfg.data_workers)
         upcoming = next(batches, None)
         sg.fetch = lambda: next(batches, None)
         sums = state["sums"]
@@ -247,8 +246,7 @@ def _train(cfg: TrainConfig, backend: Backend) -> TrainResult:
             _close_epoch(cfg, backend, model, ds, state, start // per_epoch - 1, sg.guard)
             progress.epoch(state["epochs"][-1], start)
         status = RankStatus(cfg.status_dir, rank, prompt=cfg.distributed.elastic)
-        placed = {"stage": sg.stage, "replica": sg.replica} if isinstance(sg, PipelineStep) else {}
-        status.start(start, total, resumed_epochs=result.resumed_epochs, **placed)
+        status.start(start, total, resumed_epochs=result.resumed_epochs, **sg.placement())
         while upcoming is not None and sg.step < total:
             epoch, k, batch = upcoming
             last_in_epoch = k == per_epoch - 1
@@ -294,8 +292,7 @@ def _train(cfg: TrainConfig, backend: Backend) -> TrainResult:
         result.skipped_steps = sg.skipped
         result.bucket_bytes = [b.flat.numel() * b.flat.element_size() for b in sg.buckets]
         result.epochs = state["epochs"]
-        if isinstance(sg, PipelineStep):
-            result.pipeline = sg.describe()
+        result.pipeline = sg.describe()
         result.params_sha256 = checkpoint.state_digest(model.state_dict())
         times = sorted(result.step_seconds)
         if times:
@@ -313,7 +310,7 @@ def _train(cfg: TrainConfig, backend: Backend) -> TrainResult:
 
 
 def _rescued(
-    cfg: TrainConfig, model: torch.nn.Module, sg: StepGraph, state: dict[str, Any]
+    cfg: TrainConfig, model: torch.nn.Module, sg: TrainStep, state: dict[str, Any]
 ) -> dict[str, Any] | None:
     """An elastic rank's state at its last completed step, copied (under ``sg.guard``,
     which the caller holds: see :mod:`.rescue`); None when it completed none since it
@@ -402,7 +399,7 @@ def _resume(
     cfg: TrainConfig,
     backend: Backend,
     model: torch.nn.Module,
-    sg: StepGraph,
+    sg: TrainStep,
     state: dict[str, Any],
     result: TrainResult,
 ) -> int:

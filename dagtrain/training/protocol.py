@@ -1,0 +1,74 @@
+"""What the trainer drives, whichever step a rank runs: :class:`TrainStep`.
+
+Two kinds implement it: the data-parallel step (:class:`~.step.StepGraph`, every rank
+holds the whole model and is its own replica) and the pipeline step
+(:class:`~.pipeline.PipelineStep`, a rank trains one stage of one replica).
+``tests/unit/training/test_step_protocol.py`` checks that both declare every member.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["Batch", "StepOut", "TrainStep"]
+
+Batch = tuple["torch.Tensor", "torch.Tensor", int]  # features, labels, the global count
+StepOut = tuple[float, int, int]  # loss sum over the global batch / world, correct, samples
+
+
+class TrainStep(Protocol):
+    """One rank's training step, built once and run every step.
+
+    ``step``: the steps run (the trainer sets it at the start, from the checkpoint);
+    ``completed``: those whose updates are applied; ``skipped``: those skipped for
+    non-finite gradients; ``guard``: the lock a step's updates hold (an elastic rank's
+    rescue takes it to copy a whole step); ``fetch``: what the step calls for the next
+    batch, whose result is ``prefetched`` after a step; ``out``: the last step's
+    figures; ``buckets``: the gradient buckets (each with its ``flat`` buffer);
+    ``replica``/``replicas``: which share of each global batch this rank reads."""
+
+    step: int
+    completed: int
+    skipped: int
+    guard: AbstractContextManager[Any]
+    fetch: Callable[[], Batch | None]
+    prefetched: Batch | None
+    out: StepOut
+    buckets: Sequence[Any]
+    replica: int
+    replicas: int
+
+    def run(self, batch: Batch, snapshot: bool = False, trace: str | None = None) -> StepOut:
+        """One step on ``batch``; ``snapshot``: call the snapshot callback after it
+        (a checkpoint step); ``trace``: write the step's trace there."""
+        ...
+
+    def gather(self) -> None:
+        """The whole model and its optimizer state where evaluation and a checkpoint
+        read them (all ranks call it)."""
+        ...
+
+    def optimizer_states(self) -> list[dict[str, Any]]:
+        """The optimizer state as the checkpoint holds it (after :meth:`gather`)."""
+        ...
+
+    def load_optimizer_states(self, states: list[dict[str, Any]]) -> None:
+        """Load what :meth:`optimizer_states` returned (any bucket layout, any split)."""
+        ...
+
+    def placement(self) -> dict[str, int]:
+        """Where the rank is in a pipeline (``stage``, ``replica``); empty otherwise."""
+        ...
+
+    def describe(self) -> dict[str, Any] | None:
+        """What the result and the page show of the rank's pipeline; None: none."""
+        ...
+
+    def close(self) -> None:
+        """Remove the hooks, stop the step's threads, undo what it set."""
+        ...
