@@ -405,15 +405,15 @@ def _count_dagtrain(exclude: set[int]) -> _SavedBytes:
     (its own count goes on): the cross-check job's, never a timed one."""
     import torch
 
-    from dagtrain.training.pipeline import PipelineStep
+    from dagtrain.training.activations import ActivationBytes
 
     count = _SavedBytes(exclude)
-    theirs = PipelineStep._saved_bytes
+    theirs = ActivationBytes.counting
 
     def both(self):
         seen, hooks = theirs(self)
         if not exclude:
-            exclude.update(q.untyped_storage().data_ptr() for q in self.model.parameters())
+            exclude.update(self._params)
 
         def pack_both(t, __own=hooks.pack_hook):
             __own(t)
@@ -421,7 +421,7 @@ def _count_dagtrain(exclude: set[int]) -> _SavedBytes:
 
         return seen, torch.autograd.graph.saved_tensors_hooks(pack_both, count.unpack)
 
-    PipelineStep._saved_bytes = both
+    ActivationBytes.counting = both
     return count
 
 

@@ -16,12 +16,12 @@ them what it reads through Airflow's ORM, and tests call them directly.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
 from dagtrain.changes import change_line
+from dagtrain.records.trace import Op, bubble, parse_op
 from dagtrain.stages.files import (
     TRAIN_TASK,
     ArtifactLayout,
@@ -174,10 +174,10 @@ def critical_path(events: list[dict[str, Any]]) -> list[int]:
     return path[::-1]
 
 
-# a pipeline-parallel step's compute ops: forward F{m}, backward B{m} (the input
-# gradient, or the whole backward), weight gradient W{m}, m the microbatch
-_COMPUTE = re.compile(r"[FBW]\d+")
-_BACKWARD = re.compile(r"forward-backward|[BW]\d+")
+def _is_backward(name: str) -> bool:
+    """The data-parallel step's forward-backward, a pipeline stage's B and W ops."""
+    op = parse_op(name)
+    return name == "forward-backward" or (op is not None and op[0] in (Op.BACKWARD, Op.WEIGHT))
 
 
 def _hidden_share(events: list[dict[str, Any]]) -> tuple[float, float | None]:
@@ -185,7 +185,7 @@ def _hidden_share(events: list[dict[str, Any]]) -> tuple[float, float | None]:
     data-parallel step's forward-backward, a pipeline stage's B and W ops)."""
     spans = _spans(events)
     ar = [e for e in spans if str(e.get("name", "")).startswith("allreduce")]
-    fb = [e for e in spans if _BACKWARD.fullmatch(str(e.get("name", "")))]
+    fb = [e for e in spans if _is_backward(str(e.get("name", "")))]
     total = sum(float(e.get("dur", 0)) for e in ar)
     hidden = 0.0
     for b in fb:
@@ -226,31 +226,16 @@ def _no_sync(result: dict | None) -> str | None:
     return None
 
 
-def _busy(intervals: list[tuple[float, float]]) -> float:
-    """The length of the union of ``intervals`` (overlaps counted once)."""
-    total, reach = 0.0, float("-inf")
-    for a, b in sorted(intervals):
-        if b > reach:
-            total += b - max(a, reach)
-            reach = b
-    return total
-
-
 def bubble_of(events: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """One stage rank's bubble in one traced step: 1 - (time its F/B/W ops ran, their
-    durations summed, overlaps counted once) / (its step's span: first op's start to
-    last op's end, every op). None for a trace without F/B/W ops."""
-    spans = _spans(events)
-    compute = [e for e in spans if _COMPUTE.fullmatch(str(e.get("name", "")))]
-    if not compute:
+    """One stage rank's bubble in one traced step (:func:`dagtrain.records.trace.bubble`,
+    the definition the step's result uses too), its busy and span milliseconds. None
+    for a trace without F/B/W ops."""
+    ops = [(str(e.get("name", "")), float(e["ts"]), _end(e)) for e in _spans(events)]
+    got = bubble(ops)
+    if got is None:
         return None
-    span = max(_end(e) for e in spans) - min(float(e["ts"]) for e in spans)
-    busy = _busy([(float(e["ts"]), _end(e)) for e in compute])
-    return {
-        "bubble": max(0.0, 1 - busy / span) if span > 0 else None,
-        "busy_ms": busy / 1000,
-        "span_ms": span / 1000,
-    }
+    share, busy, span = got
+    return {"bubble": share, "busy_ms": busy / 1000, "span_ms": span / 1000}
 
 
 def _int(v: Any) -> int | None:

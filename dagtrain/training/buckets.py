@@ -5,7 +5,7 @@ The rule (DDP's) is :func:`bucket_groups`, the one both step kinds use: paramete
 backward's order (the reverse of the model's), the first bucket small so that its
 allreduce starts early, the others up to ``bucket_mb``, one dtype and device each. The
 data-parallel step's :class:`Bucket` also holds its parameters in one flat tensor; a
-pipeline stage's buckets (``pipeline._Bucket``) only hold its gradients.
+pipeline stage's :class:`StageBucket` only holds its gradients.
 """
 
 from __future__ import annotations
@@ -17,7 +17,15 @@ from torch import nn
 
 from dagtrain.taskgraph import Event
 
-__all__ = ["COPY_NUMEL", "FIRST_BUCKET_MB", "Bucket", "bucket_groups", "make_buckets"]
+__all__ = [
+    "COPY_NUMEL",
+    "FIRST_BUCKET_MB",
+    "Bucket",
+    "StageBucket",
+    "bucket_groups",
+    "make_buckets",
+    "stage_buckets",
+]
 
 # a gradient of this many elements or more is copied into its bucket by a hook, not
 # added into the zeroed bucket by autograd (the 21M MLP's 2048x2048 weights; none of the
@@ -111,3 +119,27 @@ def make_buckets(
     named = [(n, p) for n, p in reversed(list(model.named_parameters())) if p.requires_grad]
     groups = bucket_groups([p for _, p in named], bucket_mb, first_mb)
     return [Bucket(i, [named[j] for j in g]) for i, g in enumerate(groups)]
+
+
+class StageBucket:
+    """Consecutive parameters whose gradients a pipeline stage's replicas average
+    together: a flat buffer, and each parameter's span of it (the parameters keep their
+    own storage and autograd's gradients, copied in when final)."""
+
+    def __init__(self, index: int, params: list[nn.Parameter]) -> None:
+        self.index = index
+        self.params = params
+        self.spans, n = [], 0
+        for q in params:
+            self.spans.append((n, n + q.numel()))
+            n += q.numel()
+        self.flat = torch.zeros(n, dtype=params[0].dtype, device=params[0].device)
+        self.event: Event | None = None  # its allreduce task's
+        self.pending = len(params)  # gradients still to come in the step's last backward
+        self.posted = False  # its average started this step
+
+
+def stage_buckets(params: list[nn.Parameter], bucket_mb: float) -> list[StageBucket]:
+    """``params`` (in backward's order) in buckets, by the data-parallel step's rule."""
+    groups = bucket_groups(params, bucket_mb)
+    return [StageBucket(i, [params[j] for j in g]) for i, g in enumerate(groups)]

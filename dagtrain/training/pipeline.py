@@ -37,41 +37,33 @@ order (the ``W`` tasks, or fused backwards, are chained), so a step is determini
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import sys
 import threading
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 import torch
 from torch import nn
 
 from dagtrain.config import TrainConfig
-from dagtrain.errors import InputError
+from dagtrain.records.trace import Op, bubble
 from dagtrain.sync import Backend
 from dagtrain.taskgraph import Event, Ref, TaskGraph, TraceFile
 
-from .buckets import bucket_groups
-from .split import Split, blocks_of, choose_split
+from .activations import ActivationBytes
+from .buckets import StageBucket, stage_buckets
+from .split import agreed_split, blocks_of, boundary_shapes
 from .split_backward import input_grad, weight_grads
-from .stage_state import gather_stages, load_stage_states
 from .step import NonFiniteGradients, make_optimizer, step_seed
 from .transfers import Transfers
 
-__all__ = ["PipelineStep", "stage_of"]
-
-log = logging.getLogger(__name__)
+__all__ = ["PipelineStep"]
 
 # the orders whose backward is two tasks: B (the input gradient) and W (the weights')
 _SPLIT_ORDERS = ("zero-bubble",)
 # seconds: how soon a thread waiting for the GIL gets it from one running Python
 SWITCH_INTERVAL = 0.0005
-
-
-def stage_of(rank: int, replicas: int) -> tuple[int, int]:
-    """(stage, replica) of ``rank``: stage-major, rank = stage * replicas + replica."""
-    return divmod(rank, replicas)
 
 
 class PipelineStep:
@@ -96,17 +88,18 @@ class PipelineStep:
         self.S, self.M = p.stages, p.microbatches
         self.D = backend.size // self.S
         self.order = p.order_used
-        self.stage, self.replica = stage_of(backend.rank, self.D)
+        self.stage, self.replica = divmod(backend.rank, self.D)  # rank = stage * D + replica
         self.replicas = self.D
         self.first, self.last = self.stage == 0, self.stage == self.S - 1
         blocks = blocks_of(model)
-        self.split = self._choose(blocks, sample)
+        mb = max(1, cfg.training.batch_size // (self.D * self.M))
+        self.split = agreed_split(backend, blocks, self.S, p.split, sample[:mb])
         a, b = self.split.ranges[self.stage]
         self.blocks = blocks
         self.module = nn.Sequential(*blocks[a:b])
         first = next(model.parameters(), None)
         self.device = first.device if first is not None else torch.device("cpu")
-        self.shapes = self._boundary_shapes(blocks, sample)
+        self.shapes = boundary_shapes(model, blocks, self.split, sample[:1].to(self.device))
         # the global order of the trainable parameters (the data-parallel step's bucket
         # order: reversed), which the checkpoint's optimizer state follows
         self.global_params = [q for _, q in reversed(list(model.named_parameters()))]
@@ -125,14 +118,13 @@ class PipelineStep:
         self._final = False  # in the step's last backward: gradients are final as they come
         self._final_m = -1
         self.buckets = (
-            _buckets(self.params, cfg.distributed.bucket_mb) if backend.size > self.S else []
+            stage_buckets(self.params, cfg.distributed.bucket_mb) if backend.size > self.S else []
         )
         self._hooks = [
             q.register_post_accumulate_grad_hook(self._hook(bk))
             for bk in self.buckets
             for q in bk.params
         ]
-        self._param_storages = {q.untyped_storage().data_ptr() for q in model.parameters()}
         self.peers_prev = backend.rank - self.D if not self.first else None
         self.peers_next = backend.rank + self.D if not self.last else None
         # every rank takes part in creating every stage's replica group
@@ -171,45 +163,9 @@ class PipelineStep:
         self.want_snapshot = False
         self.finite = True
         self._gathered_optim: list[dict[str, Any]] | None = None
-        self.live = 0  # activation bytes alive now, and the most in any step
-        self.peak_bytes = 0
-        self._lock = threading.Lock()
+        self.activations = ActivationBytes(model)  # alive now, and the most in any step
         self.bubble: float | None = None
         self.graph = self._build()
-
-    # ------------------------------------------------------------------ setup
-    def _choose(self, blocks: list[nn.Module], sample: torch.Tensor) -> Split:
-        p = self.cfg.parallel
-        mb = max(1, self.cfg.training.batch_size // (self.D * self.M))
-        split = None
-        if self.backend.rank == 0:  # rank 0 measures; every rank uses what it chose
-            try:
-                split = choose_split(blocks, self.S, p.split, sample[:mb])
-            except InputError as e:
-                split = str(e)
-        chosen = self.backend.broadcast_object(
-            split.to_dict() if isinstance(split, Split) else {"error": split}
-        )
-        if "error" in chosen:
-            raise InputError(chosen["error"])
-        if self.backend.rank == 0:
-            log.info("pipeline %s", split.describe())
-            return split
-        return Split(chosen["bounds"], chosen["blocks"], chosen["how"])
-
-    def _boundary_shapes(self, blocks, sample) -> list[tuple[tuple[int, ...], torch.dtype]]:
-        """The shape (per sample) and dtype of each stage's output."""
-        was = self.model.training
-        self.model.eval()
-        out = []
-        with torch.no_grad():
-            h = sample[:1].to(self.device)
-            for a, b in self.split.ranges:
-                for blk in blocks[a:b]:
-                    h = blk(h)
-                out.append((tuple(h.shape[1:]), h.dtype))
-        self.model.train(was)
-        return out
 
     # ------------------------------------------------------------------ graph
     def _build(self) -> TaskGraph:
@@ -217,55 +173,55 @@ class PipelineStep:
         M, s = self.M, self.stage
         split = self.order in _SPLIT_ORDERS and not self.first
         alive = M if self.order == "gpipe" else max(1, min(M, self.S - s))
-        frees = "W" if split else "B"  # the task after which a microbatch's activations go
+        frees = Op.WEIGHT if split else Op.BACKWARD  # after it, a microbatch's activations go
         back_first = self.order != "gpipe"
         pf, pb, pw, pc = (2 * M, 3 * M, M, 4 * M) if back_first else (3 * M, 2 * M, M, 4 * M)
         g.add(self._load_next, name="load-next", out="next-batch")
         # while the stage waits for its first input, not before the step
         g.add(self._zero_grads, name="zero-grads", out="grads", priority=pc)
         for m in range(M):
-            token = (f"{frees}{m - alive}",) if m >= alive else ()
+            token = (frees(m - alive),) if m >= alive else ()
             if not self.first:
                 ev = Event()
                 g.add(
-                    self._recv_act, m, ev, name=f"recv-act{m}", out=f"in{m}",
+                    self._recv_act, m, ev, name=Op.RECV_ACT(m), out=f"in{m}",
                     detach=ev, after=token, priority=pc - m,
                 )  # fmt: skip
             g.add(
                 self._forward, m, Ref(f"in{m}") if not self.first else None,
-                name=f"F{m}", out=f"act{m}", in_="params", after=token, priority=pf - m,
+                name=Op.FORWARD(m), out=f"act{m}", in_="params", after=token, priority=pf - m,
             )  # fmt: skip
             if not self.last:
                 ev = Event()
                 g.add(
-                    self._send_act, m, Ref(f"act{m}"), ev, name=f"send-act{m}",
+                    self._send_act, m, Ref(f"act{m}"), ev, name=Op.SEND_ACT(m),
                     detach=ev, priority=pc - m,
                 )  # fmt: skip
                 ev = Event()
                 g.add(
-                    self._recv_grad, m, ev, name=f"recv-grad{m}", out=f"dout{m}",
-                    detach=ev, after=f"F{m}", priority=pc - m,
+                    self._recv_grad, m, ev, name=Op.RECV_GRAD(m), out=f"dout{m}",
+                    detach=ev, after=Op.FORWARD(m), priority=pc - m,
                 )  # fmt: skip
         for m in range(M):
             dout = Ref(f"dout{m}") if not self.last else None
             if split:
                 g.add(
-                    self._backward_input, m, Ref(f"act{m}"), dout, name=f"B{m}",
+                    self._backward_input, m, Ref(f"act{m}"), dout, name=Op.BACKWARD(m),
                     out=f"dx{m}", priority=pb - m,
                 )  # fmt: skip
                 g.add(
-                    self._backward_weight, m, Ref(f"dx{m}"), name=f"W{m}",
+                    self._backward_weight, m, Ref(f"dx{m}"), name=Op.WEIGHT(m),
                     inout="grads", priority=pw - m,
                 )  # fmt: skip
             else:
                 g.add(
-                    self._backward, m, Ref(f"act{m}"), dout, name=f"B{m}",
+                    self._backward, m, Ref(f"act{m}"), dout, name=Op.BACKWARD(m),
                     out=f"dx{m}", inout="grads", priority=pb - m,
                 )  # fmt: skip
             if not self.first:
                 ev = Event()
                 g.add(
-                    self._send_grad, m, Ref(f"dx{m}"), ev, name=f"send-grad{m}",
+                    self._send_grad, m, Ref(f"dx{m}"), ev, name=Op.SEND_GRAD(m),
                     detach=ev, priority=pc - m,
                 )  # fmt: skip
         reduced = ["grads"]
@@ -305,7 +261,7 @@ class PipelineStep:
             f"activation from rank {self.peers_prev} (stage {self.stage - 1})"
         )
         h = self.backend.recv_async(buf, self.peers_prev, m, what)
-        self._waiters["recv-act"].post(h, event, buf, f"recv-act{m}")
+        self._waiters["recv-act"].post(h, event, buf, Op.RECV_ACT(m))
         return buf
 
     def _send_act(self, m: int, act: tuple, event: Event) -> None:
@@ -321,7 +277,7 @@ class PipelineStep:
             f"activation to rank {self.peers_next} (stage {self.stage + 1})"
         )
         h = self.backend.send_async(out, self.peers_next, m, what)
-        self._waiters["send-act"].post(h, event, out, f"send-act{m}")
+        self._waiters["send-act"].post(h, event, out, Op.SEND_ACT(m))
 
     def _recv_grad(self, m: int, event: Event) -> torch.Tensor:
         a, b = self._mb(m)
@@ -335,7 +291,7 @@ class PipelineStep:
             f"gradient from rank {self.peers_next} (stage {self.stage + 1})"
         )
         h = self.backend.recv_async(buf, self.peers_next, self.M + m, what)
-        self._waiters["recv-grad"].post(h, event, buf, f"recv-grad{m}")
+        self._waiters["recv-grad"].post(h, event, buf, Op.RECV_GRAD(m))
         return buf
 
     def _send_grad(self, m: int, dx: torch.Tensor | None, event: Event) -> None:
@@ -348,27 +304,7 @@ class PipelineStep:
         )
         dx = dx.contiguous()
         h = self.backend.send_async(dx, self.peers_prev, self.M + m, what)
-        self._waiters["send-grad"].post(h, event, dx, f"send-grad{m}")
-
-    def _saved_bytes(self) -> Any:
-        """The bytes of the tensors autograd saves in a forward (parameters excluded; in
-        each storage, the union of the regions saved, so a microbatch saved as a view of
-        its batch counts its own rows, a tensor saved twice once) and the hooks that
-        count them. ``pack`` keeps a detached alias: the tensor itself would tie its
-        ``grad_fn`` to the graph that saves it, a cycle the split backward never frees."""
-        regions: dict[int, set[tuple[int, int]]] = {}
-
-        def pack(t: torch.Tensor) -> torch.Tensor:
-            st = t.untyped_storage()
-            ptr = st.data_ptr()
-            if ptr not in self._param_storages and t.numel() and t.device.type != "meta":
-                size = t.element_size()
-                start = t.storage_offset() * size
-                extent = 1 + sum((n - 1) * abs(k) for n, k in zip(t.shape, t.stride()))
-                regions.setdefault(ptr, set()).add((start, start + extent * size))
-            return t.detach()
-
-        return regions, torch.autograd.graph.saved_tensors_hooks(pack, _unpack)
+        self._waiters["send-grad"].post(h, event, dx, Op.SEND_GRAD(m))
 
     def _forward(self, m: int, inp: torch.Tensor | None) -> tuple:
         a, b = self._mb(m)
@@ -385,7 +321,7 @@ class PipelineStep:
         )
         # counted on the first step and the traced ones (a Python call per saved tensor
         # is ~5% of a small transformer's step): the peak of the steps it shows
-        seen, hooks = self._saved_bytes() if self._counting else ({}, contextlib.nullcontext())
+        seen, hooks = self.activations.counting() if self._counting else ({}, nullcontext())
         with hooks:
             out = self.module(inp)
             if self.last:
@@ -396,15 +332,7 @@ class PipelineStep:
                 self.sums[1] += correct
                 self.sums[2] += b - a
                 out = loss
-        nbytes = sum(_union(r) for r in seen.values())
-        with self._lock:
-            self.live += nbytes
-            self.peak_bytes = max(self.peak_bytes, self.live)
-        return (inp, out, nbytes)
-
-    def _freed(self, nbytes: int) -> None:
-        with self._lock:
-            self.live -= nbytes
+        return (inp, out, self.activations.held(seen))
 
     def _backward(self, m: int, act: tuple, dout: torch.Tensor | None) -> torch.Tensor | None:
         inp, out, nbytes = act
@@ -416,7 +344,7 @@ class PipelineStep:
                 torch.autograd.backward(out, None if self.last else dout)
             finally:
                 self._final = False
-        self._freed(nbytes)
+        self.activations.freed(nbytes)
         return None if self.first else inp.grad
 
     def _backward_input(self, m: int, act: tuple, dout: torch.Tensor | None) -> Any:
@@ -433,9 +361,9 @@ class PipelineStep:
             return
         pending, nbytes = got
         weight_grads(self.module.parameters(), pending)
-        self._freed(nbytes)
+        self.activations.freed(nbytes)
 
-    def _hook(self, bk: _Bucket) -> Callable[[torch.Tensor], None]:
+    def _hook(self, bk: StageBucket) -> Callable[[torch.Tensor], None]:
         """A parameter's gradient is in: in the step's last backward, the bucket's last
         one starts the bucket's average while backward goes on with the layers before."""
 
@@ -447,12 +375,12 @@ class PipelineStep:
 
         return fire
 
-    def _allreduce(self, bk: _Bucket, event: Event) -> None:
+    def _allreduce(self, bk: StageBucket, event: Event) -> None:
         # (the step's last backward started it where every gradient of the bucket came)
         if not bk.posted:
             self._post_allreduce(bk)
 
-    def _post_allreduce(self, bk: _Bucket) -> None:
+    def _post_allreduce(self, bk: StageBucket) -> None:
         bk.posted = True
         what = (
             f"rank {self.backend.rank} (stage {self.stage}): averaging gradient bucket "
@@ -508,7 +436,7 @@ class PipelineStep:
         self._final_m = max((m for m in range(self.M) if sizes[m]), default=-1)
         for bk in self.buckets:
             bk.pending, bk.posted = len(bk.params), False
-        self.live = 0
+        self.activations.live = 0
         if not self.model.training:
             self.model.train()
         rank = self.backend.rank
@@ -529,19 +457,72 @@ class PipelineStep:
         return (self.sums[0], self.sums[1], self.sums[2]) if self.last else (0.0, 0, 0)
 
     def _bubble(self) -> float | None:
-        """1 - (time in F, B, W) / (the step's span), from the last run's tasks."""
-        tasks = [t for t in self.graph.tasks if t.t1 > 0]
-        if not tasks:
-            return None
-        span = max(t.t1 for t in tasks) - min(t.t0 for t in tasks)
-        busy = sum(t.t1 - t.t0 for t in tasks if t.name[:1] in "FBW" and t.name[1:].isdigit())
-        return max(0.0, 1.0 - busy / span) if span > 0 else None
+        """The last run's bubble (:func:`dagtrain.records.trace.bubble`)."""
+        got = bubble((t.name, t.t0, t.t1) for t in self.graph.tasks if t.t1 > 0)
+        return None if got is None else got[0]
 
     # ------------------------------------------------------------------ state
+    # The checkpoint's optimizer state has the data-parallel step's format: per
+    # parameter, in reversed ``named_parameters`` order (the order backward fills the
+    # buckets in), whatever the buckets or the split, so a checkpoint resumes on any
+    # number of stages or without a pipeline.
     def gather(self) -> None:
         """Every stage's parameters, buffers and optimizer state onto every rank (all
         ranks call it): broadcast from each stage's first replica."""
-        self._gathered_optim = gather_stages(self)
+        optim: list[tuple[int, dict[str, Any]]] = []
+        probe = make_optimizer(self.cfg, [nn.Parameter(torch.zeros(1))])
+        hyper = {k: v for k, v in probe.state_dict()["param_groups"][0].items() if k != "params"}
+        for s, (a, b) in enumerate(self.split.ranges):
+            root = s * self.D
+            stage = nn.Sequential(*self.blocks[a:b])
+            tensors = [t for t in stage.state_dict(keep_vars=True).values()]
+            self.backend.broadcast([t.data for t in tensors], root=root)
+            states = self._stage_states() if s == self.stage and self.replica == 0 else None
+            layout = self.backend.broadcast_object(
+                None
+                if states is None
+                else [[i, {k: _layout(v) for k, v in st.items()}] for i, st in states],
+                root=root,
+            )
+            got: list[tuple[int, dict[str, Any]]] = []
+            for i, desc in layout:
+                st = {}
+                for k, d in desc.items():
+                    if isinstance(d, dict) and "shape" in d:
+                        st[k] = (
+                            dict(states)[i][k].contiguous()
+                            if states is not None
+                            else torch.empty(d["shape"], dtype=getattr(torch, d["dtype"]))
+                        )
+                    else:
+                        st[k] = d
+                got.append((i, st))
+            tensors = [v for _, st in got for _, v in sorted(st.items()) if torch.is_tensor(v)]
+            self.backend.broadcast(tensors, root=root)
+            optim.extend(got)
+        per, n = dict(optim), len(self.global_params)
+        self._gathered_optim = [
+            {
+                "state": {i: per[i] for i in range(n) if per.get(i)},
+                "param_groups": [{**hyper, "params": list(range(n))}],
+            }
+        ]
+
+    def _stage_states(self) -> list[tuple[int, dict[str, Any]]]:
+        """This stage's optimizer state per parameter, by global parameter index."""
+        if self.optimizer is None:
+            return []
+        state = self.optimizer.state_dict()["state"]
+        return [
+            (
+                self.index[id(q)],
+                {
+                    k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v)
+                    for k, v in state.get(j, {}).items()
+                },
+            )
+            for j, q in enumerate(self.params)
+        ]
 
     def optimizer_states(self) -> list[dict[str, Any]]:
         """The whole model's optimizer state, as the data-parallel step saves it (one
@@ -551,9 +532,36 @@ class PipelineStep:
         return self._gathered_optim
 
     def load_optimizer_states(self, states: list[dict[str, Any]]) -> None:
-        """Load a checkpoint's optimizer state (any step's, any split's): this stage's
-        parameters' part of it."""
-        load_stage_states(self, states)
+        """Load the part of a checkpoint's optimizer state (any split's, or a
+        data-parallel run's) that holds this stage's parameters."""
+        per_param: list[dict[str, Any]] = []
+        for st in states:
+            for group in st["param_groups"]:
+                per_param += [
+                    st["state"].get(i, st["state"].get(str(i), {})) for i in group["params"]
+                ]
+        if len(per_param) != len(self.global_params):
+            raise ValueError(
+                f"the checkpoint's optimizer state has {len(per_param)} parameters, this "
+                f"model {len(self.global_params)}: resume with the same model"
+            )
+        if self.optimizer is None:
+            return
+        hyper = {k: v for k, v in states[0]["param_groups"][0].items() if k != "params"}
+        mine = {j: per_param[self.index[id(q)]] for j, q in enumerate(self.params)}
+        for j, q in enumerate(self.params):
+            for k, v in mine[j].items():
+                if isinstance(v, torch.Tensor) and k != "step" and v.shape != q.shape:
+                    raise ValueError(
+                        f"the checkpoint's optimizer state {k!r} of {self.names[j]} does not "
+                        f"have the parameter's shape {tuple(q.shape)}: resume with the same model"
+                    )
+        self.optimizer.load_state_dict(
+            {
+                "state": {j: st for j, st in mine.items() if st},
+                "param_groups": [{**hyper, "params": list(range(len(self.params)))}],
+            }
+        )
 
     def placement(self) -> dict[str, int]:
         return {"stage": self.stage, "replica": self.replica}
@@ -572,7 +580,7 @@ class PipelineStep:
             "stage_costs": [round(x * 1e3, 4) for x in self.split.stage_seconds],
             "stage": self.stage,
             "replica": self.replica,
-            "peak_activation_bytes": self.peak_bytes,
+            "peak_activation_bytes": self.activations.peak,
             "bubble": self.bubble,
         }
 
@@ -584,39 +592,8 @@ class PipelineStep:
         sys.setswitchinterval(self._switch_interval)
 
 
-def _unpack(t: torch.Tensor) -> torch.Tensor:
-    return t
-
-
-def _union(regions: set[tuple[int, int]]) -> int:
-    """Bytes covered by byte ranges [a, b)."""
-    total, end = 0, -1
-    for a, b in sorted(regions):
-        if b > end:
-            total += b - max(a, end)
-            end = b
-    return total
-
-
-class _Bucket:
-    """Consecutive parameters whose gradients a stage's replicas average together: a
-    flat buffer, and each parameter's span of it."""
-
-    def __init__(self, index: int, params: list[nn.Parameter]) -> None:
-        self.index = index
-        self.params = params
-        self.spans, n = [], 0
-        for q in params:
-            self.spans.append((n, n + q.numel()))
-            n += q.numel()
-        self.flat = torch.zeros(n, dtype=params[0].dtype, device=params[0].device)
-        self.event: Event | None = None  # its allreduce task's
-        self.pending = len(params)  # gradients still to come in the step's last backward
-        self.posted = False  # its average started this step
-
-
-def _buckets(params: list[nn.Parameter], bucket_mb: float) -> list[_Bucket]:
-    """``params`` (in backward's order) in buckets, by the data-parallel step's rule."""
-    return [
-        _Bucket(i, [params[j] for j in g]) for i, g in enumerate(bucket_groups(params, bucket_mb))
-    ]
+def _layout(v: Any) -> Any:
+    """An optimizer state's value as a broadcast object: a tensor's shape and dtype."""
+    if isinstance(v, torch.Tensor):
+        return {"shape": list(v.shape), "dtype": str(v.dtype).removeprefix("torch.")}
+    return v

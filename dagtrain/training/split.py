@@ -17,10 +17,12 @@ the bytes sent between stages as the tie-breaker).
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -30,13 +32,17 @@ from dagtrain.errors import InputError
 __all__ = [
     "BlockCost",
     "Split",
+    "agreed_split",
     "balanced_split",
     "blocks_of",
+    "boundary_shapes",
     "check_blocks",
     "check_stages",
     "choose_split",
     "profile_blocks",
 ]
+
+log = logging.getLogger(__name__)
 
 
 def blocks_of(model: nn.Module) -> list[nn.Module]:
@@ -229,3 +235,43 @@ def check_blocks(model: nn.Module, stages: int, split: str | list[int]) -> int:
 def _median(xs: list[float]) -> float:
     s = sorted(xs)
     return s[len(s) // 2] if s else 0.0
+
+
+def agreed_split(
+    backend: Any, blocks: list[nn.Module], stages: int, spec: str | list[int], sample: torch.Tensor
+) -> Split:
+    """The split every rank uses: rank 0 chooses it (measuring ``sample``, one
+    microbatch, where ``spec`` says ``auto``) and broadcasts it; an InputError it met is
+    raised on every rank."""
+    split: Split | str | None = None
+    if backend.rank == 0:
+        try:
+            split = choose_split(blocks, stages, spec, sample)
+        except InputError as e:
+            split = str(e)
+    chosen = backend.broadcast_object(
+        split.to_dict() if isinstance(split, Split) else {"error": split}
+    )
+    if "error" in chosen:
+        raise InputError(chosen["error"])
+    if isinstance(split, Split):
+        log.info("pipeline %s", split.describe())
+        return split
+    return Split(chosen["bounds"], chosen["blocks"], chosen["how"])
+
+
+def boundary_shapes(
+    model: nn.Module, blocks: list[nn.Module], split: Split, sample: torch.Tensor
+) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    """The shape (per sample) and dtype of each stage's output, from one sample."""
+    was = model.training
+    model.eval()
+    out = []
+    with torch.no_grad():
+        h = sample
+        for a, b in split.ranges:
+            for blk in blocks[a:b]:
+                h = blk(h)
+            out.append((tuple(h.shape[1:]), h.dtype))
+    model.train(was)
+    return out

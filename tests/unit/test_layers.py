@@ -1,7 +1,7 @@
 """The layers import downward only, and the package layout says so.
 
     taskgraph      sync      launch        (base: atomic, changes, config, errors, rank_env,
-                                            tracking)
+                                            records, tracking)
           \\         |        /
                training
                   |
@@ -32,6 +32,7 @@ BASE = {
     "dagtrain.errors",
     "dagtrain.names",
     "dagtrain.rank_env",
+    "dagtrain.records",
     "dagtrain.redact",
     "dagtrain.tracking",
 }
@@ -43,6 +44,7 @@ ALLOWED = {
     "dagtrain.errors": set(),
     "dagtrain.names": set(),
     "dagtrain.redact": set(),
+    "dagtrain.records": set(),  # the standard library only
     "dagtrain.rank_env": {"dagtrain.atomic", "dagtrain.errors", "dagtrain.names"},
     "dagtrain.config": {"dagtrain.errors", "dagtrain.redact"},
     # MLflow (optional): the stages' logging and the records the training page reads

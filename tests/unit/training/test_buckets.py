@@ -45,10 +45,10 @@ def test_the_first_bucket_is_small_and_the_others_hold_up_to_bucket_mb():
 
 
 def test_a_pipeline_stage_buckets_its_gradients_by_the_same_rule():
-    from dagtrain.training.pipeline import _buckets
+    from dagtrain.training.buckets import stage_buckets
 
     model = mlp(64, 512, 512, 512, 512, 64)
-    stage = _buckets(list(reversed(list(model.parameters()))), bucket_mb=2.5)
+    stage = stage_buckets(list(reversed(list(model.parameters()))), bucket_mb=2.5)
     step = make_buckets(model, bucket_mb=2.5)
     assert [b.flat.numel() for b in stage] == [b.flat.numel() for b in step]
     assert [len(b.params) for b in stage] == [3, 4, 3]

@@ -1,0 +1,66 @@
+"""The ops of a pipeline stage's step, as its trace names them, and its bubble.
+
+A stage rank's step graph names each compute op by its kind and microbatch (``F3``:
+the forward of microbatch 3, ``B3`` its backward or input gradient, ``W3`` its weight
+gradient) and each transfer by direction and microbatch (``send-act3``,
+``recv-grad3``). The pipeline step builds the names with :class:`Op`; the training
+page reads them back with :func:`parse_op`. The bubble, one definition for the step
+(its result) and the page (its traces), is :func:`bubble`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from enum import StrEnum
+
+__all__ = ["COMPUTE", "Op", "bubble", "is_compute", "parse_op"]
+
+
+class Op(StrEnum):
+    """A pipeline op's kind; ``Op.FORWARD(3)`` is its name for microbatch 3."""
+
+    FORWARD = "F"
+    BACKWARD = "B"  # the input gradient where the order splits backward, else all of it
+    WEIGHT = "W"  # the weights' gradient, split from backward
+    SEND_ACT = "send-act"
+    RECV_ACT = "recv-act"
+    SEND_GRAD = "send-grad"
+    RECV_GRAD = "recv-grad"
+
+    def __call__(self, m: int) -> str:
+        return f"{self.value}{m}"
+
+
+COMPUTE = frozenset({Op.FORWARD, Op.BACKWARD, Op.WEIGHT})
+
+_NAME = re.compile(r"(F|B|W|send-act|recv-act|send-grad|recv-grad)(\d+)")
+
+
+def parse_op(name: str) -> tuple[Op, int] | None:
+    """``(kind, microbatch)`` of a pipeline op's name; None for any other task."""
+    m = _NAME.fullmatch(name)
+    return (Op(m.group(1)), int(m.group(2))) if m else None
+
+
+def is_compute(name: str) -> bool:
+    got = parse_op(name)
+    return got is not None and got[0] in COMPUTE
+
+
+def bubble(ops: Iterable[tuple[str, float, float]]) -> tuple[float, float, float] | None:
+    """A stage rank's bubble in one step from its ops ``(name, start, end)``: ``(1 -
+    busy / span, busy, span)``, ``busy`` the time its F/B/W ops ran (their union:
+    overlaps counted once), ``span`` the step's (the first op's start to the last op's
+    end, every op). None without F/B/W ops or with an empty span."""
+    ops = list(ops)
+    compute = sorted((a, b) for name, a, b in ops if is_compute(name))
+    if not compute:
+        return None
+    span = max(b for _, _, b in ops) - min(a for _, a, _ in ops)
+    busy, reach = 0.0, float("-inf")
+    for a, b in compute:
+        if b > reach:
+            busy += b - max(a, reach)
+            reach = b
+    return (max(0.0, 1 - busy / span), busy, span) if span > 0 else None
