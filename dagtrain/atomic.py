@@ -1,4 +1,5 @@
-"""Atomic file writes: a reader sees the whole new file or the old one, never half.
+"""Atomic file writes: a reader sees the whole new file or the old one, never half;
+and appends of whole JSON lines (``append_line``), which a reader never sees half of.
 
 Temp file in the same directory, fsync, rename over the target (and fsync the
 directory where the rename must survive a crash). Standard library only: a base module of
@@ -11,12 +12,14 @@ server or a colleague in the same group can read what a training task wrote.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
-__all__ = ["atomic_write", "fsync_dir"]
+__all__ = ["append_line", "atomic_write", "fsync_dir"]
 
 
 def _umask() -> int:
@@ -56,5 +59,18 @@ def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def append_line(path: str | Path, record: Any) -> None:
+    """Append ``record`` to ``path`` as one JSON line, in one ``write`` on an
+    ``O_APPEND`` descriptor: concurrent writers (rank 0, the launching side, the
+    listener) never interleave, and a reader never sees half a line. A new file gets
+    the permissions ``atomic_write`` gives (0666 less the umask)."""
+    line = (json.dumps(record, default=str) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        os.write(fd, line)
     finally:
         os.close(fd)

@@ -21,7 +21,7 @@ from typing import Any
 
 from airflow.listeners import hookimpl
 
-from dagtrain.stages.files import append_json_line
+from dagtrain.atomic import append_line
 
 __all__ = ["PROGRESS_VARIABLE"]
 
@@ -45,7 +45,7 @@ def _emit(event: str, ti: Any, **extra: Any) -> None:
         "time": time.time(),
         **extra,
     }
-    append_json_line(path, record)
+    append_line(path, record)
 
 
 @hookimpl

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,7 +59,6 @@ __all__ = [
     "DataFiles",
     "RunLayout",
     "TrainFiles",
-    "append_json_line",
     "atomic_write",
     "read_json",
     "round_sync_task",
@@ -417,17 +415,6 @@ def _describe(parts: tuple[str, ...]) -> str | None:
 
 def write_json(path: Path, obj: Any) -> None:
     atomic_write(path, (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode())
-
-
-def append_json_line(path: str | Path, obj: Any) -> None:
-    """Append ``obj`` as one JSON line, with a single ``write`` on an ``O_APPEND``
-    descriptor: concurrent writers never interleave, a reader never sees half a line."""
-    line = (json.dumps(obj, default=str) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line)
-    finally:
-        os.close(fd)
 
 
 def read_json(path: Path) -> Any:

@@ -40,11 +40,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from dagtrain.atomic import append_line
 from dagtrain.config import DistributedConfig, PipelineConfig, TrainConfig
 from dagtrain.errors import InputError
 from dagtrain.rank_env import CODE_PATH
 
-from .files import ArtifactLayout, TrainFiles, append_json_line, shard_split, write_json
+from .files import ArtifactLayout, TrainFiles, shard_split, write_json
 from .prep import data_file, manifest_of
 
 __all__ = [
@@ -97,7 +98,7 @@ def record_try(metrics_file: str | Path, try_number: int) -> None:
     ranks start): the ``start`` line rank 0 appends next belongs to it, and a try that
     failed before training started is still a try (the training page lists them)."""
     Path(metrics_file).parent.mkdir(parents=True, exist_ok=True)
-    append_json_line(metrics_file, {"kind": "try", "try": int(try_number), "time": time.time()})
+    append_line(metrics_file, {"kind": "try", "try": int(try_number), "time": time.time()})
 
 
 def code_path(*folders: str | Path | None) -> dict[str, str]:

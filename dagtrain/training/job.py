@@ -13,13 +13,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dagtrain.atomic import append_line
 from dagtrain.changes import change_line
 from dagtrain.config import TrainConfig
 from dagtrain.errors import InputError
 from dagtrain.launch import Hosts, Job, RankFailure, launch
 from dagtrain.sync import require
-
-from .progress import append_line
 
 if TYPE_CHECKING:
     from .trainer import TrainResult

@@ -10,16 +10,16 @@ live.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import time
 from pathlib import Path
 from typing import Any
 
+from dagtrain.atomic import append_line
 from dagtrain.rank_env import StatusRecord, record_path, this_rank
 
-__all__ = ["Progress", "RankStatus", "append_line", "percentile"]
+__all__ = ["Progress", "RankStatus", "percentile"]
 
 
 def percentile(sorted_values: list[float], q: float) -> float | None:
@@ -28,18 +28,6 @@ def percentile(sorted_values: list[float], q: float) -> float | None:
         return None
     i = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
     return sorted_values[i]
-
-
-def append_line(path: str | Path, record: dict[str, Any]) -> None:
-    """Append ``record`` to the metrics file ``path`` as one JSON line, in one write on
-    an ``O_APPEND`` descriptor: a reader never sees half a line, and the launching side
-    (an elastic run's world changes, ``kind`` ``world``) may append beside rank 0."""
-    line = json.dumps(record, default=str) + "\n"
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
-    try:
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)
 
 
 class Progress:
