@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from dagtrain.changes import change_line
+from dagtrain.records import metrics
 from dagtrain.records.trace import Op, bubble, parse_op
 from dagtrain.stages.files import (
     TRAIN_TASK,
@@ -38,7 +39,6 @@ __all__ = [
     "config_diff",
     "critical_path",
     "curves_of",
-    "epochs_of",
     "merged_trace",
     "pipeline_of",
     "progress_of",
@@ -88,18 +88,7 @@ def _json(root: Path, path: Path) -> Any:
 
 
 def _lines(root: Path, path: Path) -> list[dict[str, Any]]:
-    p = _inside(root, path)
-    try:
-        text = p.read_text()
-    except OSError:
-        return []
-    out = []
-    for raw in text.splitlines():
-        try:
-            out.append(json.loads(raw))
-        except ValueError:
-            continue  # a line still being written
-    return out
+    return metrics.read(_inside(root, path))
 
 
 def progress_of(root: Path, dag_id: str, run_id: str, after: float = 0.0) -> list[dict[str, Any]]:
@@ -112,15 +101,6 @@ def progress_of(root: Path, dag_id: str, run_id: str, after: float = 0.0) -> lis
         rel = f.relative_to(run.dir).as_posix()
         out += [m | {"file": rel} for m in _lines(root, f) if float(m.get("time") or 0) > after]
     return sorted(out, key=lambda m: float(m.get("time") or 0))
-
-
-def epochs_of(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per epoch (the newest try's, when a retry trained it again)."""
-    rows: dict[int, dict[str, Any]] = {}
-    for m in metrics:
-        if m.get("kind") == "epoch":
-            rows[int(m["epoch"])] = {k: v for k, v in m.items() if k != "kind"}
-    return [rows[e] for e in sorted(rows)]
 
 
 def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
@@ -579,7 +559,7 @@ def curves_of(root: Path, dag_id: str, run_ids: list[str]) -> list[dict[str, Any
     """Each run's per-epoch metrics (runs without any left out), for overlaid curves."""
     out = []
     for run_id in run_ids:
-        epochs = epochs_of(_lines(root, _run(root, dag_id, run_id).train.metrics))
+        epochs = metrics.epochs(_lines(root, _run(root, dag_id, run_id).train.metrics))
         if epochs:
             out.append({"run_id": run_id, "epochs": epochs})
     return out
@@ -594,7 +574,7 @@ def _rounds(root: Path, run: Any, stages: list[dict[str, Any]]) -> list[dict[str
         shards = []
         for k, sd in run.shards_of(r).items():
             res = _json(root, sd.result) or {}
-            epochs = epochs_of(_lines(root, sd.metrics))
+            epochs = metrics.epochs(_lines(root, sd.metrics))
             shards.append(
                 {
                     "shard": k,
@@ -631,7 +611,7 @@ def run_report(
     train = run.train
     result = _json(root, train.result)
     config = _json(root, train.config)
-    metrics = _lines(root, train.metrics)
+    lines = _lines(root, train.metrics)
     failures = [
         f | {"try": n}
         for n, f in ((n, _json(root, p)) for n, p in train.failures().items())
@@ -646,7 +626,7 @@ def run_report(
     champ_config = (champ or {}).get("lineage", {}).get("config_values")
     train_state = next((s["state"] for s in stages if s["task_id"] == TRAIN_TASK), None)
     train_try = next((s.get("try_number") for s in stages if s["task_id"] == TRAIN_TASK), None)
-    tries = tries_of(metrics, failures, train_try)
+    tries = tries_of(lines, failures, train_try)
     told = (result or {}).get("world_changes")
     if tries and isinstance(told, list) and not any(t["world_changes"] for t in tries):
         # a metrics file without the world lines: the result's, the newest try's
@@ -657,7 +637,7 @@ def run_report(
     return {
         "run_id": run_id,
         "stages": stages,
-        "epochs": epochs_of(metrics),
+        "epochs": metrics.epochs(lines),
         "config": config,
         "config_vs_file": config_diff(config or {}, file_config),
         "config_vs_champion": config_diff(config or {}, champ_config),

@@ -1,5 +1,7 @@
 """What dagtrain writes to disk that another part reads, typed in one place.
 
-Standard library only: a base package every layer may import. Today: the op names of a
-pipeline stage's step trace and the bubble read from them (:mod:`.trace`).
+Standard library only (and ``dagtrain.atomic``): a base package every layer may import.
+:mod:`.metrics`: a training task's ``metrics.jsonl`` (its lines, their one writer each
+and their readers, an elastic run's :class:`~.metrics.WorldChange`); :mod:`.trace`: the
+op names of a pipeline stage's step trace and the bubble read from them.
 """

@@ -34,16 +34,15 @@ the round's evaluate and promote do.)
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from dagtrain.atomic import append_line
 from dagtrain.config import DistributedConfig, PipelineConfig, TrainConfig
 from dagtrain.errors import InputError
 from dagtrain.rank_env import CODE_PATH
+from dagtrain.records import metrics
 
 from .files import ArtifactLayout, TrainFiles, shard_split, write_json
 from .prep import data_file, manifest_of
@@ -97,8 +96,7 @@ def record_try(metrics_file: str | Path, try_number: int) -> None:
     """Mark in a training task's metrics file that try ``try_number`` begins (before its
     ranks start): the ``start`` line rank 0 appends next belongs to it, and a try that
     failed before training started is still a try (the training page lists them)."""
-    Path(metrics_file).parent.mkdir(parents=True, exist_ok=True)
-    append_line(metrics_file, {"kind": "try", "try": int(try_number), "time": time.time()})
+    metrics.append(metrics_file, metrics.try_line(try_number))
 
 
 def code_path(*folders: str | Path | None) -> dict[str, str]:

@@ -25,6 +25,7 @@ from typing import Any
 
 from dagtrain import redact
 from dagtrain.config import PipelineConfig
+from dagtrain.records import metrics
 
 from . import records
 
@@ -69,24 +70,6 @@ def flatten(d: Any, prefix: str = "") -> dict[str, str]:
 def _param(v: Any) -> str:
     text = v if isinstance(v, str) else json.dumps(v, sort_keys=True)
     return text[:_PARAM_VALUE_MAX]
-
-
-def epoch_rows(metrics_file: Path) -> list[dict[str, Any]]:
-    """One row per epoch of a training task's metrics file (the newest try's, when a
-    retry trained an epoch again), in epoch order."""
-    rows: dict[int, dict[str, Any]] = {}
-    try:
-        lines = Path(metrics_file).read_text().splitlines()
-    except OSError:
-        return []
-    for line in lines:
-        try:
-            m = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(m, dict) and m.get("kind") == "epoch" and "epoch" in m:
-            rows[int(m["epoch"])] = m
-    return [rows[e] for e in sorted(rows)]
 
 
 def _number(v: Any) -> float | None:
@@ -305,7 +288,7 @@ class Tracker:
             self.client.log_batch(run, params=params[i : i + _BATCH])
         logged = {m.step for m in self.client.get_metric_history(run, "epoch")}
         rows: list[tuple[str, float, int]] = []
-        for e in epoch_rows(folder / "metrics.jsonl"):
+        for e in metrics.epochs(metrics.read(folder / "metrics.jsonl")):
             step = int(e.get("step") or 0)
             if step in logged:
                 continue

@@ -28,7 +28,8 @@ relaunch, the same for mpi, torch and horovod.
   resumes from the checkpoint. Every try first probes the hosts and starts on those
   that answer.
 
-Each change is a dict (``WorldChange``): ``change`` (``restart``/``shrink``/``grow``),
+Each change is a :class:`~dagtrain.records.metrics.WorldChange`, told and kept as its
+public fields (a ``world`` line of the metrics file): ``change`` (``restart``/``shrink``/``grow``),
 ``step`` (where the new world starts), ``from``/``to`` (ranks), ``ranks`` (the ranks
 lost, as the old world numbered them), ``hosts``, ``why``, ``steps_lost`` (steps
 trained again: the step in flight, and any completed after the newest saved state),
@@ -56,6 +57,7 @@ from dagtrain.config import TrainConfig
 from dagtrain.launch import Hosts, Job, RankFailure, RankInputError, answers
 from dagtrain.launch.diagnose import STALLED, stalled_rank
 from dagtrain.rank_env import REGROW
+from dagtrain.records.metrics import WorldChange
 from dagtrain.sync import GAVE_UP
 
 __all__ = ["PROBE_EVERY", "World", "is_loss", "lost_ranks", "run_elastic"]
@@ -257,8 +259,8 @@ def run_elastic(
     for host in _silent(spec, list(world.slots)):  # every try starts on the hosts that answer
         world.leave_out(host)
         say(f"dagtrain: host {host} does not answer: this try starts without it")
-    changes: list[dict[str, Any]] = []
-    pending: dict[str, Any] | None = None
+    changes: list[WorldChange] = []
+    pending: WorldChange | None = None
     began: dict[str, Any] = {}  # the first world's rank 0 record: where the try began
     while True:
         n = world.size
@@ -283,7 +285,7 @@ def run_elastic(
 
         def started(
             job: Job,
-            change: dict[str, Any] | None = pending,
+            change: WorldChange | None = pending,
             jobs: list[Job] = jobs,
             stop: threading.Event = stop,
         ) -> None:
@@ -341,20 +343,16 @@ def run_elastic(
                 if where[r] not in silent and not world.lose_slot(where[r], _slot(job, r, spec))
             ]
             hosts_lost = list(dict.fromkeys([*(where[r] for r in lost), *silent]))
-            pending = {
-                "kind": "world",
-                "change": "shrink" if world.size < n else "restart",
-                "step": None,
-                "from": n,
-                "to": world.size,
-                "ranks": lost,
-                "hosts": hosts_lost,
-                "why": why,
-                "steps_lost": None,
-                "seconds": None,
-                "time": _lost_at(job, lost, quiet),
-                "_reached": _reached(job),
-            }
+            pending = WorldChange(
+                "shrink" if world.size < n else "restart",
+                n,
+                world.size,
+                why,
+                _lost_at(job, lost, quiet),
+                ranks=lost,
+                hosts=hosts_lost,
+                reached=_reached(job),
+            )
             if world.size < d.fewest_ranks:  # no change of world: the try fails
                 reason = (
                     f"{world.size} rank(s) left, fewer than distributed.min_ranks {d.fewest_ranks}"
@@ -372,7 +370,7 @@ def run_elastic(
             again = "; its slot used again" if len(lost) == 1 else "; their slots used again"
             say(
                 f"dagtrain: {why}"
-                + (again if pending["change"] == "restart" else "")
+                + (again if pending.change == "restart" else "")
                 + f"; going on with {world.size} of {d.ranks} rank(s)"
                 + (f" ({', '.join(left_out)} left out)" if left_out else "")
             )
@@ -384,7 +382,7 @@ def run_elastic(
         pending = None
         began = began or _began(jobs[-1] if jobs else None)
         if result.stopped_for != "regrow":
-            result.world_changes = [_public(c) for c in changes]
+            result.world_changes = [c.public() for c in changes]
             if changes and began:  # what this try did: from where its first world began
                 start = int(began.get("start_step") or 0)
                 result.resumed_from_step = start or None
@@ -396,21 +394,18 @@ def run_elastic(
             continue
         for h in back:
             world.take_back(h)
-        pending = {
-            "kind": "world",
-            "change": "grow",
-            "step": result.steps,
-            "from": n,
-            "to": world.size,
-            "ranks": [],
-            "hosts": back,
-            "why": f"host {', '.join(back)} answers again",
-            "steps_lost": 0,
-            "seconds": None,
-            "time": time.time(),
-        }
+        pending = WorldChange(
+            "grow",
+            n,
+            world.size,
+            f"host {', '.join(back)} answers again",
+            time.time(),
+            step=result.steps,
+            hosts=back,
+            steps_lost=0,
+        )
         changes.append(pending)
-        say(f"dagtrain: {pending['why']}: going on with {world.size} of {d.ranks} rank(s)")
+        say(f"dagtrain: {pending.why}: going on with {world.size} of {d.ranks} rank(s)")
 
 
 def _silent(spec: Hosts | None, hosts: list[str]) -> list[str]:
@@ -423,10 +418,6 @@ def _silent(spec: Hosts | None, hosts: list[str]) -> list[str]:
     with ThreadPoolExecutor(max(1, len(hosts))) as pool:
         answered = list(pool.map(lambda h: answers(spec, h, PROBE_TIMEOUT), hosts))
     return [h for h, ok in zip(hosts, answered) if not ok]
-
-
-def _public(change: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in change.items() if not k.startswith("_")}
 
 
 def _began(job: Job | None) -> dict[str, Any]:
@@ -458,7 +449,7 @@ def _probe_left_out(
 
 def _time_recovery(
     job: Job,
-    change: dict[str, Any],
+    change: WorldChange,
     stop: threading.Event,
     on_change: Callable[[dict[str, Any]], None] | None,
 ) -> None:
@@ -471,31 +462,28 @@ def _time_recovery(
         ended = stop.is_set() or time.monotonic() > deadline
         rec = job.records.get(0) or {}
         if rec.get("first_step_time") is not None and rec.get("start_step") is not None:
-            change["step"] = int(rec["start_step"])
-            change["seconds"] = round(float(rec["first_step_time"]) - change["time"], 3)
-            reached = change.get("_reached")
-            if reached is not None and change["change"] != "grow":
-                change["steps_lost"] = max(0, reached + 1 - change["step"])
+            change.step = int(rec["start_step"])
+            change.seconds = round(float(rec["first_step_time"]) - change.time, 3)
+            if change.reached is not None and change.change != "grow":
+                change.steps_lost = max(0, change.reached + 1 - change.step)
             break
         if ended:
             break
         time.sleep(0.05)
-    change.pop("_reached", None)
     if on_change is not None:
-        on_change(_public(change))
-    change["_told"] = True
+        on_change(change.public())
+    change.told = True
 
 
 def _settle(
     timer: threading.Thread | None,
-    change: dict[str, Any] | None,
+    change: WorldChange | None,
     on_change: Callable[[dict[str, Any]], None] | None,
 ) -> None:
     """Wait for the timing of ``change``; tell it untimed if no timer ran (the world
     failed before it started)."""
     if timer is not None:
         timer.join(timeout=FIRST_STEP_WAIT)
-    elif change is not None and not change.get("_told") and on_change is not None:
-        change.pop("_reached", None)
-        on_change(_public(change))
-        change["_told"] = True
+    elif change is not None and not change.told and on_change is not None:
+        on_change(change.public())
+        change.told = True

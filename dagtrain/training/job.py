@@ -13,11 +13,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dagtrain.atomic import append_line
 from dagtrain.changes import change_line
 from dagtrain.config import TrainConfig
 from dagtrain.errors import InputError
 from dagtrain.launch import Hosts, Job, RankFailure, launch
+from dagtrain.records import metrics
 from dagtrain.sync import require
 
 if TYPE_CHECKING:
@@ -127,7 +127,7 @@ def run_training(
 
         def changed(change: dict) -> None:
             if cfg.metrics_file:
-                append_line(cfg.metrics_file, change)
+                metrics.append(cfg.metrics_file, change)
             if on_line is not None:  # the task's log: the line the CLI shows too
                 on_line(f"dagtrain: {change_line(change)}")
             if on_change is not None:

@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dagtrain.atomic import append_line
 from dagtrain.rank_env import StatusRecord, record_path, this_rank
+from dagtrain.records import metrics
 
 __all__ = ["Progress", "RankStatus", "percentile"]
 
@@ -31,10 +31,9 @@ def percentile(sorted_values: list[float], q: float) -> float | None:
 
 
 class Progress:
-    """Rank 0's progress, one JSON line per event appended to ``metrics_file``: what a
-    task tails to show each epoch as it ends. ``kind`` is ``start`` (step, total_steps,
-    steps_per_epoch, resumed_from_step), ``epoch`` (the epoch's metrics, step,
-    total_steps, samples_per_second since the previous line, elapsed) or ``end``."""
+    """Rank 0's progress, one line per event appended to ``metrics_file``
+    (:mod:`dagtrain.records.metrics`: ``start``, ``epoch``, ``end``): what a task tails
+    to show each epoch as it ends."""
 
     def __init__(self, path: str | None, batch_size: int) -> None:
         self.path = path
@@ -45,40 +44,23 @@ class Progress:
         self.step_last = 0
         self.total = 0
 
-    def _write(self, record: dict[str, Any]) -> None:
+    def _write(self, line: dict[str, Any]) -> None:
         if self.path is not None:
-            append_line(self.path, {**record, "time": time.time()})
+            metrics.append(self.path, line)
 
     def start(self, step: int, total: int, per_epoch: int, resumed: int | None) -> None:
         self.step_last, self.total = step, total
         self.t0 = self.t_last = time.time()
-        self._write(
-            {
-                "kind": "start",
-                "step": step,
-                "total_steps": total,
-                "steps_per_epoch": per_epoch,
-                "resumed_from_step": resumed,
-            }
-        )
+        self._write(metrics.start_line(step, total, per_epoch, resumed))
 
     def epoch(self, row: dict[str, Any], step: int) -> None:
         now = time.time()
         rate = (step - self.step_last) * self.batch / max(now - self.t_last, 1e-9)
         self.t_last, self.step_last = now, step
-        self._write(
-            {
-                "kind": "epoch",
-                **row,
-                "step": step,
-                "total_steps": self.total,
-                "samples_per_second": rate,
-                "elapsed": now - self.t0,
-            }
-        )
+        self._write(metrics.epoch_line(row, step, self.total, rate, now - self.t0))
 
     def end(self, step: int) -> None:
-        self._write({"kind": "end", "step": step, "total_steps": self.total})
+        self._write(metrics.end_line(step, self.total))
 
 
 class RankStatus:

@@ -44,7 +44,7 @@ ALLOWED = {
     "dagtrain.errors": set(),
     "dagtrain.names": set(),
     "dagtrain.redact": set(),
-    "dagtrain.records": set(),  # the standard library only
+    "dagtrain.records": {"dagtrain.atomic"},
     "dagtrain.rank_env": {"dagtrain.atomic", "dagtrain.errors", "dagtrain.names"},
     "dagtrain.config": {"dagtrain.errors", "dagtrain.redact"},
     # MLflow (optional): the stages' logging and the records the training page reads
@@ -52,6 +52,7 @@ ALLOWED = {
         "dagtrain.atomic",
         "dagtrain.config",
         "dagtrain.errors",
+        "dagtrain.records",
         "dagtrain.redact",
     },
     "dagtrain.taskgraph": {"dagtrain.atomic"},

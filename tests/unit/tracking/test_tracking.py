@@ -11,7 +11,7 @@ import pytest
 from dagtrain.config import PipelineConfig
 from dagtrain.errors import InputError, MissingDependency
 from dagtrain.tracking import check_tracking, mlflow_links, require_client, tracking_uri
-from dagtrain.tracking.tracker import epoch_rows, flatten
+from dagtrain.tracking.tracker import flatten
 
 
 def tracked(**tracking) -> PipelineConfig:
@@ -72,19 +72,6 @@ def test_params_are_dotted_keys_with_json_values():
         "model.name": "mlp",
         "model.args": '{"hidden": [16]}',
     }
-
-
-def test_epoch_rows_keep_the_newest_try_of_each_epoch(tmp_path):
-    f = tmp_path / "metrics.jsonl"
-    lines = [
-        {"kind": "try", "try": 1},
-        {"kind": "epoch", "epoch": 0, "step": 20, "train_loss": 1.0},
-        {"kind": "epoch", "epoch": 1, "step": 40, "train_loss": 0.9},
-        {"kind": "try", "try": 2},
-        {"kind": "epoch", "epoch": 1, "step": 40, "train_loss": 0.8},
-    ]
-    f.write_text("".join(json.dumps(x) + "\n" for x in lines) + "{half a line")
-    assert [(r["epoch"], r["train_loss"]) for r in epoch_rows(f)] == [(0, 1.0), (1, 0.8)]
 
 
 def test_links_come_from_the_records_and_only_for_http(tmp_path):
