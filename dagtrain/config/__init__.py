@@ -25,6 +25,7 @@ from __future__ import annotations
 from .files import (
     apply_sets,
     deep_merge,
+    dotted,
     explain,
     load_config,
     merge_conf,
@@ -86,6 +87,7 @@ __all__ = [
     "config_schema",
     "dag_params",
     "deep_merge",
+    "dotted",
     "without_file_only",
     "load_config",
     "merge_conf",

@@ -13,6 +13,7 @@ from .schema import BUILTIN_MODELS, FILE_ONLY, NOT_APPLICABLE, ConfigError, Pipe
 __all__ = [
     "apply_sets",
     "deep_merge",
+    "dotted",
     "without_file_only",
     "load_config",
     "merge_conf",
@@ -128,6 +129,22 @@ def _load_config(p: Path) -> PipelineConfig:
 
 
 # -- overrides ---------------------------------------------------------------------------
+
+
+def dotted(d: Any, prefix: str = "") -> dict[str, Any]:
+    """A config (or part of one) as dotted keys: ``{"training.lr": 0.1, ...}``. A
+    model's ``args`` stay one value (its factory's keyword arguments), as does an empty
+    section."""
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, dict) and v and k != "args":
+            out.update(dotted(v, key))
+        else:
+            out[key] = v
+    return out
 
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

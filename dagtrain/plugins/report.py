@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from dagtrain.changes import change_line
+from dagtrain.config import dotted
 from dagtrain.records import metrics
 from dagtrain.records.trace import Op, bubble, parse_op
 from dagtrain.stages.files import (
@@ -103,25 +104,12 @@ def progress_of(root: Path, dag_id: str, run_id: str, after: float = 0.0) -> lis
     return sorted(out, key=lambda m: float(m.get("time") or 0))
 
 
-def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(d, dict):
-        return {prefix: d}
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}.{k}" if prefix else str(k)
-        if isinstance(v, dict) and v and k != "args":
-            out.update(_flatten(v, key))
-        else:
-            out[key] = v
-    return out
-
-
 def config_diff(effective: dict[str, Any], other: dict[str, Any] | None) -> list[dict]:
     """Fields of the sections ``effective`` has whose value differs in ``other``."""
     if not other:
         return []
-    mine = _flatten({k: v for k, v in effective.items() if isinstance(v, dict)})
-    theirs = _flatten({k: other.get(k) for k in effective if isinstance(effective[k], dict)})
+    mine = dotted({k: v for k, v in effective.items() if isinstance(v, dict)})
+    theirs = dotted({k: other.get(k) for k in effective if isinstance(effective[k], dict)})
     return [
         {"field": k, "run": mine[k], "other": theirs.get(k)}
         for k in sorted(mine)

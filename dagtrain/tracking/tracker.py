@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from dagtrain import redact
-from dagtrain.config import PipelineConfig
+from dagtrain.config import PipelineConfig, dotted
 from dagtrain.records import metrics
 
 from . import records
@@ -52,19 +52,10 @@ _BATCH = 100  # MLflow's log_batch takes at most 100 params or tags, 1000 metric
 _NOT_METRICS = ("kind", "epoch", "step", "total_steps", "time", "try")
 
 
-def flatten(d: Any, prefix: str = "") -> dict[str, str]:
+def params_of(config: dict[str, Any]) -> dict[str, str]:
     """A config as MLflow params: dotted keys (``training.lr``), lists and a model's
     ``args`` as JSON, every value a string."""
-    if not isinstance(d, dict) or (prefix.endswith(".args") and d):
-        return {prefix: _param(d)}
-    out: dict[str, str] = {}
-    for k, v in d.items():
-        key = f"{prefix}.{k}" if prefix else str(k)
-        if isinstance(v, dict) and v:
-            out.update(flatten(v, key))
-        else:
-            out[key] = _param(v)
-    return out
+    return {k: _param(v) for k, v in dotted(config).items()}
 
 
 def _param(v: Any) -> str:
@@ -283,7 +274,7 @@ class Tracker:
         config = records.read(folder / "config.json")
         result = records.read(folder / "result.json")
         have = self.client.get_run(run).data.params
-        params = [Param(k, v) for k, v in flatten(config).items() if k not in have]
+        params = [Param(k, v) for k, v in params_of(config).items() if k not in have]
         for i in range(0, len(params), _BATCH):
             self.client.log_batch(run, params=params[i : i + _BATCH])
         logged = {m.step for m in self.client.get_metric_history(run, "epoch")}

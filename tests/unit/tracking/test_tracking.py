@@ -11,7 +11,7 @@ import pytest
 from dagtrain.config import PipelineConfig
 from dagtrain.errors import InputError, MissingDependency
 from dagtrain.tracking import check_tracking, mlflow_links, require_client, tracking_uri
-from dagtrain.tracking.tracker import flatten
+from dagtrain.tracking.tracker import params_of
 
 
 def tracked(**tracking) -> PipelineConfig:
@@ -66,7 +66,7 @@ def test_a_connection_without_host_is_refused(monkeypatch):
 
 def test_params_are_dotted_keys_with_json_values():
     cfg = {"training": {"lr": 0.1, "epochs": 3}, "model": {"name": "mlp", "args": {"hidden": [16]}}}
-    assert flatten(cfg) == {
+    assert params_of(cfg) == {
         "training.lr": "0.1",
         "training.epochs": "3",
         "model.name": "mlp",
