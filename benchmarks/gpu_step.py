@@ -230,7 +230,7 @@ def measure(model: dict, args, ds, device) -> dict[str, Any]:
 def run_pipeline(device: str, backend: str, timeout: float, env: dict[str, str]) -> dict:
     """``dagtrain run`` on a copy of the digits pipeline, one rank on ``device``."""
     from dagtrain.config import load_config
-    from dagtrain.stages.files import ArtifactLayout, RunLayout
+    from dagtrain.records.layout import ArtifactLayout, RunLayout
 
     sets = {"distributed.device": device, "distributed.ranks": 1, "distributed.backend": backend}
     with tempfile.TemporaryDirectory(prefix="gpu-step-") as tmp:

@@ -26,7 +26,7 @@ from dagtrain.operators import (
     PromoteOperator,
     RoundAveragingOperator,
 )
-from dagtrain.stages.files import (
+from dagtrain.records.layout import (
     EVALUATE_TASK,
     PREPARE_TASK,
     PROMOTE_TASK,

@@ -41,7 +41,7 @@ from typing import Any
 
 from dagtrain.atomic import atomic_write
 from dagtrain.errors import FAIL_FAST
-from dagtrain.names import RANK_RECORD
+from dagtrain.records.names import RANK_RECORD
 
 __all__ = [
     "CODE_PATH",

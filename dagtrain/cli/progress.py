@@ -79,7 +79,7 @@ def dag_order(downstream: dict[str, Iterable[str]], tie: Callable[[str], Any] = 
 def label_of(path: str | Path) -> str:
     """The training task a metrics file belongs to: ``train``, or a round's shard
     (``rounds/round-01/shard-00/metrics.jsonl``: ``round_1_train[0]``)."""
-    from dagtrain.stages.files import RunLayout
+    from dagtrain.records.layout import RunLayout
 
     task, index = RunLayout.task_of(path)
     return task if index < 0 else f"{task}[{index}]"
@@ -190,7 +190,7 @@ class Progress:
     def _metric_files(self) -> list[Path]:
         if self.run_dir is None:
             return []
-        from dagtrain.stages.files import RunLayout
+        from dagtrain.records.layout import RunLayout
 
         files = [t.metrics for t in RunLayout(self.run_dir).training_folders()]
         return [f for f in files if f.exists()]

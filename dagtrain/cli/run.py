@@ -206,7 +206,7 @@ def _run(
     (imports, routes, the DAG parsed) while the model check runs; the metadata database
     is migrated once the check has passed, then the API serves and the run starts."""
     from dagtrain.errors import InputError, MissingDependency
-    from dagtrain.stages.files import ArtifactLayout
+    from dagtrain.records.layout import ArtifactLayout
 
     from .embedded import ExecutionAPI, go, stop_all, the_dag
 
@@ -419,7 +419,7 @@ def _mlflow_lines(cfg: PipelineConfig, run_dir: Path, champ: dict | None) -> lis
     stages wrote: the run, the champion's model version, or what is still to log."""
     if cfg.tracking is None:
         return []
-    from dagtrain.stages.files import ArtifactLayout
+    from dagtrain.records.layout import ArtifactLayout
     from dagtrain.tracking import mlflow_links
 
     links = mlflow_links(run_dir, ArtifactLayout.of(cfg).registry)
@@ -450,7 +450,7 @@ def _summary(
     log: Path,
     interrupts: Interrupts,
 ) -> None:
-    from dagtrain.stages.files import ArtifactLayout, read_json
+    from dagtrain.records.layout import ArtifactLayout, read_json
     from dagtrain.stages.registry import champion, promoted_in
 
     from .summary import outcome_lines

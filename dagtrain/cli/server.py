@@ -109,7 +109,7 @@ def trigger(
         if not wait:
             return
         final = _follow(client, dag_id, run_id, timeout)
-        from dagtrain.stages.files import EVALUATE_TASK, PROMOTE_TASK, TRAIN_TASK
+        from dagtrain.records.layout import EVALUATE_TASK, PROMOTE_TASK, TRAIN_TASK
 
         from .summary import outcome_lines
 

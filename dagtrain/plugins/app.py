@@ -24,7 +24,7 @@ wrote, from the run's artifact root only (``report``). Built on the first reques
 from pathlib import Path
 from typing import Any
 
-from dagtrain.stages.files import PREPARE_TASK
+from dagtrain.records.layout import PREPARE_TASK
 
 __all__ = ["LazyApp", "create_app"]
 

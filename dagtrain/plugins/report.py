@@ -2,7 +2,7 @@
 
 Everything comes from files the stages wrote under the pipeline's artifact root (found
 through the run's ``prepare_data`` XCom, whose ``dir`` is a prepared data folder), each
-found through ``dagtrain.stages.files.ArtifactLayout``: the run's training folder (its
+found through ``dagtrain.records.layout.ArtifactLayout``: the run's training folder (its
 config, result, metrics, traces, rank records and failure records), its evaluation, its
 rounds (round-based pipelines) and the registry. A pipeline-parallel run (its result's
 ``pipeline``, its rank records' ``stage`` and ``replica``) also gets each stage rank's
@@ -23,14 +23,14 @@ from urllib.parse import unquote, urlparse
 from dagtrain.changes import change_line
 from dagtrain.config import dotted
 from dagtrain.records import metrics
-from dagtrain.records.trace import Op, bubble, parse_op
-from dagtrain.stages.files import (
+from dagtrain.records.layout import (
     TRAIN_TASK,
     ArtifactLayout,
     TrainFiles,
     round_sync_task,
     round_train_task,
 )
+from dagtrain.records.trace import Op, bubble, parse_op
 
 from . import tracking_links
 

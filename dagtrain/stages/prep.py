@@ -23,8 +23,7 @@ import numpy as np
 
 from dagtrain.config import PipelineConfig
 from dagtrain.errors import InputError
-
-from .files import (
+from dagtrain.records.layout import (
     ArtifactLayout,
     DataFiles,
     atomic_write,
@@ -33,6 +32,7 @@ from .files import (
     shard_split,
     write_json,
 )
+
 from .sources import check_source, fetch_url, source_kind
 
 __all__ = ["data_file", "manifest_of", "prepare", "prepare_stage", "verify_manifest"]

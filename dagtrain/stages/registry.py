@@ -28,9 +28,9 @@ from typing import Any
 
 from dagtrain.config import PipelineConfig
 from dagtrain.errors import InputError
-from dagtrain.names import SIDECAR
+from dagtrain.records.layout import ArtifactLayout, DataFiles, atomic_write, read_json, write_json
+from dagtrain.records.names import SIDECAR
 
-from .files import ArtifactLayout, DataFiles, atomic_write, read_json, write_json
 from .verdict import better
 
 __all__ = [

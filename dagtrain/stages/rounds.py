@@ -25,8 +25,7 @@ from typing import Any
 
 from dagtrain.config import PipelineConfig
 from dagtrain.errors import InputError
-
-from .files import ArtifactLayout, RunLayout, TrainFiles, atomic_write, sha256_file
+from dagtrain.records.layout import ArtifactLayout, RunLayout, TrainFiles, atomic_write, sha256_file
 
 __all__ = ["ShardError", "global_model", "shard_delta", "sync_round", "sync_stage", "write_delta"]
 

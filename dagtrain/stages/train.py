@@ -43,8 +43,8 @@ from dagtrain.config import DistributedConfig, PipelineConfig, TrainConfig
 from dagtrain.errors import InputError
 from dagtrain.rank_env import CODE_PATH
 from dagtrain.records import metrics
+from dagtrain.records.layout import ArtifactLayout, TrainFiles, shard_split, write_json
 
-from .files import ArtifactLayout, TrainFiles, shard_split, write_json
 from .prep import data_file, manifest_of
 
 __all__ = [
@@ -226,7 +226,7 @@ def train_stage(
 
 def manifest_path(manifest: dict[str, Any]) -> Path:
     """The manifest file of a prepared data version (``manifest_of``'s output)."""
-    from .files import DataFiles
+    from dagtrain.records.layout import DataFiles
 
     return DataFiles(Path(manifest["dir"])).manifest
 

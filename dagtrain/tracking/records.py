@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import quote
 
 from dagtrain.atomic import atomic_write
+from dagtrain.records.names import MLFLOW_PENDING, MLFLOW_RECORD
 
 __all__ = [
     "PENDING",
@@ -28,9 +29,8 @@ __all__ = [
     "write",
 ]
 
-RECORD = "mlflow.json"
-PENDING = "mlflow-pending.json"
-REGISTRY_RECORD = "mlflow.json"
+RECORD = REGISTRY_RECORD = MLFLOW_RECORD
+PENDING = MLFLOW_PENDING
 
 
 def read(path: Path) -> dict[str, Any]:

@@ -26,6 +26,8 @@ from typing import Any
 from dagtrain import redact
 from dagtrain.config import PipelineConfig, dotted
 from dagtrain.records import metrics
+from dagtrain.records.layout import RunLayout, TrainFiles
+from dagtrain.records.names import SIDECAR
 
 from . import records
 
@@ -270,16 +272,16 @@ class Tracker:
         from mlflow.entities import Param
 
         run = self._run_id()
-        folder = Path(train_dir)
-        config = records.read(folder / "config.json")
-        result = records.read(folder / "result.json")
+        folder = TrainFiles(Path(train_dir))
+        config = records.read(folder.config)
+        result = records.read(folder.result)
         have = self.client.get_run(run).data.params
         params = [Param(k, v) for k, v in params_of(config).items() if k not in have]
         for i in range(0, len(params), _BATCH):
             self.client.log_batch(run, params=params[i : i + _BATCH])
         logged = {m.step for m in self.client.get_metric_history(run, "epoch")}
         rows: list[tuple[str, float, int]] = []
-        for e in metrics.epochs(metrics.read(folder / "metrics.jsonl")):
+        for e in metrics.epochs(metrics.read(folder.metrics)):
             step = int(e.get("step") or 0)
             if step in logged:
                 continue
@@ -297,11 +299,10 @@ class Tracker:
                 rows.append((k, n, last))
         self._metrics(run, rows)
         self._tags(run, {"dagtrain.backend": result.get("backend")})
-        traces = folder / "traces"
-        if traces.is_dir() and any(traces.iterdir()):
-            self.client.log_artifacts(run, str(traces), "traces")
-        if (folder / "result.json").exists():
-            self.client.log_artifact(run, str(folder / "result.json"), "dagtrain")
+        if folder.traces.is_dir() and any(folder.traces.iterdir()):
+            self.client.log_artifacts(run, str(folder.traces), "traces")
+        if folder.result.exists():
+            self.client.log_artifact(run, str(folder.result), "dagtrain")
         if manifest and Path(manifest).exists():
             self.client.log_artifact(run, manifest, "data")
         if changes:
@@ -314,7 +315,7 @@ class Tracker:
         """The test metrics (the evaluate task's output file), in the same run."""
         run = self._run_id()
         ev = records.read(Path(evaluation))
-        step = int(records.read(self.run_dir / "train" / "result.json").get("steps") or 0)
+        step = int(records.read(RunLayout(self.run_dir).train.result).get("steps") or 0)
         self._metrics(run, [(k, v, step) for k, v in _numbers(ev.get("metrics") or {})])
         self._tags(run, {"dagtrain.evaluation": ev.get("reason")})
 
@@ -381,7 +382,7 @@ class Tracker:
     def _register(self, run: str, entry: dict[str, Any]) -> str:
         model = Path(entry["path"])
         self.client.log_artifact(run, str(model), "model")
-        sidecar = model.with_name(model.name + ".json")
+        sidecar = model.with_name(SIDECAR(name=model.name))
         if sidecar.exists():
             self.client.log_artifact(run, str(sidecar), "model")
         source = f"{self.client.get_run(run).info.artifact_uri}/model"

@@ -25,7 +25,7 @@ import torch
 
 from dagtrain.atomic import atomic_write, fsync_dir
 from dagtrain.errors import InputError
-from dagtrain.names import CHECKPOINT, SIDECAR
+from dagtrain.records.names import CHECKPOINT, SIDECAR
 
 __all__ = ["latest", "load", "save", "state_digest"]
 

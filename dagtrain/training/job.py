@@ -18,6 +18,7 @@ from dagtrain.config import TrainConfig
 from dagtrain.errors import InputError
 from dagtrain.launch import Hosts, Job, RankFailure, launch
 from dagtrain.records import metrics
+from dagtrain.records.layout import TrainFiles
 from dagtrain.sync import require
 
 if TYPE_CHECKING:
@@ -80,13 +81,13 @@ def run_training(
     with tempfile.TemporaryDirectory(prefix="dagtrain-run-", dir=work_dir) as tmp:
         # the status records: where the training page reads them, else beside the
         # exchanged files (on storage every host shares when work_dir is)
-        status_dir = Path(cfg.status_dir or Path(tmp) / "ranks")
+        exchanged = TrainFiles(Path(tmp))  # the files the ranks read and write, as a task's
+        status_dir = Path(cfg.status_dir or exchanged.ranks)
 
         def launch_world(
             run_cfg: TrainConfig, world: Hosts | None, started: Callable[[Job], None]
         ) -> TrainResult:
-            cfg_path = Path(tmp) / "config.json"
-            out = Path(tmp) / "result.json"
+            cfg_path, out = exchanged.config, exchanged.result
             out.unlink(missing_ok=True)
             cfg_path.write_text(run_cfg.model_dump_json())
 

@@ -25,8 +25,8 @@ import torch
 
 from dagtrain.config import TrainConfig
 from dagtrain.errors import InputError
-from dagtrain.names import EPOCH_TRACE, LAST_TRACE
 from dagtrain.rank_env import FIRST_COLLECTIVE, REGROW, STATUS_DIR, mark_ready, stopping
+from dagtrain.records.names import EPOCH_TRACE, LAST_TRACE
 from dagtrain.sync import Backend, get_backend
 
 from . import checkpoint

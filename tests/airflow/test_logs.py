@@ -112,7 +112,7 @@ def test_a_killed_rank_shows_as_the_tasks_error_with_its_exception(airflow, fail
         assert "    RankFailure: rank 1 was killed by SIGKILL" in after, after
         assert "kills itself" in after
     # the try the training operator recorded before it launched the ranks (the page's tries)
-    from dagtrain.stages.files import ArtifactLayout
+    from dagtrain.records.layout import ArtifactLayout
 
     metrics = (
         ArtifactLayout(airflow["art"] / "tiny_fail", "dagtrain_tiny_fail").run(failed).train.metrics

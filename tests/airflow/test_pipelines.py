@@ -72,7 +72,7 @@ def every_file_is_named_by_the_layout(root: Path, stdout: str) -> None:
     names, and what the CLI summary, the operators' outputs and the training page show
     of them is found through it."""
     from dagtrain.plugins import report
-    from dagtrain.stages.files import ArtifactLayout
+    from dagtrain.records.layout import ArtifactLayout
 
     layout = ArtifactLayout(root, f"dagtrain_{root.name}")
     files = [f for f in root.rglob("*") if f.is_file()]

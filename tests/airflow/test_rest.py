@@ -98,7 +98,7 @@ def test_trigger_starts_a_run_that_succeeds_and_its_conf_reaches_the_ranks(airfl
     assert re.search(r"^validation accuracy [\d.]+ \(after 2 epoch", r.stdout, re.M), r.stdout
     assert re.search(r"^test accuracy [\d.]+ \(test loss", r.stdout, re.M), r.stdout
     assert re.search(r"^(promoted v\d|not promoted: )", r.stdout, re.M), r.stdout
-    from dagtrain.stages.files import safe_name
+    from dagtrain.records.layout import safe_name
 
     run_id = re.search(r"triggered dagtrain_tiny run (\S+)", r.stdout).group(1)
     run = airflow["art"] / "tiny" / "runs" / "dagtrain_tiny" / safe_name(run_id)

@@ -314,7 +314,7 @@ def xcom(tmp_path: Path, task: str, run_id: str) -> dict[str, Any]:
 
 def xcom_run_id(tmp_path: Path, run_dir: Path) -> str:
     """The Airflow run id of the run whose artifacts are ``run_dir``."""
-    from dagtrain.stages.files import safe_name
+    from dagtrain.records.layout import safe_name
 
     (run_id,) = {r for _, r, _ in _xcoms(tmp_path) if safe_name(r) == run_dir.name}
     return run_id

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from dagtrain.rank_env import read_records
-from dagtrain.stages.files import safe_name
+from dagtrain.records.layout import safe_name
 
 from .conftest import ELASTIC, Cluster, kill_namespace, marked, wait_for
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from dagtrain.launch import Hosts, RankFailure
-from dagtrain.stages.files import safe_name
+from dagtrain.records.layout import safe_name
 from dagtrain.training import TrainConfig, run_training
 
 from .conftest import (

@@ -30,7 +30,6 @@ BASE = {
     "dagtrain.changes",
     "dagtrain.config",
     "dagtrain.errors",
-    "dagtrain.names",
     "dagtrain.rank_env",
     "dagtrain.records",
     "dagtrain.redact",
@@ -42,10 +41,10 @@ ALLOWED = {
     "dagtrain.atomic": set(),
     "dagtrain.changes": set(),
     "dagtrain.errors": set(),
-    "dagtrain.names": set(),
     "dagtrain.redact": set(),
-    "dagtrain.records": {"dagtrain.atomic"},
-    "dagtrain.rank_env": {"dagtrain.atomic", "dagtrain.errors", "dagtrain.names"},
+    # what one part writes and another reads: the layout, file names, typed records
+    "dagtrain.records": {"dagtrain.atomic", "dagtrain.config"},
+    "dagtrain.rank_env": {"dagtrain.atomic", "dagtrain.errors", "dagtrain.records.names"},
     "dagtrain.config": {"dagtrain.errors", "dagtrain.redact"},
     # MLflow (optional): the stages' logging and the records the training page reads
     "dagtrain.tracking": {
@@ -68,7 +67,7 @@ ALLOWED = {
         "dagtrain.plugins.links",
         "dagtrain.tracking",
     },
-    "dagtrain.pipelines": {"dagtrain.config", "dagtrain.operators", "dagtrain.stages.files"},
+    "dagtrain.pipelines": {"dagtrain.config", "dagtrain.operators", "dagtrain.records.layout"},
     "dagtrain.plugins": BASE | {"dagtrain.stages"},
     "dagtrain.cli": BASE
     | {"dagtrain", "dagtrain.docs", "dagtrain.sync", "dagtrain.stages", "dagtrain.plugins"},

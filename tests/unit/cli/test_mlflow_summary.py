@@ -7,7 +7,7 @@ import json
 
 from dagtrain.cli.run import _mlflow_lines
 from dagtrain.config import load_config
-from dagtrain.stages.files import ArtifactLayout
+from dagtrain.records.layout import ArtifactLayout
 
 
 def cfg_of(tmp_path, tracking: str):

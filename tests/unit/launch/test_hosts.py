@@ -344,7 +344,7 @@ def test_a_missing_or_bad_connection_fails_the_stage_before_any_rank_starts(
 ):
     import dagtrain.training
     from dagtrain.config import TrainConfig
-    from dagtrain.stages.files import TrainFiles
+    from dagtrain.records.layout import TrainFiles
     from dagtrain.stages.train import run_train
 
     monkeypatch.delenv("AIRFLOW_CONN_LAB_HOSTS", raising=False)

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 from dagtrain.operators import DataPrepOperator
 from dagtrain.pipelines import retraining_dag
-from dagtrain.stages.files import ArtifactLayout
+from dagtrain.records.layout import ArtifactLayout
 
 
 def test_each_dag_of_one_config_has_its_own_run_folders(tmp_path):

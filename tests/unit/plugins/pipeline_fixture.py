@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from dagtrain.stages.files import ArtifactLayout
+from dagtrain.records.layout import ArtifactLayout
 
 DAG = "dagtrain_pp"  # the DAG whose runs the page tests show
 

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from dagtrain.plugins import report
-from dagtrain.stages.files import ArtifactLayout
+from dagtrain.records.layout import ArtifactLayout
 
 from . import browser
 from .pipeline_fixture import DAG

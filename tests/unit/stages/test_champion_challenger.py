@@ -10,7 +10,7 @@ import torch
 
 from dagtrain.config import load_config
 from dagtrain.errors import InputError
-from dagtrain.stages.files import ArtifactLayout
+from dagtrain.records.layout import ArtifactLayout
 from dagtrain.stages.registry import better, champion, evaluation_of, promote
 from dagtrain.training import checkpoint
 

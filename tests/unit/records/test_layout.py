@@ -9,14 +9,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dagtrain.names import CHECKPOINT, EPOCH_TRACE, LAST_TRACE, RANK_RECORD, Name
-from dagtrain.stages.files import (
+from dagtrain.records.layout import (
     ArtifactLayout,
     RunLayout,
     round_sync_task,
     round_train_task,
     shard_split,
 )
+from dagtrain.records.names import CHECKPOINT, EPOCH_TRACE, LAST_TRACE, RANK_RECORD, Name
 
 ROOT = Path("/art/digits")
 
@@ -148,7 +148,7 @@ def test_two_run_ids_never_share_a_folder(a, b):
     """A run id chosen to look like another run's folder (a triggering user may choose
     one) gets a folder of its own: the encoding is injective, one path component that
     is not hidden, ``.`` or ``..``."""
-    from dagtrain.stages.files import safe_name
+    from dagtrain.records.layout import safe_name
 
     for s in (a, b):
         name = safe_name(s)
@@ -157,7 +157,7 @@ def test_two_run_ids_never_share_a_folder(a, b):
 
 
 def test_a_chosen_run_id_does_not_take_a_scheduled_runs_folder():
-    from dagtrain.stages.files import safe_name
+    from dagtrain.records.layout import safe_name
 
     scheduled = safe_name("scheduled__2026-01-05T00:00:00+00:00")
     assert safe_name("scheduled__2026-01-05T00_00_00_00_00") != scheduled
@@ -167,7 +167,7 @@ def test_a_chosen_run_id_does_not_take_a_scheduled_runs_folder():
 def test_a_run_id_of_any_length_is_one_file_name():
     """Airflow's run ids reach 250 characters; each escaped one takes 3 to 12: a long
     one is a prefix and the digest of the whole, within a file name's 255 bytes."""
-    from dagtrain.stages.files import safe_name
+    from dagtrain.records.layout import safe_name
 
     a, b = safe_name(":" * 250), safe_name(":" * 249 + "+")
     assert len(a.encode()) <= 255 and len(b.encode()) <= 255 and a != b

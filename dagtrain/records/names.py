@@ -5,7 +5,7 @@
 name without a slash. The names here are those the lower layers write inside a folder
 they are given (a checkpoint folder, a trace folder, a job's status folder); the layout
 of a pipeline's artifacts, which places those folders, is
-``dagtrain.stages.files.ArtifactLayout``. Standard library only: a base module.
+``dagtrain.records.layout.ArtifactLayout``. Standard library only: a base module.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ __all__ = [
     "CHECKPOINT",
     "EPOCH_TRACE",
     "LAST_TRACE",
+    "MLFLOW_PENDING",
+    "MLFLOW_RECORD",
     "RANK_RECORD",
     "SIDECAR",
     "Name",
@@ -67,3 +69,7 @@ EPOCH_TRACE = Name("step{step:07d}-rank{rank:d}.json")
 # a rank's own record in its job's status folder: where it runs, how far it is, why it
 # stopped
 RANK_RECORD = Name("rank{rank:d}.json")
+# what the stages record of MLflow (dagtrain.tracking): a run's record (runs/<run>/) and
+# the registry's (registry/), and a run's logging still to do (the server was down)
+MLFLOW_RECORD = "mlflow.json"
+MLFLOW_PENDING = "mlflow-pending.json"

@@ -33,7 +33,7 @@ operators, the CLI and the training page find every file through them, and
         models/v<NNNN>/model.pt(.json)   .model(version)
 
 The names inside the training layer's folders (checkpoints, traces, rank records) are
-``dagtrain.names``'; everything is written to a temporary name, fsynced and renamed, so
+``dagtrain.records.names``'; everything is written to a temporary name, fsynced and renamed, so
 a reader sees a whole file or none. No torch here: operators use it at parse time.
 """
 
@@ -47,8 +47,17 @@ from typing import Any
 
 from dagtrain.atomic import atomic_write
 from dagtrain.config import PipelineConfig
-from dagtrain.names import CHECKPOINT, EPOCH_TRACE, LAST_TRACE, RANK_RECORD, SIDECAR, Name
-from dagtrain.tracking import PENDING, RECORD, REGISTRY_RECORD
+
+from .names import (
+    CHECKPOINT,
+    EPOCH_TRACE,
+    LAST_TRACE,
+    MLFLOW_PENDING,
+    MLFLOW_RECORD,
+    RANK_RECORD,
+    SIDECAR,
+    Name,
+)
 
 __all__ = [
     "PREPARE_TASK",
@@ -379,7 +388,7 @@ def _describe(parts: tuple[str, ...]) -> str | None:
         run, rest = RunLayout(Path()), parts[3:]
         if rest == (run.evaluation.name,):
             return "run evaluation"
-        if rest in ((RECORD,), (PENDING,)):
+        if rest in ((MLFLOW_RECORD,), (MLFLOW_PENDING,)):
             return "run mlflow record"
         if rest[0] == run.train.dir.name:
             what = _train_file(rest[1:])
@@ -400,7 +409,7 @@ def _describe(parts: tuple[str, ...]) -> str | None:
         rest = parts[1:]
         if rest in ((lay.registry_file.name,), (lay.registry_lock.name,)):
             return "registry"
-        if rest == (REGISTRY_RECORD,):
+        if rest == (MLFLOW_RECORD,):
             return "registry mlflow record"
         model = lay.model(1)
         if (
