@@ -8,7 +8,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .schema import BUILTIN_MODELS, FILE_ONLY, NOT_APPLICABLE, ConfigError, PipelineConfig
+from .pipeline import PipelineConfig
+from .schema import BUILTIN_MODELS, FILE_ONLY, NOT_APPLICABLE, ConfigError
 
 __all__ = [
     "apply_sets",

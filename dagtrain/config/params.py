@@ -6,7 +6,8 @@ import copy
 import functools
 from typing import Any
 
-from .schema import BUILTIN_MODELS, FILE_ONLY, NOT_APPLICABLE, PipelineConfig
+from .pipeline import PipelineConfig
+from .schema import BUILTIN_MODELS, FILE_ONLY, NOT_APPLICABLE
 
 __all__ = ["config_schema", "dag_params", "fixed_sections"]
 

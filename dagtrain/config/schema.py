@@ -1,20 +1,18 @@
-"""The config's models: a pipeline's sections, declared once, and what a rank receives.
+"""The config's models: the sections of a training run, declared once, and what a rank
+receives.
 
-``PipelineConfig`` is a pipeline (a YAML file); ``TrainConfig`` is what every rank of
-one training run receives: the pipeline's ``model``, ``training``, ``distributed`` and
-``executor`` sections as they are, plus the run's files. Pydantic only: no torch, no
-airflow.
+``TrainConfig`` is what every rank of one training run receives: the pipeline's
+``model``, ``training``, ``distributed``, ``parallel`` and ``executor`` sections as they
+are, plus the run's files. The pipeline as a whole (a YAML file: these sections and the
+DAG's own) is :class:`~.pipeline.PipelineConfig`. Pydantic only: no torch, no airflow.
 """
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from dagtrain import redact
 from dagtrain.errors import InputError
 
 # The names of things code implements elsewhere, listed here once (no torch at import):
@@ -81,12 +79,12 @@ class ConfigError(InputError):
 SEED_MAX = 2**32 - 1
 
 
-class _Section(BaseModel):
+class Section(BaseModel):
     # a number that is NaN or infinite reaches torch, numpy or timedelta as nonsense
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
-class DataConfig(_Section):
+class DataConfig(Section):
     """Where the data comes from and how it is split: train, validation, test."""
 
     source: str = Field(
@@ -134,7 +132,7 @@ class DataConfig(_Section):
         return self
 
 
-class ModelConfig(_Section):
+class ModelConfig(Section):
     """The model: a built-in by name, or a factory of the DAG author's, and its arguments."""
 
     name: str = Field(
@@ -161,7 +159,7 @@ class ModelConfig(_Section):
         return v
 
 
-class TrainingConfig(_Section):
+class TrainingConfig(Section):
     """The optimisation every rank runs, checkpoints, and the training task's retries."""
 
     epochs: int = Field(5, ge=1, le=1_000_000, description="passes over the training data")
@@ -195,7 +193,7 @@ class TrainingConfig(_Section):
     )
 
 
-class DistributedConfig(_Section):
+class DistributedConfig(Section):
     """How many ranks, how they sync gradients, and how they are launched."""
 
     backend: Backend = Field(
@@ -304,7 +302,7 @@ class DistributedConfig(_Section):
         return self.launcher or DEFAULT_LAUNCHER[self.backend]
 
 
-class ParallelConfig(_Section):
+class ParallelConfig(Section):
     """Pipeline parallelism: the model's blocks split into stages, each step's batch cut
     into microbatches. ``distributed.ranks`` is stages x replicas (each stage's
     replicas average their gradients, data-parallel). One stage: data parallelism only.
@@ -367,7 +365,7 @@ class ParallelConfig(_Section):
         return "1f1b" if self.order == "auto" else self.order
 
 
-class ExecutorConfig(_Section):
+class ExecutorConfig(Section):
     """Each rank's op-level executor: its threads, torch's threads, the step trace."""
 
     workers: int = Field(2, ge=1, le=64, description="task-graph threads per rank")
@@ -379,7 +377,7 @@ class ExecutorConfig(_Section):
     )
 
 
-class _RunSections(_Section):
+class RunSections(Section):
     """The sections a pipeline shares with every rank of its training runs."""
 
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -389,7 +387,7 @@ class _RunSections(_Section):
     executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
 
     @model_validator(mode="after")
-    def _batch_covers_the_ranks(self) -> _RunSections:
+    def _batch_covers_the_ranks(self) -> RunSections:
         p, d, bs = self.parallel, self.distributed, self.training.batch_size
         if p.stages == 1 and bs < d.ranks:
             raise ValueError(
@@ -441,7 +439,7 @@ class _RunSections(_Section):
         return self.distributed.ranks // self.parallel.stages
 
 
-class TrainConfig(_RunSections):
+class TrainConfig(RunSections):
     """What every rank of one training run receives: the pipeline's ``model``,
     ``training``, ``distributed`` and ``executor`` sections as they are, and the run's
     files. It is written into every checkpoint and the run's result.
@@ -555,177 +553,6 @@ def _as_dict(v: Any) -> dict[str, Any]:
 _SHORTHAND = {
     f: s
     for s in ("training", "distributed", "executor")
-    for f in _RunSections.model_fields[s].annotation.model_fields
+    for f in RunSections.model_fields[s].annotation.model_fields
 }
 assert not set(_SHORTHAND) & set(TrainConfig.model_fields), "shorthand names collide"
-
-
-class EvaluationConfig(_Section):
-    """When a newly trained model replaces the champion in the registry."""
-
-    metric: Literal["test_accuracy", "test_loss"] = Field(
-        "test_accuracy", description="what decides promotion (on the test split)"
-    )
-    min_improvement: float = Field(
-        0.0, ge=0, le=1e6, description="a challenger must beat the champion by more than this"
-    )
-    min_accuracy: float = Field(0.0, ge=0, le=1, description="never promote below this")
-
-
-class TrackingConfig(_Section):
-    """MLflow tracking and Model Registry (the [mlflow] extra): where runs, metrics and
-    models are also logged (config files only; read when each task starts)."""
-
-    connection: str = Field(
-        "mlflow_default",
-        description="an Airflow connection whose host is the MLflow tracking URI "
-        "(http://mlflow:5000, or with its schema and port fields)",
-    )
-    experiment: str | None = Field(
-        None, description="the MLflow experiment; not set: the pipeline's name"
-    )
-    registered_model: str | None = Field(
-        None,
-        description="the registered model promote adds versions to; not set: the pipeline's name",
-    )
-
-
-class ScheduleConfig(_Section):
-    """When Airflow retrains: on a cron, or when an Asset is updated (file only)."""
-
-    cron: str | None = Field(None, description="cron or preset (@daily); none: manual only")
-    asset: str | None = Field(
-        None,
-        description="retrain when this Asset is updated, instead of on cron: its name, or a "
-        "URI (a value with ://)",
-    )
-
-
-class RoundsConfig(_Section):
-    """Round-based training (pipeline: rounds): shards trained apart, then averaged."""
-
-    rounds: int = Field(3, ge=1, le=100, description="rounds of local training + sync")
-    shards: int = Field(2, ge=1, le=64, description="shards trained independently per round")
-    local_steps: int = Field(20, ge=1, le=10**9, description="inner steps per shard per round")
-    outer_lr: float = Field(0.7, gt=0, le=1e3, description="outer SGD learning rate (DiLoCo: 0.7)")
-    outer_momentum: float = Field(0.9, ge=0, lt=1, description="Nesterov momentum")
-
-
-# where a pipeline's artifacts go when artifacts.root is not set: the dagtrain home's
-# folder under the `dagtrain` commands (they set the variable for every process they
-# start), else this, relative to the config file
-HOME_VARIABLE = "DAGTRAIN_HOME"
-DEFAULT_ARTIFACTS = "../.dagtrain/artifacts"
-
-
-class ArtifactsConfig(_Section):
-    """Where the pipeline's data, checkpoints, traces and registry go (file only)."""
-
-    root: str | None = Field(
-        None,
-        description="where data, checkpoints, traces and the model registry go, relative "
-        "to the config file (config files only). Not set: the dagtrain home's artifacts "
-        "folder under `dagtrain run`/`up` (<home>/artifacts, so --home holds them), else "
-        f"{DEFAULT_ARTIFACTS} relative to the config file",
-    )
-
-
-MAX_LOADER_PROCESSES = 512  # data.workers x distributed.ranks
-
-
-class PipelineConfig(_RunSections):
-    """A training pipeline: data prep, distributed training, evaluation, promotion."""
-
-    name: str = Field("digits", pattern=r"^[A-Za-z0-9_.-]+$", description="pipeline name")
-    pipeline: Literal["retraining", "rounds"] = Field(
-        "retraining",
-        description="the DAG a bare config gets from `dagtrain run`: prep -> train -> "
-        "evaluate -> promote, or round-based training",
-    )
-    data: DataConfig = Field(default_factory=DataConfig)
-    evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
-    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
-    rounds: RoundsConfig = Field(default_factory=RoundsConfig)
-    artifacts: ArtifactsConfig = Field(default_factory=ArtifactsConfig)
-    tracking: TrackingConfig | None = Field(
-        None, description="MLflow tracking (the [mlflow] extra); not set: dagtrain's own only"
-    )
-    # where the file was read from: relative paths resolve against it (not a field of
-    # the file, never part of the schema)
-    _base_dir: str | None = PrivateAttr(None)
-    # the DAG whose run this config is for (``for_dag``): its runs' folders are its own
-    _dag_id: str | None = PrivateAttr(None)
-
-    @model_validator(mode="after")
-    def _processes_bounded(self) -> PipelineConfig:
-        # every rank starts data.workers DataLoader processes: bounded together, so that
-        # no conf starts thousands of processes on the workers (ranks 256 x workers 64)
-        n = self.distributed.ranks * self.data.workers
-        if n > MAX_LOADER_PROCESSES:
-            raise ValueError(
-                f"data.workers {self.data.workers} with distributed.ranks "
-                f"{self.distributed.ranks} start {n} DataLoader processes, more than "
-                f"{MAX_LOADER_PROCESSES}: lower data.workers (0 reads in each rank)"
-            )
-        return self
-
-    @property
-    def base_dir(self) -> str | None:
-        return self._base_dir
-
-    @base_dir.setter
-    def base_dir(self, value: str | None) -> None:
-        self._base_dir = value
-
-    @property
-    def dag_id(self) -> str:
-        """The DAG this config's runs belong to: the one ``for_dag`` named (a task's,
-        ``dagtrain run``'s), else the DAG a bare config gets, ``dagtrain_<name>``."""
-        return self._dag_id or f"dagtrain_{self.name}"
-
-    def for_dag(self, dag_id: str) -> PipelineConfig:
-        """This config, for a run of DAG ``dag_id`` (one config may build several DAGs:
-        each run's folder is its DAG's, ``ArtifactLayout.run``)."""
-        out = self.model_copy()
-        out._dag_id = dag_id
-        return out
-
-    def shown(self) -> dict[str, Any]:
-        """The config's values as dagtrain records and shows them (the DAG's Params, the
-        registry's lineage, the data manifest): ``data.source`` without a URL's user,
-        password or query string (``dagtrain.redact``), which may grant access."""
-        values = self.model_dump(mode="json")
-        values["data"]["source"] = redact.url(values["data"]["source"])
-        return values
-
-    def path(self, p: str) -> Path:
-        """A path of the config, resolved against the config file's folder."""
-        q = Path(p).expanduser()
-        if not q.is_absolute() and self.base_dir:
-            q = Path(self.base_dir) / q
-        return q.resolve()
-
-    def artifact_root(self, home: str | Path | None = None) -> Path:
-        """``<artifacts.root>/<name>``; without ``artifacts.root``, the dagtrain home's
-        ``artifacts/`` (``home``, else ``$DAGTRAIN_HOME``), else
-        ``../.dagtrain/artifacts`` beside the config file."""
-        root = self.artifacts.root
-        home = home or os.environ.get(HOME_VARIABLE)
-        if root is None and home:
-            return Path(home).resolve() / "artifacts" / self.name
-        return self.path(root or DEFAULT_ARTIFACTS) / self.name
-
-    def data_source(self) -> str:
-        """``data.source`` with a path resolved against the config file; 'digits', a
-        URL or a factory as it is."""
-        s = self.data.source
-        if s == "digits" or "://" in s or is_factory(s):
-            return s
-        return str(self.path(s))
-
-    def train_config(self, **run: Any) -> TrainConfig:
-        """What the ranks of a training run of this pipeline receive: its sections as
-        they are, and ``run``'s files (data, eval_data, init_from, checkpoint_dir,
-        trace_dir) or replaced sections."""
-        sections = {s: getattr(self, s) for s in RUN_SECTIONS}
-        return TrainConfig(**(sections | {"data_workers": self.data.workers} | run))
