@@ -223,7 +223,7 @@ def test_a_resume_is_listed_under_its_own_try_when_an_earlier_try_never_started(
     assert two["started"] and two["resumed_from_step"] == 20 and two["epochs_done_before"] == 1
     assert two["time"] == 5.0 and two["failure"] is None
     # the progress display of `dagtrain run` reads the same file: a try line is no epoch
-    assert [e["epoch"] for e in metrics.epochs(report._lines(root, m))] == [1]
+    assert [e["epoch"] for e in metrics.epochs(report.read_lines(root, m))] == [1]
 
 
 def test_a_try_line_is_one_whole_line_appended_after_what_is_there(tmp_path):
