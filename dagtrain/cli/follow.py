@@ -1,5 +1,5 @@
 """A DAG run followed through Airflow's REST API, for ``dagtrain trigger --wait``: the
-same stage and epoch lines as ``dagtrain run`` shows (``progress.Progress``), from what
+same stage and epoch lines as ``dagtrain run`` shows (``progress.Display``), from what
 a remote client can read.
 
 - Stages: the run's task instances (``GET .../taskInstances``), polled; each change of

@@ -64,7 +64,7 @@ class TaskTries:
 
 
 # ---------------------------------------------------------------------- ordering
-def dag_order(tis: list[TaskTries], downstream: dict[str, Iterable[str]]) -> list[TaskTries]:
+def tries_in_order(tis: list[TaskTries], downstream: dict[str, Iterable[str]]) -> list[TaskTries]:
     """``tis`` in the DAG's order: upstream tasks first (of tasks ready together, the one
     that started first; then by id), a mapped task's indexes ascending; task instances
     of tasks the DAG no longer has last."""
@@ -305,7 +305,7 @@ def _task_tries(
     if src is not None:
         src.dag = dag
     downstream = {} if dag is None else {k: v.downstream_task_ids for k, v in dag.task_dict.items()}
-    return dag_order(list(by_key.values()), downstream)
+    return tries_in_order(list(by_key.values()), downstream)
 
 
 class _Rest:
@@ -366,7 +366,9 @@ class _Rest:
             for ti in tis
         ]
         tasks = (self._get(f"/api/v2/dags/{dag_id}/tasks") or {}).get("tasks") or []
-        return dag_order(rows, {t["task_id"]: t.get("downstream_task_ids") or [] for t in tasks})
+        return tries_in_order(
+            rows, {t["task_id"]: t.get("downstream_task_ids") or [] for t in tasks}
+        )
 
     def tries_of(self, dag_id: str, run_id: str, t: TaskTries) -> list[int]:
         path = f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{t.task_id}/tries"

@@ -8,7 +8,7 @@ Two sources, both JSON lines appended by the processes that know:
 - rank 0 of each training task (``TrainConfig.metrics_file``): the run started (or
   resumed from a step), an epoch ended (its metrics, samples/s), the run ended.
 
-Nothing here reads Airflow's tables or its log text. ``Progress.poll()`` reads what is
+Nothing here reads Airflow's tables or its log text. ``Display.poll()`` reads what is
 new and turns it into lines (each stage as it starts and ends, with its duration; each
 epoch with its loss, validation accuracy, samples/s and ETA; a retry as such), printed
 as plain lines — in a terminal, above a live table of the stages (``table()``); piped,
@@ -33,7 +33,7 @@ from rich.text import Text
 
 from dagtrain.changes import change_line, change_parts
 
-__all__ = ["Progress", "Stage", "dag_order", "label_of"]
+__all__ = ["Display", "Stage", "dag_order", "label_of"]
 
 COLOUR = {
     "success": "green",
@@ -126,7 +126,7 @@ def _duration(seconds: float) -> str:
     return f"{m} min {s:02d} s" if m < 60 else f"{m // 60} h {m % 60:02d} min"
 
 
-class Progress:
+class Display:
     """A run's stages and epochs, followed from the listener's events file and the
     training tasks' metrics files under the run's artifact folder."""
 

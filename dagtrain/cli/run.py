@@ -230,7 +230,7 @@ def _run(
     try:
         from sqlalchemy.exc import SQLAlchemyError
 
-        from .progress import Progress
+        from .progress import Display
         from .stop import run_id_for
 
         try:
@@ -239,7 +239,7 @@ def _run(
             raise _Stop(str(e)) from None
         run_id = run_id_for(when)
         stages = [t.task_id for t in dag.topological_sort() if not _mapped(t)]
-        progress = Progress(
+        progress = Display(
             term,
             f"{dag.dag_id}  {run_id}",
             events,

@@ -165,9 +165,9 @@ def _follow(client: Any, dag_id: str, run_id: str, timeout: float) -> dict[str, 
     import contextlib
 
     from .follow import RestFollower, stage_order
-    from .progress import Progress
+    from .progress import Display
 
-    progress = Progress(out, f"{dag_id}  {run_id}", None, None, stage_order(client.tasks(dag_id)))
+    progress = Display(out, f"{dag_id}  {run_id}", None, None, stage_order(client.tasks(dag_id)))
     follower = RestFollower(client, dag_id, run_id)
     out.print("following it (Ctrl-C stops following; the run goes on)")
     live = (

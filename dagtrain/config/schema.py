@@ -18,7 +18,7 @@ from dagtrain.errors import InputError
 # The names of things code implements elsewhere, listed here once (no torch at import):
 # the training layer's model registry, the gradient-sync backends, the launchers.
 BuiltinModel = Literal["mlp", "cnn", "rescnn", "transformer"]
-Backend = Literal["mpi", "torch", "horovod", "local"]
+BackendName = Literal["mpi", "torch", "horovod", "local"]
 Launcher = Literal["mpirun", "horovodrun", "torchrun", "direct"]
 BUILTIN_MODELS: tuple[str, ...] = get_args(BuiltinModel)  # model.name without a factory path
 # the backends whose point-to-point transfers a pipeline's stages use
@@ -196,7 +196,7 @@ class TrainingConfig(Section):
 class DistributedConfig(Section):
     """How many ranks, how they sync gradients, and how they are launched."""
 
-    backend: Backend = Field(
+    backend: BackendName = Field(
         "mpi", description="gradient sync: mpi (mpi4py), torch (gloo/nccl), horovod, local"
     )
     ranks: int = Field(2, ge=1, le=256, description="processes (ranks) per training task; local: 1")

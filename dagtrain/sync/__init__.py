@@ -10,7 +10,7 @@ import importlib.util
 import sys
 from typing import Any, get_args
 
-from dagtrain.config import Backend as BackendName
+from dagtrain.config import BackendName
 from dagtrain.errors import MissingDependency
 
 from .base import GAVE_UP, Backend, CollectiveFailed, CollectiveTimeout, Handle

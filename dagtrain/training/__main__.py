@@ -17,7 +17,7 @@ from typing import get_args
 
 from pydantic import ValidationError
 
-from dagtrain.config import Backend, Launcher, explain
+from dagtrain.config import BackendName, Launcher, explain
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,9 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ranks", type=int, help="distributed.ranks (default 2; local: 1)")
     ap.add_argument(
         "--backend",
-        choices=get_args(Backend),
+        choices=get_args(BackendName),
         metavar="BACKEND",
-        help="distributed.backend: " + ", ".join(get_args(Backend)),
+        help="distributed.backend: " + ", ".join(get_args(BackendName)),
     )
     ap.add_argument(
         "--launcher",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from dagtrain.cli.logs import TaskTries, _readable, dag_order, format_record
+from dagtrain.cli.logs import TaskTries, _readable, format_record, tries_in_order
 
 
 def plain(rec) -> list[str]:
@@ -102,7 +102,7 @@ def test_the_dags_order_is_upstream_first_then_by_start():
         TaskTries("shard", 0),
     ]
     down["shard"] = ["promote"]
-    order = [t.label for t in dag_order(tis, down)]
+    order = [t.label for t in tries_in_order(tis, down)]
     assert order == [
         "prepare_data",
         "side",

@@ -7,13 +7,13 @@ import io
 from rich.console import Console
 
 from dagtrain.cli.follow import RestFollower, stage_order
-from dagtrain.cli.progress import Progress, label_of
+from dagtrain.cli.progress import Display, label_of
 
 
-def progress() -> tuple[Progress, io.StringIO]:
+def progress() -> tuple[Display, io.StringIO]:
     buf = io.StringIO()
     console = Console(file=buf, width=80, soft_wrap=True, markup=False, highlight=False)
-    return Progress(console, "t", None, None, ["prepare_data", "train"]), buf
+    return Display(console, "t", None, None, ["prepare_data", "train"]), buf
 
 
 def ev(kind: str, task: str, t: float, n: int = 1, **kw) -> dict:
@@ -94,9 +94,9 @@ def test_an_epoch_line_fits_an_80_column_terminal():
         "elapsed": 100.0,
     }
     info = {"steps_per_epoch": 20, "step": 0}
-    wide = Progress._epoch_line("train", info, m)
+    wide = Display._epoch_line("train", info, m)
     assert wide.startswith("train epoch 2000/2001: loss 0.0002, val accuracy 0.9667, 58.0k")
-    narrow = Progress._epoch_line("round_12_train[3]", info, m, width=80)
+    narrow = Display._epoch_line("round_12_train[3]", info, m, width=80)
     assert len(narrow) < 80 and "val acc 0.9667" in narrow, narrow
 
 
@@ -196,7 +196,7 @@ def test_an_elastic_world_change_is_a_line_and_its_relaunch_is_not_a_resume():
     # in an 80-column terminal: the figures on a line of their own, nothing cut
     buf = io.StringIO()
     console = Console(file=buf, width=80, force_terminal=True, soft_wrap=True, no_color=True)
-    p = Progress(console, "t", None, None, ["train"])
+    p = Display(console, "t", None, None, ["train"])
     p.feed([ev("running", "train", 1.0)], [("train", {**shrink, "time": 6.5})])
     shown = [x.rstrip() for x in buf.getvalue().splitlines() if "world" in x or "recov" in x]
     assert shown[0] == "train world 3 -> 2 ranks at step 57: rank 1 was killed by SIGKILL"
@@ -222,7 +222,7 @@ def test_polled_files_give_their_lines_in_the_order_things_happened(tmp_path):
     metrics.write_text(json.dumps(start) + "\n" + json.dumps(last | {"time": 8.5}) + "\n")
     buf = io.StringIO()
     console = Console(file=buf, width=80, soft_wrap=True, markup=False, highlight=False)
-    p = Progress(console, "t", events, tmp_path / "run", ["prepare_data", "train"])
+    p = Display(console, "t", events, tmp_path / "run", ["prepare_data", "train"])
     p.poll()
     lines = buf.getvalue().splitlines()
     assert lines[0] == "train started" and lines[-1].startswith("train succeeded"), lines
