@@ -50,10 +50,10 @@ class RoundAveragingOperator(DagtrainOperator):
 
     @fails_fast_on_bad_input
     def execute(self, context: Any) -> dict[str, Any]:
-        from dagtrain.stages.rounds import sync_stage
+        from dagtrain.stages.rounds import average_stage
 
         cfg = self.run_config(context)
-        result = sync_stage(
+        result = average_stage(
             cfg, context["run_id"], self.data, self.round, self.shards, self._dirs()
         )
         k = result["shards"]

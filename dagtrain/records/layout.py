@@ -231,7 +231,7 @@ class RunLayout:
 
     def global_checkpoint(self, r: int) -> Path:
         """The global model round ``r`` starts from (r >= 1; round 0's is the seeded
-        initialisation), as ``sync_round`` of round r - 1 saved it."""
+        initialisation), as ``average_round`` of round r - 1 saved it."""
         return self.globals / CHECKPOINT(step=r)
 
     def round_dir(self, r: int) -> Path:

@@ -27,7 +27,14 @@ from dagtrain.config import PipelineConfig
 from dagtrain.errors import InputError
 from dagtrain.records.layout import ArtifactLayout, RunLayout, TrainFiles, atomic_write, sha256_file
 
-__all__ = ["ShardError", "global_model", "shard_delta", "sync_round", "sync_stage", "write_delta"]
+__all__ = [
+    "ShardError",
+    "global_model",
+    "shard_delta",
+    "average_round",
+    "average_stage",
+    "write_delta",
+]
 
 
 class ShardError(InputError):
@@ -130,7 +137,7 @@ def _check(shard: int, d: TrainFiles, expect_shapes: dict[str, list[int]], base_
     return delta
 
 
-def sync_stage(
+def average_stage(
     cfg: PipelineConfig,
     run_id: str,
     data: Any,
@@ -140,7 +147,7 @@ def sync_stage(
 ) -> dict[str, Any]:
     """The averaging task that closes round ``r`` of DAG run ``run_id``: ``data`` is the
     prepare stage's output, ``shards`` the round's shard count (default: the data's);
-    see ``sync_round``."""
+    see ``average_round``."""
     from .prep import manifest_of
 
     manifest = manifest_of(cfg, data, ())  # reads no data file
@@ -152,10 +159,10 @@ def sync_stage(
                 f"contributions: shard {shard} of round {r} names {Path(d).name!r}, not its "
                 "own folder in this run; a task's output names only the run's own files"
             )
-    return sync_round(cfg, manifest, run, r, k, dirs)
+    return average_round(cfg, manifest, run, r, k, dirs)
 
 
-def sync_round(
+def average_round(
     cfg: PipelineConfig,
     manifest: dict[str, Any],
     run: RunLayout,
