@@ -139,199 +139,298 @@ def train(cfg: TrainConfig, backend: Backend | None = None) -> TrainResult:
 
 
 def _train(cfg: TrainConfig, backend: Backend) -> TrainResult:
-    rank, world = backend.rank, backend.size
-    t = cfg.training
-    if world != (cfg.world or cfg.distributed.ranks):
-        raise InputError(
-            f"this run has {world} rank(s) but distributed.ranks is {cfg.distributed.ranks}"
-            f"{f' (world {cfg.world})' if cfg.world else ''}: "
-            "start the ranks with dagtrain.training.run_training (or the launcher "
-            "distributed.launcher names), as many as distributed.ranks"
-        )
-    if cfg.eval_data:  # both files already prepared: neither split nor normalised here
-        ds = load_dataset(cfg.data, 0.0, t.seed, normalize=False)
-        held = load_dataset(cfg.eval_data, 0.0, t.seed, normalize=False)
-        if held.in_shape != ds.in_shape:
+    return RankRun(cfg, backend).run()
+
+
+@dataclass
+class Figures:
+    """A rank's running figures, which a checkpoint and an elastic rescue carry.
+
+    ``start``: the step this launch began at; ``summed``: the steps whose figures are in
+    ``sums``; ``epochs``: the closed epochs' rows; ``sums``: this rank's loss, correct
+    and seen of the epoch so far; ``carried``: the whole world's figures of the epoch
+    before the checkpoint this launch resumed from."""
+
+    start: int = 0
+    summed: int = 0
+    epochs: list[dict[str, Any]] = field(default_factory=list)
+    sums: list[float] = field(default_factory=lambda: [0.0, 0, 0])
+    carried: list[float] = field(default_factory=lambda: [0.0, 0, 0])
+
+
+class RankRun:
+    """One rank's run: the data, the model and its step (made here, every rank alike),
+    then :meth:`run`, the loop over steps with its epochs' ends and checkpoints."""
+
+    def __init__(self, cfg: TrainConfig, backend: Backend) -> None:
+        self.cfg, self.backend = cfg, backend
+        rank, world = backend.rank, backend.size
+        if world != (cfg.world or cfg.distributed.ranks):
             raise InputError(
-                f"eval_data {cfg.eval_data!r} has samples of shape {held.in_shape}, "
-                f"data {cfg.data!r} of shape {ds.in_shape}"
+                f"this run has {world} rank(s) but distributed.ranks is "
+                f"{cfg.distributed.ranks}{f' (world {cfg.world})' if cfg.world else ''}: "
+                "start the ranks with dagtrain.training.run_training (or the launcher "
+                "distributed.launcher names), as many as distributed.ranks"
             )
-        ds.test = held.train
-        ds.classes = max(ds.classes, held.classes)
-    else:
-        ds = load_dataset(cfg.data, cfg.test_fraction, t.seed, cfg.normalize)
-    torch.manual_seed(t.seed)
-    model = bounded_model(cfg.model, ds.in_shape, ds.classes)
-    model.to(backend.device)
-    if cfg.init_from:
-        model.load_state_dict(checkpoint.load(cfg.init_from)["model"])
-    result = TrainResult(
-        rank=rank, world=world, backend=backend.name, config=cfg.model_dump(mode="json")
-    )
-    writer = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-writer") if rank == 0 else None
-    pending: list[Future] = []
-    # sums: this rank's running figures of the epoch (loss, correct, seen); carried:
-    # the whole world's figures of the epoch before the checkpoint resumed from
-    state: dict[str, Any] = {"epochs": [], "sums": [0.0, 0, 0], "carried": [0.0, 0, 0]}
+        self.ds = _dataset(cfg)
+        torch.manual_seed(cfg.training.seed)
+        self.model = bounded_model(cfg.model, self.ds.in_shape, self.ds.classes)
+        self.model.to(backend.device)
+        if cfg.init_from:
+            self.model.load_state_dict(checkpoint.load(cfg.init_from)["model"])
+        self.result = TrainResult(
+            rank=rank, world=world, backend=backend.name, config=cfg.model_dump(mode="json")
+        )
+        self.writer = (
+            ThreadPoolExecutor(1, thread_name_prefix="checkpoint-writer") if rank == 0 else None
+        )
+        self.pending: list[Future] = []  # rank 0's checkpoint write in flight
+        self.staged: list[dict[str, Any]] = []  # a snapshot not yet handed to the writer
+        self.figures = Figures()
+        self.rescue: Rescue | None = None  # an elastic run's, once armed
+        snap = self.snapshot if cfg.checkpoint_dir else None
+        if cfg.parallel.stages > 1:
+            # a stage's ranks of one replica read the same share of each batch
+            n = min(len(self.ds.train), cfg.training.batch_size)
+            first = self.ds.train.batch(torch.arange(n))[0]
+            self.sg: TrainStep = PipelineStep(cfg, self.model, backend, first, snap)
+        else:
+            self.sg = StepGraph(cfg, self.model, backend, snap)
 
-    staged: list[dict[str, Any]] = []
-
-    def snapshot(step: int) -> None:
-        """Copy the state after ``step`` steps; ``commit`` hands it to the writer.
+    # ------------------------------------------------------------------ checkpoints
+    def snapshot(self, step: int) -> None:
+        """Copy the state after ``step`` steps; :meth:`commit` hands it to the writer.
 
         Inside the step graph it runs with ``in`` on every parameter: the next updates
         wait for this copy only, and the write goes on in the background."""
-        if writer is None:
+        if self.writer is None:
             return
-        staged.append(
+        self.staged.append(
             {
-                "model": {k: v.detach().clone() for k, v in model.state_dict().items()},
-                "optim": copy.deepcopy(sg.optimizer_states()),  # tensors cloned
+                "model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
+                "optim": copy.deepcopy(self.sg.optimizer_states()),  # tensors cloned
                 "step": step,
-                "epochs": json.dumps(state["epochs"]),
-                "config": cfg.model_dump_json(),
+                "epochs": json.dumps(self.figures.epochs),
+                "config": self.cfg.model_dump_json(),
             }
         )
 
-    def commit() -> None:
-        # every rank: the epoch's running sums, summed over the ranks, go with it
-        summed = torch.tensor([float(v) for v in state["sums"]], dtype=torch.float64)
-        backend.allreduce(summed, "checkpoint-sums")
-        if writer is None:
+    def commit(self) -> None:
+        """Every rank: the epoch's running sums, summed over the ranks, go with the
+        staged snapshot; rank 0 writes it (one write at a time: a failed write fails
+        the run at the next commit or at the end)."""
+        f = self.figures
+        summed = torch.tensor([float(v) for v in f.sums], dtype=torch.float64)
+        self.backend.allreduce(summed, "checkpoint-sums")
+        if self.writer is None:
             return
-        snap = staged.pop()
-        totals = summed * backend.size + torch.tensor(state["carried"], dtype=torch.float64)
+        snap = self.staged.pop()
+        totals = summed * self.backend.size + torch.tensor(f.carried, dtype=torch.float64)
         snap["sums"] = json.dumps(totals.tolist())
-        for f in pending:
-            f.result()  # one write at a time; a failed write fails the run here
-        pending[:] = [
-            writer.submit(
-                checkpoint.save, snap, cfg.checkpoint_dir, snap["step"], t.keep_checkpoints
+        for w in self.pending:
+            w.result()
+        t = self.cfg.training
+        self.pending[:] = [
+            self.writer.submit(
+                checkpoint.save, snap, self.cfg.checkpoint_dir, snap["step"], t.keep_checkpoints
             )
         ]
 
-    snap = snapshot if cfg.checkpoint_dir else None
-    if cfg.parallel.stages > 1:
-        # a stage's ranks of one replica read the same share of each batch
-        first = ds.train.batch(torch.arange(min(len(ds.train), t.batch_size)))[0]
-        sg: TrainStep = PipelineStep(cfg, model, backend, first, snap)
-    else:
-        sg = StepGraph(cfg, model, backend, snap)
-    try:
-        if world > 1:  # the launcher names a rank that never gets here as the one waited for
-            mark_ready()  # in its status record, for the launcher
-            print(f"dagtrain rank {rank} {FIRST_COLLECTIVE}", file=sys.stderr, flush=True)
-        start = _resume(cfg, backend, model, sg, state, result)
-        if start == 0:
-            backend.broadcast([p.data for p in model.state_dict().values()])
-        sg.step = sg.completed = state["summed"] = state["start"] = start
-        n = len(ds.train)
-        per_epoch = math.ceil(n / t.batch_size)
-        total = t.epochs * per_epoch
-        if cfg.distributed.elastic and cfg.checkpoint_dir:
-            rescue = Rescue(
-                cfg.checkpoint_dir, rank, sg.guard, lambda: _rescued(cfg, model, sg, state)
+    def rescued(self) -> dict[str, Any] | None:
+        """An elastic rank's state at its last completed step, copied (under
+        ``sg.guard``, which the caller holds: see :mod:`.rescue`); None when it
+        completed none since it started (its checkpoint already holds that step)."""
+        sg, f = self.sg, self.figures
+        step = sg.completed
+        if step <= f.start:
+            return None
+        sums = [float(v) for v in f.sums]
+        if f.summed < step:  # the step's own figures, not added yet
+            sums = [a + float(b) for a, b in zip(sums, sg.out)]
+        return {
+            "model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
+            "optim": copy.deepcopy(sg.optimizer_states()),
+            "step": step,
+            "epochs": json.dumps(f.epochs),
+            "config": self.cfg.model_dump_json(),
+            # this rank's own figures of the epoch, and the world's from before this
+            # launch: the next world's rank 0 adds the survivors' up (rescue.newest)
+            "sums": json.dumps(sums),
+            "carried": json.dumps(f.carried),
+        }
+
+    def resume(self) -> int:
+        """Load the newest valid checkpoint on every rank; return the step to start at.
+
+        Rank 0 looks in ``checkpoint_dir`` and at the rescues an elastic run's survivors
+        wrote (:mod:`.rescue`); a newer rescue becomes the run's checkpoint first."""
+        cfg, backend = self.cfg, self.backend
+        if not cfg.checkpoint_dir:
+            return 0
+        found = newest(cfg.checkpoint_dir) if backend.rank == 0 else None
+        if found is not None and found[0].parent != Path(cfg.checkpoint_dir):
+            step = int(found[1]["step"])
+            keep = cfg.training.keep_checkpoints
+            saved = checkpoint.save(found[1], cfg.checkpoint_dir, step, keep)
+            log.info(
+                "rank 0 takes the rescue of step %d (%s) as checkpoint %s", step, found[0], saved
             )
-            rescue.arm()
-        if t.max_steps is not None:
-            total = min(total, t.max_steps)
-        batches = _batches(ds, cfg, sg.replica, sg.replicas, start, cfg.data_workers)
-        upcoming = next(batches, None)
-        sg.fetch = lambda: next(batches, None)
-        sums = state["sums"]
-        progress = Progress(cfg.metrics_file if rank == 0 else None, t.batch_size)
-        progress.start(start, total, per_epoch, result.resumed_from_step)
-        if start and len(state["epochs"]) < start // per_epoch:
-            # a rescue at an epoch's last step, before the epoch was closed: close it
-            _close_epoch(cfg, backend, model, ds, state, start // per_epoch - 1, sg.guard)
-            progress.epoch(state["epochs"][-1], start)
-        status = RankStatus(cfg.status_dir, rank, prompt=cfg.distributed.elastic)
-        status.start(start, total, resumed_epochs=result.resumed_epochs, **sg.placement())
-        while upcoming is not None and sg.step < total:
-            epoch, k, batch = upcoming
-            last_in_epoch = k == per_epoch - 1
-            every = t.checkpoint_every
-            want = cfg.checkpoint_dir is not None and (
-                (every and (sg.step + 1) % every == 0)
-                or (not every and last_in_epoch)
-                or sg.step + 1 == total
+            found = (saved, found[1])
+        path = backend.broadcast_object(str(found[0]) if found else None)
+        if backend.rank == 0:
+            remove_rescues(cfg.checkpoint_dir)  # older than the checkpoint, or saved as one
+        if path is None:
+            return 0
+        snap = found[1] if found else checkpoint.load(path)
+        self.model.load_state_dict(snap["model"])
+        self.sg.load_optimizer_states(snap["optim"])
+        self.figures.epochs = json.loads(snap["epochs"])
+        # the whole world's figures of the epoch so far, on every rank (added once)
+        self.figures.carried = [float(v) for v in json.loads(snap["sums"])]
+        self.result.resumed_from_step = int(snap["step"])
+        self.result.resumed_epochs = len(self.figures.epochs)
+        log.info("rank %d resumes from %s (step %d)", backend.rank, path, snap["step"])
+        return int(snap["step"])
+
+    # ------------------------------------------------------------------ epochs
+    def close_epoch(self, epoch: int) -> dict[str, Any]:
+        """The epoch's row (the world's training figures, rank 0's evaluation), added
+        to the closed epochs; the running figures start again."""
+        cfg, backend, f = self.cfg, self.backend, self.figures
+        sums = f.sums
+        t = torch.tensor([sums[0], float(sums[1]), float(sums[2])], dtype=torch.float64)
+        backend.allreduce(t, "epoch-metrics")
+        t = t * backend.size + torch.tensor(f.carried, dtype=torch.float64)
+        row = {
+            "epoch": epoch,
+            "train_loss": float(t[0] / max(t[2], 1)),
+            "train_accuracy": float(t[1] / max(t[2], 1)),
+        }
+        if backend.rank == 0 and len(self.ds.test):
+            row.update(
+                evaluate_samples(self.model, self.ds.test, "val" if cfg.eval_data else "test")
             )
-            trace = _trace_file(cfg, rank, sg.step, total, last_in_epoch)
-            if trace is not None and sg.step + 1 == total:
-                result.trace = trace
-            t0 = time.perf_counter()
-            # an epoch's last step checkpoints after the epoch's metrics are in
-            loss, correct, seen = sg.run(batch, snapshot=want and not last_in_epoch, trace=trace)
-            with sg.guard:  # a rescue copies the figures with the step they count
-                sums[0] += loss
-                sums[1] += correct
-                sums[2] += seen
-                state["summed"] = sg.step
-            status.step(time.perf_counter() - t0, len(batch[1]))
-            regrow = False
-            if last_in_epoch:
-                sg.gather()  # a pipeline's stages onto every rank: evaluation and checkpoint
-                _close_epoch(cfg, backend, model, ds, state, epoch, sg.guard)
-                progress.epoch(state["epochs"][-1], sg.step)
-                status.flush()
-                regrow = _regrow_asked(cfg, backend) and sg.step < total
-                want = want or (regrow and cfg.checkpoint_dir is not None)
+        with self.sg.guard:  # a rescue sees the epoch closed, or its figures still running
+            f.epochs.append(row)
+            f.sums[:] = [0.0, 0, 0]
+            f.carried = [0.0, 0, 0]
+        log.info("epoch %d: %s", epoch, row)
+        return row
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> TrainResult:
+        cfg, backend, sg, f, result = self.cfg, self.backend, self.sg, self.figures, self.result
+        t, rank = cfg.training, backend.rank
+        try:
+            if backend.size > 1:  # the launcher names a rank that never gets here
+                mark_ready()  # in its status record, for the launcher
+                print(f"dagtrain rank {rank} {FIRST_COLLECTIVE}", file=sys.stderr, flush=True)
+            start = self.resume()
+            if start == 0:
+                backend.broadcast([p.data for p in self.model.state_dict().values()])
+            sg.step = sg.completed = f.summed = f.start = start
+            per_epoch = math.ceil(len(self.ds.train) / t.batch_size)
+            total = t.epochs * per_epoch
+            if cfg.distributed.elastic and cfg.checkpoint_dir:
+                self.rescue = Rescue(cfg.checkpoint_dir, rank, sg.guard, self.rescued)
+                self.rescue.arm()
+            if t.max_steps is not None:
+                total = min(total, t.max_steps)
+            batches = _batches(self.ds, cfg, sg.replica, sg.replicas, start, cfg.data_workers)
+            upcoming = next(batches, None)
+            sg.fetch = lambda: next(batches, None)
+            progress = Progress(cfg.metrics_file if rank == 0 else None, t.batch_size)
+            progress.start(start, total, per_epoch, result.resumed_from_step)
+            if start and len(f.epochs) < start // per_epoch:
+                # a rescue at an epoch's last step, before the epoch was closed: close it
+                progress.epoch(self.close_epoch(start // per_epoch - 1), start)
+            status = RankStatus(cfg.status_dir, rank, prompt=cfg.distributed.elastic)
+            status.start(start, total, resumed_epochs=result.resumed_epochs, **sg.placement())
+            while upcoming is not None and sg.step < total:
+                epoch, k, batch = upcoming
+                last_in_epoch = k == per_epoch - 1
+                want = self._checkpoints_after(sg.step, total, last_in_epoch)
+                trace = _trace_file(cfg, rank, sg.step, total, last_in_epoch)
+                if trace is not None and sg.step + 1 == total:
+                    result.trace = trace
+                t0 = time.perf_counter()
+                # an epoch's last step checkpoints after the epoch's metrics are in
+                out = sg.run(batch, snapshot=want and not last_in_epoch, trace=trace)
+                with sg.guard:  # a rescue copies the figures with the step they count
+                    for i, v in enumerate(out):
+                        f.sums[i] += v
+                    f.summed = sg.step
+                status.step(time.perf_counter() - t0, len(batch[1]))
+                regrow = False
+                if last_in_epoch:
+                    sg.gather()  # a pipeline's stages onto every rank: evaluation, checkpoint
+                    progress.epoch(self.close_epoch(epoch), sg.step)
+                    status.flush()
+                    regrow = _regrow_asked(cfg, backend) and sg.step < total
+                    want = want or (regrow and cfg.checkpoint_dir is not None)
+                    if want:
+                        self.snapshot(sg.step)
                 if want:
-                    snapshot(sg.step)
-            if want:
-                commit()
-            result.step_seconds.append(time.perf_counter() - t0)
-            upcoming = sg.prefetched
-            if regrow:  # the next epoch on more ranks: stop here, checkpointed
-                result.stopped_for = "regrow"
-                break
+                    self.commit()
+                result.step_seconds.append(time.perf_counter() - t0)
+                upcoming = sg.prefetched
+                if regrow:  # the next epoch on more ranks: stop here, checkpointed
+                    result.stopped_for = "regrow"
+                    break
+            self._finish(progress, status)
+            return result
+        finally:
+            sg.close()
+            if self.writer is not None:
+                self.writer.shutdown(wait=True)
+
+    def _checkpoints_after(self, step: int, total: int, last_in_epoch: bool) -> bool:
+        """Whether the step after ``step`` steps is checkpointed: every
+        ``checkpoint_every`` steps, else at each epoch's end, and at the last step."""
+        every = self.cfg.training.checkpoint_every
+        return self.cfg.checkpoint_dir is not None and bool(
+            (every and (step + 1) % every == 0)
+            or (not every and last_in_epoch)
+            or step + 1 == total
+        )
+
+    def _finish(self, progress: Progress, status: RankStatus) -> None:
+        sg, result = self.sg, self.result
         sg.gather()
-        for f in pending:
-            result.checkpoint = str(f.result())  # the newest write, rank 0
+        for w in self.pending:
+            result.checkpoint = str(w.result())  # the newest write, rank 0
         result.steps = sg.step
         result.skipped_steps = sg.skipped
         result.bucket_bytes = [b.flat.numel() * b.flat.element_size() for b in sg.buckets]
-        result.epochs = state["epochs"]
+        result.epochs = self.figures.epochs
         result.pipeline = sg.describe()
-        result.params_sha256 = checkpoint.state_digest(model.state_dict())
+        result.params_sha256 = checkpoint.state_digest(self.model.state_dict())
         times = sorted(result.step_seconds)
         if times:
-            result.samples_per_second = t.batch_size / times[len(times) // 2]
+            result.samples_per_second = self.cfg.training.batch_size / times[len(times) // 2]
         if result.stopped_for is None:
             progress.end(sg.step)
             status.done()
         else:  # the run goes on in the next world: not the end, and not done
             status.flush()
-        return result
-    finally:
-        sg.close()
-        if writer is not None:
-            writer.shutdown(wait=True)
 
 
-def _rescued(
-    cfg: TrainConfig, model: torch.nn.Module, sg: TrainStep, state: dict[str, Any]
-) -> dict[str, Any] | None:
-    """An elastic rank's state at its last completed step, copied (under ``sg.guard``,
-    which the caller holds: see :mod:`.rescue`); None when it completed none since it
-    started (its checkpoint already holds that step)."""
-    step = sg.completed
-    if step <= state["start"]:
-        return None
-    sums = [float(v) for v in state["sums"]]
-    if state["summed"] < step:  # the step's own figures, not added yet
-        sums = [a + float(b) for a, b in zip(sums, sg.out)]
-    return {
-        "model": {k: v.detach().clone() for k, v in model.state_dict().items()},
-        "optim": copy.deepcopy(sg.optimizer_states()),
-        "step": step,
-        "epochs": json.dumps(state["epochs"]),
-        "config": cfg.model_dump_json(),
-        # this rank's own figures of the epoch, and the world's from before this launch:
-        # the next world's rank 0 adds the survivors' up (rescue.newest)
-        "sums": json.dumps(sums),
-        "carried": json.dumps(state["carried"]),
-    }
+def _dataset(cfg: TrainConfig) -> Dataset:
+    """The run's samples: its data split here (train and test), or, with ``eval_data``,
+    both files already prepared (neither split nor normalised here)."""
+    t = cfg.training
+    if not cfg.eval_data:
+        return load_dataset(cfg.data, cfg.test_fraction, t.seed, cfg.normalize)
+    ds = load_dataset(cfg.data, 0.0, t.seed, normalize=False)
+    held = load_dataset(cfg.eval_data, 0.0, t.seed, normalize=False)
+    if held.in_shape != ds.in_shape:
+        raise InputError(
+            f"eval_data {cfg.eval_data!r} has samples of shape {held.in_shape}, "
+            f"data {cfg.data!r} of shape {ds.in_shape}"
+        )
+    ds.test = held.train
+    ds.classes = max(ds.classes, held.classes)
+    return ds
 
 
 def _regrow_asked(cfg: TrainConfig, backend: Backend) -> bool:
@@ -366,67 +465,3 @@ def _trace_file(
     for f in older[: max(0, len(older) - (TRACED_EPOCHS - 1))]:
         f.unlink(missing_ok=True)
     return str(d / EPOCH_TRACE(step=step + 1, rank=rank))
-
-
-def _close_epoch(
-    cfg: TrainConfig,
-    backend: Backend,
-    model: torch.nn.Module,
-    ds: Dataset,
-    state: dict[str, Any],
-    epoch: int,
-    guard: Any,
-) -> None:
-    sums = state["sums"]
-    t = torch.tensor([sums[0], float(sums[1]), float(sums[2])], dtype=torch.float64)
-    backend.allreduce(t, "epoch-metrics")
-    t = t * backend.size + torch.tensor(state["carried"], dtype=torch.float64)
-    row = {
-        "epoch": epoch,
-        "train_loss": float(t[0] / max(t[2], 1)),
-        "train_accuracy": float(t[1] / max(t[2], 1)),
-    }
-    if backend.rank == 0 and len(ds.test):
-        row.update(evaluate_samples(model, ds.test, "val" if cfg.eval_data else "test"))
-    with guard:  # a rescue sees the epoch closed, or its figures still running
-        state["epochs"].append(row)
-        state["sums"][:] = [0.0, 0, 0]
-        state["carried"] = [0.0, 0, 0]
-    log.info("epoch %d: %s", epoch, row)
-
-
-def _resume(
-    cfg: TrainConfig,
-    backend: Backend,
-    model: torch.nn.Module,
-    sg: TrainStep,
-    state: dict[str, Any],
-    result: TrainResult,
-) -> int:
-    """Load the newest valid checkpoint on every rank; return the step to start at.
-
-    Rank 0 looks in ``checkpoint_dir`` and at the rescues an elastic run's survivors
-    wrote (:mod:`.rescue`); a newer rescue becomes the run's checkpoint first."""
-    if not cfg.checkpoint_dir:
-        return 0
-    found = newest(cfg.checkpoint_dir) if backend.rank == 0 else None
-    if found is not None and found[0].parent != Path(cfg.checkpoint_dir):
-        step = int(found[1]["step"])
-        saved = checkpoint.save(found[1], cfg.checkpoint_dir, step, cfg.training.keep_checkpoints)
-        log.info("rank 0 takes the rescue of step %d (%s) as checkpoint %s", step, found[0], saved)
-        found = (saved, found[1])
-    path = backend.broadcast_object(str(found[0]) if found else None)
-    if backend.rank == 0:
-        remove_rescues(cfg.checkpoint_dir)  # older than the checkpoint, or saved as one
-    if path is None:
-        return 0
-    snap = found[1] if found else checkpoint.load(path)
-    model.load_state_dict(snap["model"])
-    sg.load_optimizer_states(snap["optim"])
-    state["epochs"] = json.loads(snap["epochs"])
-    # the whole world's figures of the epoch so far, on every rank (added once)
-    state["carried"] = [float(v) for v in json.loads(snap["sums"])]
-    result.resumed_from_step = int(snap["step"])
-    result.resumed_epochs = len(state["epochs"])
-    log.info("rank %d resumes from %s (step %d)", backend.rank, path, snap["step"])
-    return int(snap["step"])

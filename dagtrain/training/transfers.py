@@ -13,6 +13,7 @@ messages do not overtake each other), so waiting in order delays none.
 from __future__ import annotations
 
 import queue
+import re
 import threading
 from time import perf_counter
 from typing import Any
@@ -21,6 +22,10 @@ from dagtrain.sync import CollectiveFailed, CollectiveTimeout, Handle
 from dagtrain.taskgraph import Event
 
 __all__ = ["Transfers"]
+
+# how a library says its own deadline passed (gloo: "Timed out waiting 5000ms for recv
+# operation", "Application timeout caused pair closure"; NCCL, MPI: "timeout")
+_TIMED_OUT = re.compile(r"[Tt]ime(d)? ?out")
 
 
 class Transfers:
@@ -46,13 +51,24 @@ class Transfers:
             try:
                 handle.wait(self.rank, self.timeout)
             except BaseException as e:  # our deadline, gloo's, a peer's connection gone
-                if not isinstance(e, CollectiveTimeout):
-                    e = CollectiveFailed(handle.what, self.rank, e)
-                event.fail(e)
+                event.fail(self._named(handle, e))
                 continue
             self.done.append((name, posted, perf_counter()))
             del keep
             event.fulfill()
+
+    def _named(self, handle: Handle, e: BaseException) -> BaseException:
+        """What the task fails with: a deadline passed (ours, or the library's own,
+        such as gloo's "Application timeout caused pair closure") is a
+        CollectiveTimeout, any other error a CollectiveFailed; either keeps the
+        library's error as its cause."""
+        if isinstance(e, CollectiveTimeout):
+            return e
+        if _TIMED_OUT.search(str(e)):
+            err: BaseException = CollectiveTimeout(handle.what, self.rank, self.timeout)
+            err.__cause__ = e
+            return err
+        return CollectiveFailed(handle.what, self.rank, e)
 
     def close(self) -> None:
         """Stop after the transfers posted; never waits for them (a failing rank must

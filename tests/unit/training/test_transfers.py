@@ -36,3 +36,13 @@ def test_a_transfer_past_its_deadline_is_a_timeout_naming_it():
     err = _run(Handle("recv-act4", test=lambda: False))
     assert isinstance(err, CollectiveTimeout), err
     assert "recv-act4 did not finish within 0.3 s" in str(err)
+
+
+def test_the_librarys_own_deadline_is_a_timeout_with_its_error_as_cause():
+    def closed() -> bool:
+        raise RuntimeError("Application timeout caused pair closure")
+
+    err = _run(Handle("send-act1", test=closed))
+    assert isinstance(err, CollectiveTimeout), err
+    assert "send-act1 did not finish within 0.3 s" in str(err)
+    assert isinstance(err.__cause__, RuntimeError)
