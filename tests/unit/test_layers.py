@@ -220,3 +220,14 @@ def test_no_module_imports_another_modules_private_names(tmp_path):
     with open(copy / "cli" / "run.py", "a") as f:
         f.write("\nfrom .rest import _planted\nfrom dagtrain.operators import _base\n")
     assert private_imports(copy) == ["dagtrain/cli/run.py imports _planted from .rest"]
+
+
+def test_the_architecture_page_names_every_module():
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    modules = [
+        p.relative_to(PACKAGE).as_posix()
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if p.name != "__init__.py" and "__pycache__" not in p.parts
+    ]
+    missing = [m for m in modules if f"`{m}`" not in page]
+    assert not missing, f"docs/architecture.md does not name {missing}"
