@@ -204,20 +204,15 @@ class _Embedded:
 
     @_on_stderr
     def dags_of(self, run_id: str) -> list[str]:
-        from airflow.models.dagrun import DagRun
-        from sqlalchemy import select
+        from dagtrain.plugins import queries
 
-        return sorted(self.session.scalars(select(DagRun.dag_id).where(DagRun.run_id == run_id)))
+        return queries.dag_ids_of_run(self.session, run_id)
 
     @_on_stderr
     def recent(self, dag_id: str | None, limit: int = 5) -> list[tuple[str, str]]:
-        from airflow.models.dagrun import DagRun
-        from sqlalchemy import select
+        from dagtrain.plugins import queries
 
-        q = select(DagRun.dag_id, DagRun.run_id).order_by(DagRun.run_after.desc()).limit(limit)
-        if dag_id is not None:
-            q = q.where(DagRun.dag_id == dag_id)
-        return [(d, r) for d, r in self.session.execute(q)]
+        return [(r.dag_id, r.run_id) for r in queries.recent_runs(self.session, dag_id, limit)]
 
     @_on_stderr
     def task_tries(self, dag_id: str, run_id: str) -> list[TaskTries] | None:
@@ -231,28 +226,12 @@ class _Embedded:
         import logging
 
         from airflow.exceptions import TaskNotFound
-        from airflow.models.taskinstance import TaskInstance as TI
-        from airflow.models.taskinstancehistory import TaskInstanceHistory as TIH
         from airflow.utils.log.log_reader import TaskLogReader
-        from sqlalchemy import select
-        from sqlalchemy.orm import joinedload
+
+        from dagtrain.plugins import queries
 
         # as the api-server does: the task instance if it is at that try, else its history
-        ti = None
-        for model in (TI, TIH):
-            ti = self.session.scalar(
-                select(model)
-                .where(
-                    model.dag_id == dag_id,
-                    model.run_id == run_id,
-                    model.task_id == t.task_id,
-                    model.map_index == t.map_index,
-                    model.try_number == n,
-                )
-                .options(joinedload(model.dag_run))
-            )
-            if ti is not None:
-                break
+        ti = queries.task_try(self.session, dag_id, run_id, t.task_id, t.map_index, n)
         if ti is None:
             return []
         if self.dag is not None:
@@ -274,28 +253,22 @@ def _task_tries(
     """The run's task instances with their tries (history and current), in DAG order;
     None if there is no such run."""
     from airflow.models.dagbag import DBDagBag
-    from airflow.models.dagrun import DagRun
-    from airflow.models.taskinstance import TaskInstance as TI
-    from airflow.models.taskinstancehistory import TaskInstanceHistory as TIH
-    from sqlalchemy import select
 
-    run = session.scalar(select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
+    from dagtrain.plugins import queries
+
+    run = queries.dag_run(session, dag_id, run_id)
     if run is None:
         return None
     by_key: dict[tuple[str, int], TaskTries] = {}
-    for ti in session.scalars(select(TI).where(TI.dag_id == dag_id, TI.run_id == run_id)):
-        state = None if ti.state is None else str(getattr(ti.state, "value", ti.state))
+    for ti in queries.task_instances(session, dag_id, run_id):
         by_key[(ti.task_id, ti.map_index)] = TaskTries(
             ti.task_id,
             ti.map_index,
-            state,
+            queries.state_text(ti.state),
             [ti.try_number] if ti.try_number else [],
             ti.start_date.isoformat() if ti.start_date else "",
         )
-    old = select(TIH.task_id, TIH.map_index, TIH.try_number).where(
-        TIH.dag_id == dag_id, TIH.run_id == run_id
-    )
-    for task_id, map_index, n in session.execute(old):
+    for task_id, map_index, n in queries.earlier_tries(session, dag_id, run_id):
         t = by_key.setdefault((task_id, map_index), TaskTries(task_id, map_index))
         if n and n not in t.tries:
             t.tries.append(n)
@@ -538,15 +511,15 @@ def log_files(dag_id: str, run_id: str) -> list[tuple[str, int, Path]]:
     base_log_folder`` and ``log_filename_template``). A file may be missing (a try that
     ended before it wrote one). Call it after the home was activated."""
     from airflow.configuration import conf
-    from airflow.models.dagrun import DagRun
     from airflow.utils.helpers import log_filename_template_renderer
     from airflow.utils.session import create_session
-    from sqlalchemy import select
+
+    from dagtrain.plugins import queries
 
     base = Path(conf.get("logging", "base_log_folder")).expanduser().resolve()
     render = log_filename_template_renderer()
     with create_session() as session:
-        run = session.scalar(select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
+        run = queries.dag_run(session, dag_id, run_id)
         if run is None:
             return []
         logical_date = run.logical_date or run.run_after

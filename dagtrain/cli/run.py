@@ -358,20 +358,17 @@ _ENDED = ("success", "failed")
 
 def _task_states(dag_id: str, run_id: str) -> dict[str, tuple[str, int]]:
     """Each task instance of the run: label -> (state, try number), through the ORM."""
-    from airflow.models.taskinstance import TaskInstance
     from airflow.utils.session import create_session
-    from sqlalchemy import select
+
+    from dagtrain.plugins import queries
 
     with create_session() as session:
-        tis = session.scalars(
-            select(TaskInstance).where(TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id)
-        ).all()
         return {
             (ti.task_id if ti.map_index < 0 else f"{ti.task_id}[{ti.map_index}]"): (
-                str(getattr(ti.state, "value", ti.state)),
+                str(queries.state_text(ti.state)),
                 int(ti.try_number or 0),
             )
-            for ti in tis
+            for ti in queries.task_instances(session, dag_id, run_id)
         }
 
 
@@ -388,15 +385,12 @@ def _fail(dag_id: str, run_id: str) -> bool:
 
 def _state(dag_id: str, run_id: str) -> str | None:
     """The DAG run's state, read through Airflow's ORM (None: no such run)."""
-    from airflow.models.dagrun import DagRun
     from airflow.utils.session import create_session
-    from sqlalchemy import select
+
+    from dagtrain.plugins import queries
 
     with create_session() as session:
-        state = session.scalar(
-            select(DagRun.state).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id)
-        )
-    return None if state is None else str(getattr(state, "value", state))
+        return queries.run_state(session, dag_id, run_id)
 
 
 def _log_files(dag_id: str, run_id: str) -> None:

@@ -90,13 +90,13 @@ def fail_run(dag_id: str, run_id: str) -> str | None:
     from airflow.api_fastapi.core_api.datamodels.dag_run import DagRunMutableStates
     from airflow.api_fastapi.core_api.services.public.dag_run import patch_dag_run_state
     from airflow.models.dagbag import DBDagBag
-    from airflow.models.dagrun import DagRun
     from airflow.utils.session import create_session
     from airflow.utils.state import DagRunState
-    from sqlalchemy import select
+
+    from dagtrain.plugins import queries
 
     with create_session() as session:
-        dr = session.scalar(select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
+        dr = queries.dag_run(session, dag_id, run_id)
         if dr is None:
             return None
         if dr.state in (DagRunState.RUNNING, DagRunState.QUEUED):
@@ -104,7 +104,7 @@ def fail_run(dag_id: str, run_id: str) -> str | None:
             patch_dag_run_state(
                 dag=dag, dag_run=dr, state=DagRunMutableStates.FAILED, session=session
             )
-        return str(getattr(dr.state, "value", dr.state))
+        return queries.state_text(dr.state)
 
 
 def kill_family(pid: int, include_self: bool = False) -> None:

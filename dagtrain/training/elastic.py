@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dagtrain.config import TrainConfig
+from dagtrain.config import DistributedConfig, TrainConfig
 from dagtrain.launch import Hosts, Job, RankFailure, RankInputError, answers
 from dagtrain.launch.diagnose import STALLED, stalled_rank
 from dagtrain.rank_env import REGROW
@@ -306,74 +306,8 @@ def run_elastic(
             _settle(timer, pending, on_change)
             job = jobs[-1] if jobs else None
             began = began or _began(job)
-            loss = is_loss(e, job)
-            if not loss:
-                raise
-            if len(changes) >= d.max_world_changes:
-                say(
-                    f"dagtrain: {d.max_world_changes} world change(s) made already "
-                    "(distributed.max_world_changes): this loss fails the try"
-                )
-                _fails_the_try(
-                    e,
-                    f"{d.max_world_changes} world change(s) made already in this try "
-                    "(distributed.max_world_changes)",
-                )
-                raise
-            quiet = stalled_rank(job) if job is not None else None
-            lost = lost_ranks(e, job, quiet)
-            why = e.summary
-            if quiet is not None and quiet != e.rank:  # e names a rank that gave up on it
-                why = f"rank {quiet} stopped answering; {e.summary}"
-            if len(lost) > 1:
-                others = ", ".join(map(str, lost[1:]))
-                why += f", and rank{'s' if len(lost) > 2 else ''} {others} with it"
-            where = {r: _host_of(job, r, spec) for r in lost}
-            # the job starts again on the hosts that answer: the lost ranks' hosts, and
-            # any other that went with them; a slot on a host that answers is used
-            # again at once, unless it already lost a rank in this try
-            silent = _silent(spec, [h for h in world.slots if world.free(h)])
-            if e.how.startswith("was lost with its host") and lost:
-                silent = list(dict.fromkeys([where[lost[0]], *silent]))
-            for h in silent:
-                world.lose_host(h)
-            dropped = [
-                r
-                for r in lost
-                if where[r] not in silent and not world.lose_slot(where[r], _slot(job, r, spec))
-            ]
-            hosts_lost = list(dict.fromkeys([*(where[r] for r in lost), *silent]))
-            pending = WorldChange(
-                "shrink" if world.size < n else "restart",
-                n,
-                world.size,
-                why,
-                _lost_at(job, lost, quiet),
-                ranks=lost,
-                hosts=hosts_lost,
-                reached=_reached(job),
-            )
-            if world.size < d.fewest_ranks:  # no change of world: the try fails
-                reason = (
-                    f"{world.size} rank(s) left, fewer than distributed.min_ranks {d.fewest_ranks}"
-                )
-                say(f"dagtrain: {why}; {reason}: the try fails")
-                _fails_the_try(e, reason)
-                raise
+            pending = _after_loss(e, job, world, spec, n, len(changes), d, say)
             changes.append(pending)
-            for other in silent:
-                if other not in where.values():
-                    say(f"dagtrain: host {other} does not answer either: left out")
-            left_out = [f"host {h}" for h in silent] + [
-                f"rank {r}'s slot, lost twice in this try" for r in dropped
-            ]
-            again = "; its slot used again" if len(lost) == 1 else "; their slots used again"
-            say(
-                f"dagtrain: {why}"
-                + (again if pending.change == "restart" else "")
-                + f"; going on with {world.size} of {d.ranks} rank(s)"
-                + (f" ({', '.join(left_out)} left out)" if left_out else "")
-            )
             continue
         finally:
             stop.set()
@@ -406,6 +340,89 @@ def run_elastic(
         )
         changes.append(pending)
         say(f"dagtrain: {pending.why}: going on with {world.size} of {d.ranks} rank(s)")
+
+
+def _after_loss(
+    e: RankFailure,
+    job: Job | None,
+    world: World,
+    spec: Hosts | None,
+    n: int,
+    made: int,
+    d: DistributedConfig,
+    say: Callable[[str], None],
+) -> WorldChange:
+    """The world change after ``e`` ended a world of ``n`` ranks (``made`` changes made
+    already in this try): the lost ranks and hosts left out of ``world``, said in the
+    task's log. ``e`` is raised again where it is no loss, where it would pass
+    ``distributed.max_world_changes``, or where fewer than ``min_ranks`` would be left
+    (the try fails, saying why)."""
+    loss = is_loss(e, job)
+    if not loss:
+        raise e
+    if made >= d.max_world_changes:
+        say(
+            f"dagtrain: {d.max_world_changes} world change(s) made already "
+            "(distributed.max_world_changes): this loss fails the try"
+        )
+        _fails_the_try(
+            e,
+            f"{d.max_world_changes} world change(s) made already in this try "
+            "(distributed.max_world_changes)",
+        )
+        raise e
+    quiet = stalled_rank(job) if job is not None else None
+    lost = lost_ranks(e, job, quiet)
+    why = e.summary
+    if quiet is not None and quiet != e.rank:  # e names a rank that gave up on it
+        why = f"rank {quiet} stopped answering; {e.summary}"
+    if len(lost) > 1:
+        others = ", ".join(map(str, lost[1:]))
+        why += f", and rank{'s' if len(lost) > 2 else ''} {others} with it"
+    where = {r: _host_of(job, r, spec) for r in lost}
+    # the job starts again on the hosts that answer: the lost ranks' hosts, and
+    # any other that went with them; a slot on a host that answers is used
+    # again at once, unless it already lost a rank in this try
+    silent = _silent(spec, [h for h in world.slots if world.free(h)])
+    if e.how.startswith("was lost with its host") and lost:
+        silent = list(dict.fromkeys([where[lost[0]], *silent]))
+    for h in silent:
+        world.lose_host(h)
+    dropped = [
+        r
+        for r in lost
+        if where[r] not in silent and not world.lose_slot(where[r], _slot(job, r, spec))
+    ]
+    hosts_lost = list(dict.fromkeys([*(where[r] for r in lost), *silent]))
+    change = WorldChange(
+        "shrink" if world.size < n else "restart",
+        n,
+        world.size,
+        why,
+        _lost_at(job, lost, quiet),
+        ranks=lost,
+        hosts=hosts_lost,
+        reached=_reached(job),
+    )
+    if world.size < d.fewest_ranks:  # no change of world: the try fails
+        reason = f"{world.size} rank(s) left, fewer than distributed.min_ranks {d.fewest_ranks}"
+        say(f"dagtrain: {why}; {reason}: the try fails")
+        _fails_the_try(e, reason)
+        raise e
+    for other in silent:
+        if other not in where.values():
+            say(f"dagtrain: host {other} does not answer either: left out")
+    left_out = [f"host {h}" for h in silent] + [
+        f"rank {r}'s slot, lost twice in this try" for r in dropped
+    ]
+    again = "; its slot used again" if len(lost) == 1 else "; their slots used again"
+    say(
+        f"dagtrain: {why}"
+        + (again if change.change == "restart" else "")
+        + f"; going on with {world.size} of {d.ranks} rank(s)"
+        + (f" ({', '.join(left_out)} left out)" if left_out else "")
+    )
+    return change
 
 
 def _silent(spec: Hosts | None, hosts: list[str]) -> list[str]:

@@ -13,7 +13,8 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from dagtrain.plugins import report
-from dagtrain.plugins.app import _FILES, STATIC
+from dagtrain.plugins.routes import FILES as _FILES
+from dagtrain.plugins.routes import STATIC
 
 from .pipeline_fixture import DAG
 
