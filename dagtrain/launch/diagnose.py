@@ -28,6 +28,7 @@ from .supervise import TAIL, Ending, Job
 
 __all__ = [
     "STALLED",
+    "TIMED_OUT",
     "RankFailure",
     "RankInputError",
     "diagnose",
@@ -54,11 +55,11 @@ _TORCHRUN = re.compile(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s+exitcode\s*:\s*(
 # how a rank the others waited for at their first collective is said to have ended
 STALLED = "never reached its first collective"
 # a rank that gave up waiting (its recorded error): ours (CollectiveTimeout), gloo's, NCCL's
-_TIMED_OUT = re.compile(r"did not finish within|[Tt]imed out|[Tt]imeout")
+TIMED_OUT = re.compile(r"did not finish within|[Tt]imed out|[Tt]imeout")
 # a rank that failed because a peer did (its recorded error): it gave up waiting, its
 # peer's connection closed, or Horovod shut down after an exception on another rank
 _FOLLOWED = re.compile(
-    _TIMED_OUT.pattern + r"|Horovod has been shut down|[Cc]onnection (closed|reset) by peer"
+    TIMED_OUT.pattern + r"|Horovod has been shut down|[Cc]onnection (closed|reset) by peer"
 )
 
 
@@ -234,7 +235,7 @@ def diagnose(job: Job, ending: Ending) -> RankFailure:
     detail = f" ({_error(failure)})" if failure is not None and sig is None else ""
     how = None
     missing = _never_ready(job, failures)
-    if missing is not None and any(_TIMED_OUT.search(_error(f)) for f in failures):
+    if missing is not None and any(TIMED_OUT.search(_error(f)) for f in failures):
         # the rank that gave up waiting is not the cause: the one that never arrived is
         waited, rank, code, sig, failure = rank, missing, None, None, None
         how = f"{STALLED} (it hung, was stopped, or is too slow)"
@@ -343,7 +344,7 @@ def stalled_rank(job: Job) -> int | None:
     more than one could be (a launcher that killed the others before they said
     anything)."""
     failures = [r for r in job.records.values() if r.get("status") == "failed"]
-    if not failures or not all(_TIMED_OUT.search(_error(f)) for f in failures):
+    if not failures or not all(TIMED_OUT.search(_error(f)) for f in failures):
         return None
     quiet = [
         r

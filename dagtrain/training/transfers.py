@@ -13,19 +13,15 @@ messages do not overtake each other), so waiting in order delays none.
 from __future__ import annotations
 
 import queue
-import re
 import threading
 from time import perf_counter
 from typing import Any
 
+from dagtrain.launch.diagnose import TIMED_OUT
 from dagtrain.sync import CollectiveFailed, CollectiveTimeout, Handle
 from dagtrain.taskgraph import Event
 
 __all__ = ["Transfers"]
-
-# how a library says its own deadline passed (gloo: "Timed out waiting 5000ms for recv
-# operation", "Application timeout caused pair closure"; NCCL, MPI: "timeout")
-_TIMED_OUT = re.compile(r"[Tt]ime(d)? ?out")
 
 
 class Transfers:
@@ -64,7 +60,7 @@ class Transfers:
         library's error as its cause."""
         if isinstance(e, CollectiveTimeout):
             return e
-        if _TIMED_OUT.search(str(e)):
+        if TIMED_OUT.search(str(e)):  # the library's own deadline (gloo's, NCCL's)
             err: BaseException = CollectiveTimeout(handle.what, self.rank, self.timeout)
             err.__cause__ = e
             return err
