@@ -32,21 +32,28 @@ task and its event); the caller links the task to its predecessors and records i
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any
 
-from .task import IN, INOUTSET, MUTEX, OUT, Bound, Event, Item, Mutex, Ref, Slot, Task
+from .task import IN, INOUTSET, MUTEX, OUT, PENDING, Bound, Event, Item, Mutex, Ref, Slot, Task
 
 __all__ = [
+    "NO_CLAUSE",
     "IdKey",
+    "add_plain",
     "build_task",
     "find_cycle",
     "items",
     "key_of",
     "pin_current",
     "unwire_plain",
+    "upward_ranks_of",
     "wait_targets",
 ]
+
+NO_CLAUSE = ()  # a clause's default: the empty tuple is one object, so `is` tests it
+_NO = NO_CLAUSE
+_new_list = list.__new__  # a record made without calling __init__ (the build's hot path)
 
 _SEQ = (tuple, list)
 _SETS = (set, frozenset)
@@ -364,6 +371,123 @@ def wait_targets(scope: dict, clauses: tuple) -> list[Task]:
     return found
 
 
+def add_plain(
+    scope: dict,
+    fn: Callable[..., Any],
+    args: tuple,
+    name: str,
+    priority: float,
+    cost: float | None,
+    index: int,
+    in_: Any,
+    out: Any,
+    inout: Any,
+) -> Task | None:
+    """The common task of a build, made and wired in one call: top level, only
+    ``in_``/``out``/``inout`` on hashable items, no ``Ref`` argument. Returns None,
+    the scope as it was, for anything else (``build_task`` then makes it).
+
+    The rules of :func:`build_task`, the same edges and item states
+    (tests/unit/taskgraph/test_build_plain.py builds random programs both ways and
+    compares them), inlined: most of a build's time is Python's per-call and per-record
+    overhead. Written items first: their edges now, their new state once every item was
+    looked up, so that a read of an item this task also writes is seen (and dropped:
+    out wins). An unhashable item: :func:`unwire_plain` takes back what was linked.
+    The caller appends the task to its graph.
+    """
+    for a in args:
+        if a.__class__ is Ref:
+            return None
+    get = scope.get
+    task = _new_list(Task)  # Task(fn, args, None, name, priority, cost, index)
+    task.fn = fn
+    task.args = args
+    task.kwargs = None
+    task.name = name
+    task.priority = priority
+    task.cost = cost
+    task.index = index
+    task.npred = 0
+    task.x = task.last = None
+    task.npred_left = 0
+    task.run_state = PENDING
+    task.key = 0
+    task.t0 = task.t1 = 0.0
+    task.worker = -1
+    n = 0  # its predecessors, each linked once (p.last is task once linked)
+    first = more = None  # the items it writes (their state changes last)
+    try:
+        for clause in (out, inout):
+            if clause is _NO:
+                continue
+            t = type(clause)
+            for item in clause if t is list or t is tuple else items(clause):
+                st = get(item)
+                if st is None:  # a new item: nothing to wait for
+                    st = scope[item] = _new_list(Item)  # Item(), inlined
+                    st.kind = st.group = st.preds = st.slot = st.mutex = None
+                else:  # the readers since the last writer or set, else
+                    # that writer, or that set (a list; None: nothing)
+                    g = st.group
+                    for p in st if st else (g,) if st.kind == OUT else g or ():
+                        if p.last is not task:
+                            p.last = task
+                            p.append(task)
+                            n += 1
+                if first is None:
+                    first = st
+                elif st is not first:
+                    if more is None:
+                        more = {st}  # (items hash by identity)
+                    else:
+                        more.add(st)
+        if in_ is not _NO:
+            t = type(in_)
+            for item in in_ if t is list or t is tuple else items(in_):
+                st = get(item)
+                if st is None:  # a new item: its first reader
+                    st = scope[item] = _new_list(Item)
+                    st.append(task)
+                    st.kind = st.group = st.preds = st.slot = st.mutex = None
+                    continue
+                if st is first or (more is not None and st in more):
+                    continue  # it writes the item too
+                k = st.kind
+                if k == OUT:  # the last writer
+                    p = st.group
+                    if p.last is not task:
+                        p.last = task
+                        p.append(task)
+                        n += 1
+                        st.append(task)  # one of the readers since
+                        continue
+                elif k is not None:  # or set
+                    for p in st.group:
+                        if p.last is not task:
+                            p.last = task
+                            p.append(task)
+                            n += 1
+                if not st or st[-1] is not task:  # (named twice)
+                    st.append(task)
+    except TypeError:  # an unhashable item: matched by identity, in build_task
+        unwire_plain(scope, task, (in_, out, inout))
+        return None
+    except BaseException:  # an item's __hash__/__eq__ raised: as it was
+        unwire_plain(scope, task, (in_, out, inout))
+        raise
+    if first is not None:  # it is now the last writer of what it writes
+        for st in (first,) if more is None else (first, *more):
+            if st.slot is not None:
+                supersede(st)
+            st.kind = OUT
+            st.group = task
+            st.preds = None
+            if st:
+                st.clear()
+    task.npred = n
+    return task
+
+
 def unwire_plain(scope: dict, task: Task, clauses: tuple) -> None:
     """Take back what ``TaskGraph.add``'s plain path did for ``task`` before it met an
     unhashable item (TypeError: ``build_task`` then starts from the graph as it was), or
@@ -406,6 +530,19 @@ def supersede(st: Item) -> None:
         if slot.droppable():
             slot.value = None
         st.slot = None
+
+
+def upward_ranks_of(costs: Sequence[float], order: Sequence[Task]) -> list[float]:
+    """rank[i] = costs[i] plus the costliest chain of successors after task i.
+
+    ``order``: the tasks in a topological order. ``TaskGraph.prepare`` keys the ready
+    queue by these ranks; :func:`.analysis.upward_ranks` is the same with the costs
+    checked.
+    """
+    rank = [0.0] * len(costs)
+    for t in reversed(order):
+        rank[t.index] = costs[t.index] + max((rank[s.index] for s in t), default=0.0)
+    return rank
 
 
 def find_cycle(tasks: list[Task], left: set[int]) -> list[str]:

@@ -19,41 +19,36 @@ from __future__ import annotations
 
 import gc
 from collections import deque
-from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from contextlib import contextmanager
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
-from .deps import build_task, find_cycle, items, key_of, supersede, unwire_plain
+from .deps import (
+    NO_CLAUSE,
+    add_plain,
+    build_task,
+    find_cycle,
+    items,
+    key_of,
+    upward_ranks_of,
+)
 from .errors import CycleError
 from .inline import GIL
-from .task import OUT, PENDING, Event, Item, Ref, Slot, Task
+from .runtime import Run
+from .task import OUT, Event, Item, Slot, Task
 
 if TYPE_CHECKING:
     import os
 
     from .report import RunReport
-    from .runtime import Run
     from .trace import TraceFile
 
-__all__ = ["TaskGraph", "gc_paused", "upward_ranks_of"]
+__all__ = ["TaskGraph", "gc_paused"]
 
 _NONE = (tuple, list, set, frozenset)  # an empty one of these names no item
-_NO = ()  # a clause's default: the empty tuple is one object, so `is _NO` tests it
-_new_list = list.__new__  # a record made without calling __init__ (the build's hot path)
+_NO = NO_CLAUSE
 _COST, _PRIORITY, _EXTRAS, _NAME = map(attrgetter, ("cost", "priority", "x", "name"))
-
-
-def upward_ranks_of(costs: Sequence[float], order: Sequence[Task]) -> list[float]:
-    """rank[i] = costs[i] plus the costliest chain of successors after task i.
-
-    ``order``: the tasks in a topological order. ``prepare`` keys the ready queue by
-    these ranks; :func:`.analysis.upward_ranks` is the same with the costs checked.
-    """
-    rank = [0.0] * len(costs)
-    for t in reversed(order):
-        rank[t.index] = costs[t.index] + max((rank[s.index] for s in t), default=0.0)
-    return rank
 
 
 class TaskGraph:
@@ -155,111 +150,16 @@ class TaskGraph:
             and not kwargs
             and self._run is None
         ):
-            # The common task of a build, made and wired here (most of a build's time
-            # is Python's per-call and per-record overhead): top level, only
-            # in_/out/inout on hashable items, no Ref. The rules of deps.build_task,
-            # the same edges and item states (tests/unit/taskgraph/test_build_plain.py
-            # builds random programs both ways and compares them). Written items first:
-            # their edges now, their new state once every item was looked up, so that
-            # a read of an item this task also writes is seen (and dropped: out wins).
-            # A Ref goes to build_task, and so does an unhashable item, after
-            # deps.unwire_plain took back what this task had linked.
-            for a in args:
-                if a.__class__ is Ref:
-                    break
-            else:
-                scope = self.scope
-                get = scope.get
-                tasks = self.tasks
-                task = _new_list(Task)  # Task(fn, args, None, name, priority, cost, index)
-                task.fn = fn
-                task.args = args
-                task.kwargs = None
-                task.name = name
-                task.priority = priority
-                task.cost = cost
-                task.index = len(tasks)
-                task.npred = 0
-                task.x = task.last = None
-                task.npred_left = 0
-                task.run_state = PENDING
-                task.key = 0
-                task.t0 = task.t1 = 0.0
-                task.worker = -1
-                n = 0  # its predecessors, each linked once (p.last is task once linked)
-                first = more = None  # the items it writes (their state changes last)
-                try:
-                    for clause in (out, inout):
-                        if clause is _NO:
-                            continue
-                        t = type(clause)
-                        for item in clause if t is list or t is tuple else items(clause):
-                            st = get(item)
-                            if st is None:  # a new item: nothing to wait for
-                                st = scope[item] = _new_list(Item)  # Item(), inlined
-                                st.kind = st.group = st.preds = st.slot = st.mutex = None
-                            else:  # the readers since the last writer or set, else
-                                # that writer, or that set (a list; None: nothing)
-                                g = st.group
-                                for p in st if st else (g,) if st.kind == OUT else g or ():
-                                    if p.last is not task:
-                                        p.last = task
-                                        p.append(task)
-                                        n += 1
-                            if first is None:
-                                first = st
-                            elif st is not first:
-                                if more is None:
-                                    more = {st}  # (items hash by identity)
-                                else:
-                                    more.add(st)
-                    if in_ is not _NO:
-                        t = type(in_)
-                        for item in in_ if t is list or t is tuple else items(in_):
-                            st = get(item)
-                            if st is None:  # a new item: its first reader
-                                st = scope[item] = _new_list(Item)
-                                st.append(task)
-                                st.kind = st.group = st.preds = st.slot = st.mutex = None
-                                continue
-                            if st is first or (more is not None and st in more):
-                                continue  # it writes the item too
-                            k = st.kind
-                            if k == OUT:  # the last writer
-                                p = st.group
-                                if p.last is not task:
-                                    p.last = task
-                                    p.append(task)
-                                    n += 1
-                                    st.append(task)  # one of the readers since
-                                    continue
-                            elif k is not None:  # or set
-                                for p in st.group:
-                                    if p.last is not task:
-                                        p.last = task
-                                        p.append(task)
-                                        n += 1
-                            if not st or st[-1] is not task:  # (named twice)
-                                st.append(task)
-                except TypeError:  # an unhashable item: matched by identity
-                    unwire_plain(scope, task, (in_, out, inout))
-                except BaseException:  # an item's __hash__/__eq__ raised: as it was
-                    unwire_plain(scope, task, (in_, out, inout))
-                    raise
-                else:
-                    if first is not None:  # it is now the last writer of what it writes
-                        for st in (first,) if more is None else (first, *more):
-                            if st.slot is not None:
-                                supersede(st)
-                            st.kind = OUT
-                            st.group = task
-                            st.preds = None
-                            if st:
-                                st.clear()
-                    task.npred = n
-                    tasks.append(task)
-                    self._prepared = False
-                    return task
+            # The common task of a build (most of a build's time is Python's per-call
+            # and per-record overhead): made and wired in one call, or None for
+            # build_task (a Ref argument, an unhashable item).
+            tasks = self.tasks
+            index = len(tasks)
+            task = add_plain(self.scope, fn, args, name, priority, cost, index, in_, out, inout)
+            if task is not None:
+                tasks.append(task)
+                self._prepared = False
+                return task
         spec = (
             fn,
             args,
@@ -400,10 +300,12 @@ class TaskGraph:
             and self._run is None
             and (GIL if self._grain is None else self._grain < inline_below)
         ):
-            from .inline import run_inline
-
             _check_workers(workers)
-            report = run_inline(self, workers, trace, inline_below, probe=self._grain is None)
+            run = self._run = Run(self, workers, trace, incremental=False)
+            try:  # (the graph holds the run: a body's add/taskwait/taskgroup finds it)
+                report = run.run_inline(inline_below, probe=self._grain is None)
+            finally:
+                self._run = None
         else:
             self._start(workers, trace, keep, incremental=False)
             report = self.join(timeout=timeout)
@@ -429,8 +331,6 @@ class TaskGraph:
         self._start(workers, trace, keep, incremental=True)
 
     def _start(self, workers: int, trace: Any, keep: Any, incremental: bool) -> None:
-        from .runtime import Run
-
         if self._run is not None:
             raise RuntimeError(f"graph {self.name!r} is already running; join() it first")
         _check_workers(workers)

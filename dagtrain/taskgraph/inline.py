@@ -83,68 +83,61 @@ class Probe:
         self.over = False  # the caller finished inline: the helper leaves
 
 
-def run_inline(
-    graph: TaskGraph, workers: int, trace: Any, inline_below: float, probe: bool
-) -> RunReport:
-    """Run a prepared plain graph inline in the calling thread, in a topological order,
-    handing it to the team when a body adds or waits, or, with ``probe`` (a first run),
-    when the helper sees bigger tasks (see the module docstring). Same report, same
-    errors as a threaded run."""
-    from .runtime import Run
-
+def run_inline(run: Run, inline_below: float, probe: bool) -> RunReport:
+    """Run a new run's prepared plain graph inline in the calling thread, in a
+    topological order, handing it to the team when a body adds or waits (the graph
+    holds the run meanwhile, so that a body's add/taskwait/taskgroup finds it), or,
+    with ``probe`` (a first run), when the helper sees bigger tasks (see the module
+    docstring). Same report, same errors as a threaded run."""
+    graph, workers, trace = run.graph, run.workers, run.trace
     order = graph.order if graph.order is not None else graph.tasks
-    run = Run(graph, workers, trace, incremental=False)
     pr = run.probe = Probe(order, inline_below, probe and workers > 1)
-    graph._run = run  # a body's add/taskwait/taskgroup finds it, and hands over
     try:
-        try:
-            if pr.watched:
-                helper = threading.Thread(
-                    target=_watch, args=(run, pr), daemon=True, name=f"{graph.name}-worker-1"
-                )
-                run.threads.append(helper)
-                helper.start()
-            pr.t0 = run.t0 = perf_counter()  # after the start: not a task's time
-            ends = pr.ends
-            mark = ends.append
-            perf = perf_counter
-            failed: tuple[Task, BaseException, float] | None = None
-            for task in pr.left:  # (ends early when the helper took what was left)
-                try:
-                    kw = task.kwargs
-                    task.fn(*task.args, **kw) if kw else task.fn(*task.args)
-                except BaseException as e:
-                    failed = (task, e, perf())
-                    break
-                mark(perf())
-            with run.lock:
-                handed = pr.handed >= 0
-                pr.over = True
-                run.cond.notify_all()
-            if not handed:
-                for th in run.threads:
-                    th.join()
-            else:
-                _retire_inline(run, pr, failed)
-        except BaseException:  # outside a task body (an interrupt): stop, join, raise
-            _abandon(run, pr)
-            raise
-        if not handed:
-            if failed is not None:
-                mark(failed[2])
-            return _inline_report(
-                graph,
-                order,
-                workers,
-                trace,
-                pr.t0,
-                ends,
-                perf(),
-                None if failed is None else (failed[0], failed[1]),
+        if pr.watched:
+            helper = threading.Thread(
+                target=_watch, args=(run, pr), daemon=True, name=f"{graph.name}-worker-1"
             )
-        return run.finish(None)
-    finally:
-        graph._run = None
+            run.threads.append(helper)
+            helper.start()
+        pr.t0 = run.t0 = perf_counter()  # after the start: not a task's time
+        ends = pr.ends
+        mark = ends.append
+        perf = perf_counter
+        failed: tuple[Task, BaseException, float] | None = None
+        for task in pr.left:  # (ends early when the helper took what was left)
+            try:
+                kw = task.kwargs
+                task.fn(*task.args, **kw) if kw else task.fn(*task.args)
+            except BaseException as e:
+                failed = (task, e, perf())
+                break
+            mark(perf())
+        with run.lock:
+            handed = pr.handed >= 0
+            pr.over = True
+            run.cond.notify_all()
+        if not handed:
+            for th in run.threads:
+                th.join()
+        else:
+            _retire_inline(run, pr, failed)
+    except BaseException:  # outside a task body (an interrupt): stop, join, raise
+        _abandon(run, pr)
+        raise
+    if not handed:
+        if failed is not None:
+            mark(failed[2])
+        return _inline_report(
+            graph,
+            order,
+            workers,
+            trace,
+            pr.t0,
+            ends,
+            perf(),
+            None if failed is None else (failed[0], failed[1]),
+        )
+    return run.finish(None)
 
 
 def _retire_inline(run: Run, pr: Probe, failed: tuple[Task, BaseException, float] | None) -> None:
@@ -160,13 +153,13 @@ def _retire_inline(run: Run, pr: Probe, failed: tuple[Task, BaseException, float
             start = ends[k]
             x = t.x
             if x is None:
-                run._complete(t)
+                run.complete(t)
             else:  # its body added tasks
-                run._retire(t, x, None)
+                run.retire(t, x, None)
         if failed is not None:
             t, exc, t1 = failed
             t.t0, t.t1, t.worker = start, t1, 0
-            run._fail(t, exc)
+            run.fail(t, exc)
         run.current[0] = None
         if run.idle:
             run.cond.notify_all()
@@ -216,7 +209,7 @@ def _watch(run: Run, pr: Probe) -> None:
                 take_over(run, pr)
         handed = pr.handed >= 0
     if handed:
-        run._helper(1)
+        run.serve(1)
 
 
 def _inline_report(
@@ -307,11 +300,11 @@ def take_over(run: Run, probe: Probe) -> None:
     for k in range(claimed, len(order)):
         t = order[k]
         if not t.npred_left:
-            run._make_ready(t)
+            run.make_ready(t)
     run.outstanding = len(tasks) - done
     for wid in range(2 if probe.watched else 1, run.workers):
         th = threading.Thread(
-            target=run._helper, args=(wid,), daemon=True, name=f"{run.graph.name}-worker-{wid}"
+            target=run.serve, args=(wid,), daemon=True, name=f"{run.graph.name}-worker-{wid}"
         )
         run.threads.append(th)
         th.start()

@@ -59,7 +59,7 @@ thread leaves after the task it is running; ``finish`` then cancels every task t
 not run, joins the threads and raises ``TaskError`` from the original exception. A
 task that depends on a failed task can therefore never start. A wait in a task body
 also ends at join's deadline; when the run stops with no task failed (timeout,
-interrupt), such a wait raises ``_Unwind``, which cancels the body instead of failing it.
+interrupt), such a wait raises ``Unwind``, which cancels the body instead of failing it.
 """
 
 from __future__ import annotations
@@ -70,8 +70,10 @@ from collections import deque
 from time import monotonic, perf_counter
 from typing import TYPE_CHECKING, Any
 
-from .deps import build_task, pin_current, wait_targets
+from . import inline
+from .deps import pin_current
 from .errors import TaskError, TaskTimeoutError
+from .nesting import Group, Nesting, Unwind
 from .report import RunReport
 from .task import (
     CANCELLED,
@@ -96,28 +98,12 @@ if TYPE_CHECKING:
 
 __all__ = ["Run"]
 
-_CHILD_BASE = 1 << 40  # index space of tasks spawned inside task bodies
-
 
 class _Timeout(Exception):
     pass
 
 
-class _Unwind(Exception):
-    """Raised from a wait in a task body when the run stops (timeout, interrupt) with no
-    task failed: it unwinds the body, which is then cancelled, not failed."""
-
-
-class Group:
-    """A taskgroup: counts its tasks and their descendants not yet done."""
-
-    __slots__ = ("pending",)
-
-    def __init__(self) -> None:
-        self.pending = 0
-
-
-class Run:
+class Run(Nesting):
     """The state of one run of a graph (see the module docstring)."""
 
     def __init__(self, graph: TaskGraph, workers: int, trace: Any, incremental: bool) -> None:
@@ -154,10 +140,12 @@ class Run:
         the run to the team first."""
         probe = self.probe
         if probe is not None:
-            from .inline import take_over
-
             with self.lock:
-                take_over(self, probe)
+                inline.take_over(self, probe)
+
+    def run_inline(self, inline_below: float, probe: bool) -> RunReport:
+        """Run a prepared plain graph in the calling thread: :func:`.inline.run_inline`."""
+        return inline.run_inline(self, inline_below, probe)
 
     # ------------------------------------------------------------ lifecycle
     def begin(self) -> None:
@@ -194,7 +182,7 @@ class Run:
             m.holder = None
             m.waiters = []
         for t in special:
-            self._make_ready(t)
+            self.make_ready(t)
         pin = self.incremental
         for slot in self.graph.slots:
             slot.value = None
@@ -205,7 +193,7 @@ class Run:
         self.t0 = perf_counter()
         for wid in range(1, self.workers):
             th = threading.Thread(
-                target=self._helper,
+                target=self.serve,
                 args=(wid,),
                 daemon=True,
                 name=f"{self.graph.name}-worker-{wid}",
@@ -282,14 +270,14 @@ class Run:
     def _all_done(self) -> bool:
         return self.outstanding == 0
 
-    def _helper(self, wid: int) -> None:
+    def serve(self, wid: int) -> None:
         self.wid_of[threading.get_ident()] = wid
         try:
             self._work(wid, None, None)
         except BaseException as e:  # a bug of ours, not a task's: do not lose it
             with self.lock:
                 if self.error is None:
-                    self.error = (Task(self._helper, (), None, f"<worker {wid}>", 0, None, -1), e)
+                    self.error = (Task(self.serve, (), None, f"<worker {wid}>", 0, None, -1), e)
                 self.stopping = True
                 self.cond.notify_all()
 
@@ -430,7 +418,7 @@ class Run:
             task.t1 = t1
             task.worker = wid
             if exc is not None:
-                self._fail(task, exc)
+                self.fail(task, exc)
                 exc = None
                 continue
             if x is None:  # the common case, inlined: ready the successors
@@ -446,9 +434,9 @@ class Run:
                             else:
                                 ready.append(s)
                         else:
-                            self._make_ready(s)
+                            self.make_ready(s)
                 self.outstanding -= 1
-            elif not self._retire(task, x, result):
+            elif not self.retire(task, x, result):
                 continue  # it waits for its detach event (or the event failed it)
             result = None
             if self.idle:
@@ -457,7 +445,7 @@ class Run:
                 elif len(ready) > takes:
                     cond.notify(len(ready) - takes)
 
-    def _retire(self, task: Task, x: Any, result: Any) -> bool:
+    def retire(self, task: Task, x: Any, result: Any) -> bool:
         """The function of a task with extras returned (lock held): release what it
         read, publish what it wrote; complete it unless it waits for its event."""
         if x.scope is not None:  # its body added children and can add no more
@@ -474,22 +462,22 @@ class Run:
         if ev is not None:
             error = ev.error
             if error is not None:
-                self._fail(task, error)
+                self.fail(task, error)
                 return False
             if not ev.fulfilled:
                 task.run_state = DETACHED
                 return False
-        self._complete(task)
+        self.complete(task)
         return True
 
-    def _complete(self, task: Task) -> None:
+    def complete(self, task: Task) -> None:
         """Complete a task (lock held): ready its successors, release its mutexes."""
         task.run_state = DONE
         for s in task:  # (its successors)
             n = s.npred_left - 1
             s.npred_left = n
             if not n:
-                self._make_ready(s)
+                self.make_ready(s)
         x = task.x
         if x is not None:
             if x.mutexes is not None:
@@ -499,13 +487,13 @@ class Run:
                         waiters, m.waiters = m.waiters, []
                         for w in waiters:
                             if w.run_state == PARKED:
-                                self._make_ready(w)
+                                self.make_ready(w)
             if x.groups is not None:
                 for g in x.groups:
                     g.pending -= 1
         self.outstanding -= 1
 
-    def _make_ready(self, t: Task) -> None:
+    def make_ready(self, t: Task) -> None:
         x = t.x
         if x is not None and x.mutexes is not None:
             for m in x.mutexes:
@@ -533,8 +521,8 @@ class Run:
                         own.append(t)
                 a = a.x.parent  # a task with children has extras
 
-    def _fail(self, task: Task, exc: BaseException) -> None:
-        if exc.__class__ is _Unwind:  # unfinished, not failed: finish cancels it
+    def fail(self, task: Task, exc: BaseException) -> None:
+        if exc.__class__ is Unwind:  # unfinished, not failed: finish cancels it
             task.run_state = RUNNING
             return
         task.run_state = FAILED
@@ -554,124 +542,12 @@ class Run:
             task = ev.task
             if error is not None:
                 if task.run_state == DETACHED:
-                    self._fail(task, error)
+                    self.fail(task, error)
                 return
             if task.run_state == DETACHED and not self.stopping:
-                self._complete(task)
+                self.complete(task)
                 if self.idle:
                     self.cond.notify_all() if self.watchers else self.cond.notify(len(self.ready))
-
-    # ------------------------------------------------------------ incremental graphs
-    def _wid(self, what: str) -> int:
-        wid = self.wid_of.get(threading.get_ident())
-        if wid is None:
-            raise RuntimeError(
-                f"{what}() while the graph runs must be called from the thread "
-                "that started it or from a task body"
-            )
-        return wid
-
-    def add(self, graph: TaskGraph, spec: tuple) -> Task:
-        """``TaskGraph.add`` while the graph runs: wire, link, and ready it if it can go."""
-        parent = self.current[self._wid("add")]
-        with self.lock:
-            if parent is None:
-                scope = graph.scope
-                index = len(graph.tasks)
-                siblings = graph.tasks
-            else:
-                if parent.scope is None:
-                    parent.scope = {}
-                    self.below[parent] = [] if self.heap else deque()
-                scope = parent.scope
-                index = _CHILD_BASE + self.nchild
-                self.nchild += 1
-                siblings = self.children_of(parent)
-            task, deps, _ = build_task(graph.slots, parent, scope, index, spec, siblings)
-            npred = 0
-            for p in deps:
-                p.append(task)  # (a successor of p)
-                if p.run_state != DONE:
-                    npred += 1
-            task.npred_left = npred
-            task.key = -task.priority
-            if task.event is not None:
-                task.event.arm(self)
-                self.evtasks.append(task)
-            stack = self.main_groups if parent is None else parent.gstack
-            inherited = None if parent is None else parent.groups
-            if stack or inherited:
-                task.groups = (*(inherited or ()), *(stack or ()))
-                for g in task.groups:
-                    g.pending += 1
-            if parent is None:
-                graph.tasks.append(task)  # TaskGraph.add then marks it unprepared
-            else:
-                self.children.setdefault(parent, []).append(task)
-            self.tasks.append(task)
-            self.outstanding += 1
-            if not npred:
-                self._make_ready(task)
-                if self.idle:  # a waiting thread may not start it: then wake them all
-                    self.cond.notify_all() if self.watchers else self.cond.notify()
-        return task
-
-    def children_of(self, parent: Task) -> list[Task]:
-        return self.children.get(parent, [])
-
-    def taskwait(self, clauses: tuple | None) -> None:
-        """Wait for the earlier siblings (all, or those ``clauses`` name: see
-        :func:`~.deps.wait_targets`), running ready tasks meanwhile."""
-        wid = self._wid("taskwait")
-        parent = self.current[wid]
-        with self.lock:
-            if clauses is None:
-                siblings = self.graph.tasks if parent is None else self.children_of(parent)
-                targets = [t for t in siblings if t.run_state != DONE]
-            else:
-                scope = self.graph.scope if parent is None else (parent.scope or {})
-                targets = [t for t in wait_targets(scope, clauses) if t.run_state != DONE]
-        self._wait(wid, _all_in(targets))
-
-    def open_group(self) -> tuple[Group, list[Group], int]:
-        wid = self._wid("taskgroup")
-        parent = self.current[wid]
-        group = Group()
-        if parent is None:
-            stack = self.main_groups
-        else:
-            if parent.gstack is None:
-                parent.gstack = []
-            stack = parent.gstack
-        stack.append(group)
-        return group, stack, wid
-
-    def close_group(self, token: tuple[Group, list[Group], int]) -> None:
-        group, stack, wid = token
-        stack.remove(group)
-        self._wait(wid, lambda: group.pending == 0)
-
-    def _wait(self, wid: int, until: Callable[[], bool]) -> None:
-        parent = self.current[wid]
-        if parent is None:
-            self._work(wid, until, None)
-        else:
-            self._work_within(wid, parent, until)
-        if self.stopping:
-            if self.error is not None:
-                task, exc = self.error
-                raise TaskError(task.name, exc) from exc
-            if parent is not None:  # timeout or interrupt: unwind the body
-                raise _Unwind(f"the run of graph {self.graph.name!r} is stopping")
-
-
-def _all_in(targets: list[Task]) -> Callable[[], bool]:
-    def done() -> bool:
-        while targets and targets[-1].run_state == DONE:
-            targets.pop()
-        return not targets
-
-    return done
 
 
 def _release_scope(x: Any) -> None:

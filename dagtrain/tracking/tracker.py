@@ -30,6 +30,7 @@ from dagtrain.records.layout import RunLayout, TrainFiles
 from dagtrain.records.names import SIDECAR
 
 from . import records
+from .connection import check_tracking
 
 __all__ = ["DEADLINES", "Tracker"]
 
@@ -118,8 +119,6 @@ class Tracker:
         registry_lock: Path | None = None,
         log: Any = None,
     ) -> None:
-        from . import check_tracking
-
         assert cfg.tracking is not None, "a Tracker is for a pipeline with tracking"
         self.uri: str = check_tracking(cfg) or ""
         # what is recorded and shown: without a user, password or query string

@@ -17,6 +17,7 @@ the package is listed: a new module or package must say what it may import.
 from __future__ import annotations
 
 import ast
+import graphlib
 import json
 import subprocess
 import sys
@@ -231,3 +232,55 @@ def test_the_architecture_page_names_every_module():
     ]
     missing = [m for m in modules if f"`{m}`" not in page]
     assert not missing, f"docs/architecture.md does not name {missing}"
+
+
+def runtime_imports(path: Path, package: Path = PACKAGE) -> tuple[str, set[str]]:
+    """A module's name and the dagtrain modules it imports when it runs: every import
+    statement at any depth but those under ``if TYPE_CHECKING:``; ``from pkg import
+    name`` counts as the module ``pkg.name`` where that is a module."""
+    rel = path.relative_to(package.parent).with_suffix("")
+    me = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+    pkg = me.split(".") if rel.name == "__init__" else me.split(".")[:-1]
+    tree = ast.parse(path.read_text())
+    typing_only = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            typing_only |= {id(n) for b in node.body for n in ast.walk(b)}
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            mod = node.module or ""
+            if node.level:
+                mod = ".".join([*pkg[: len(pkg) - node.level + 1], *([mod] if mod else [])])
+            for a in node.names:
+                sub = package.parent.joinpath(*mod.split("."), a.name)
+                child = sub.with_suffix(".py").is_file() or sub.is_dir()
+                found.add(f"{mod}.{a.name}" if child else mod)
+    return me, {m for m in found if m.split(".")[0] == "dagtrain" and m != me}
+
+
+def import_cycle(package: Path = PACKAGE) -> list[str]:
+    """A cycle of modules that import each other when they run (empty: none)."""
+    graph = dict(runtime_imports(p, package) for p in sorted(package.rglob("*.py")))
+    try:
+        graphlib.TopologicalSorter({m: deps & graph.keys() for m, deps in graph.items()}).prepare()
+    except graphlib.CycleError as e:
+        return list(e.args[1])
+    return []
+
+
+def test_no_two_modules_import_each_other(tmp_path):
+    # the executor's modules included (graph, runtime, inline, nesting, analysis): each
+    # imports only modules below it, the others' names only for type checking
+    assert import_cycle() == []
+    import shutil
+
+    copy = tmp_path / "dagtrain"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "static"))
+    with open(copy / "taskgraph" / "inline.py", "a") as f:
+        f.write("\ndef _planted():\n    from . import graph\n")
+    assert set(import_cycle(copy)) >= {"dagtrain.taskgraph.inline", "dagtrain.taskgraph.graph"}

@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from dagtrain.taskgraph.graph import upward_ranks_of
+from dagtrain.taskgraph.deps import upward_ranks_of
 
 from .schedule import Plan, Problem, plan
 
