@@ -13,8 +13,8 @@ import time
 import torch
 from torch import nn
 
-from dagtrain.training.data import load_dataset, shard_batches
-from dagtrain.training.models import build_model
+from dagtrain.training.rank.data import load_dataset, shard_batches
+from dagtrain.training.rank.models import build_model
 
 
 def main() -> None:

@@ -11,7 +11,7 @@ import os
 import struct
 import time
 
-from dagtrain.training.models import build_model
+from dagtrain.training.rank.models import build_model
 
 
 def mlp(in_shape, classes, hidden=(256, 256)):

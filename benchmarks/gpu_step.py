@@ -108,7 +108,7 @@ def _config(model: dict, batch: int, device: str):
 def _model(cfg, ds, device):
     import torch
 
-    from dagtrain.training.models import build_model
+    from dagtrain.training.rank.models import build_model
 
     torch.manual_seed(0)
     return build_model(cfg.model.name, ds.in_shape, ds.classes, **cfg.model.args).to(device)
@@ -117,8 +117,8 @@ def _model(cfg, ds, device):
 def dagtrain_system(cfg, ds, device) -> System:
     """dagtrain's step as the trainer drives it, on the backend of a one-process run."""
     from dagtrain.sync import get_backend
-    from dagtrain.training.step import StepGraph
-    from dagtrain.training.trainer import _batches
+    from dagtrain.training.rank.step import StepGraph
+    from dagtrain.training.rank.trainer import _batches
 
     model = _model(cfg, ds, device)  # on the GPU before the buckets take its parameters
     backend = get_backend("local", cfg.distributed.collective_timeout, device=str(device))
@@ -143,8 +143,8 @@ def torch_system(cfg, ds, device, readback: bool) -> System:
     """The plain loop, on the same batches, with the optimizer dagtrain's config makes."""
     from torch import nn
 
-    from dagtrain.training.step import make_optimizer
-    from dagtrain.training.trainer import _batches
+    from dagtrain.training.rank.step import make_optimizer
+    from dagtrain.training.rank.trainer import _batches
 
     model = _model(cfg, ds, device)
     t0 = time.perf_counter()
@@ -353,8 +353,8 @@ def main() -> int:
             file=sys.stderr,
         )
         return 2
-    from dagtrain.training.data import load_dataset
-    from dagtrain.training.device import choose_device
+    from dagtrain.training.rank.data import load_dataset
+    from dagtrain.training.rank.device import choose_device
 
     device = choose_device("cuda" if torch.cuda.is_available() else "cpu")
     info = environment(device)

@@ -15,7 +15,7 @@ samples, 4 microbatches), 2 ranks on CPU over gloo, one intra-op thread per rank
                       stages; the multi-stage classes on 4 stages, 2 per rank (looped:
                       stages 0,2 and 1,3; V-shaped: 0,3 and 1,2)
 
-Both sides build their blocks from the same seed (``dagtrain.training.split.blocks_of``
+Both sides build their blocks from the same seed (``dagtrain.training.rank.split.blocks_of``
 of the built-in model), optimise the same loss (cross-entropy summed over a microbatch,
 divided by the global batch), with SGD (lr 0.01, momentum 0.9), and time the same thing:
 a step from its batch to its update. Rounds interleave the systems (each system a block
@@ -89,11 +89,11 @@ def _blocks(model: str, model_args: dict) -> list:
     """The model's sequential blocks, built from seed 0 (the same on every side)."""
     import torch
 
-    from dagtrain.training.data import read_arrays
-    from dagtrain.training.models import build_model
+    from dagtrain.training.rank.data import read_arrays
+    from dagtrain.training.rank.models import build_model
 
     try:
-        from dagtrain.training.split import blocks_of
+        from dagtrain.training.rank.split import blocks_of
     except ImportError:  # before the pipeline code landed: nn.Sequential only
 
         def blocks_of(m):
@@ -143,7 +143,7 @@ def splits(model: str, model_args: dict) -> dict[str, Any]:
 def _global_batches(n_steps: int) -> list[tuple[Any, Any]]:
     """The first ``n_steps`` full global batches of the digits training split, in
     dagtrain's order (shard_batches with one part), cycling over epochs."""
-    from dagtrain.training.data import load_dataset, shard_batches
+    from dagtrain.training.rank.data import load_dataset, shard_batches
 
     ds = load_dataset(DATA, TEST_FRACTION, 0)
     out, epoch = [], 0
@@ -405,7 +405,7 @@ def _count_dagtrain(exclude: set[int]) -> _SavedBytes:
     (its own count goes on): the cross-check job's, never a timed one."""
     import torch
 
-    from dagtrain.training.activations import ActivationBytes
+    from dagtrain.training.rank.activations import ActivationBytes
 
     count = _SavedBytes(exclude)
     theirs = ActivationBytes.counting
@@ -712,9 +712,9 @@ def main() -> None:
         for k, v in json.loads(args.model_args).items():
             models[k]["model_args"] = v
     orders = [] if args.torch_only else [o for o in args.orders.split(",") if o]
-    dagtrain_ready = (HERE.parent / "dagtrain" / "training" / "pipeline.py").exists()
+    dagtrain_ready = (HERE.parent / "dagtrain" / "training" / "rank" / "pipeline.py").exists()
     if orders and not dagtrain_ready:
-        print("dagtrain/training/pipeline.py is not there yet: dagtrain's side is pending")
+        print("dagtrain/training/rank/pipeline.py is not there yet: dagtrain's side is pending")
         orders = []
     m = args.microbatches
     print(

@@ -116,7 +116,7 @@ def _sweep(tag: str) -> None:
 
 def _corrupt(ckpt: Path) -> int:
     """Checkpoints and rescues whose sidecar is there but whose bytes do not load."""
-    from dagtrain.training import checkpoint
+    from dagtrain.training.rank import checkpoint
 
     bad = 0
     for side in ckpt.rglob("ckpt-*.pt.json"):

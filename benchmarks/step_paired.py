@@ -38,10 +38,10 @@ def rank_main(spec: dict, out: str) -> None:
     from torch import nn
 
     from dagtrain.config import TrainConfig
-    from dagtrain.training.data import load_dataset, shard_batches
-    from dagtrain.training.models import build_model
-    from dagtrain.training.step import StepGraph
-    from dagtrain.training.trainer import _batches
+    from dagtrain.training.rank.data import load_dataset, shard_batches
+    from dagtrain.training.rank.models import build_model
+    from dagtrain.training.rank.step import StepGraph
+    from dagtrain.training.rank.trainer import _batches
 
     torch.set_num_threads(1)
     model = MODELS[spec["model"]]

@@ -12,7 +12,7 @@ __all__ = ["change_line", "change_parts"]
 def change_line(change: dict[str, Any]) -> str:
     """``world 3 -> 2 ranks at step 557: rank 1 on host c was killed by SIGKILL
     (recovered in 5.3 s, 1 step lost)`` for a world change record (see
-    ``dagtrain.training.elastic``); ``world of 3 ranks relaunched at step 557: ...``
+    ``dagtrain.training.driver.elastic``); ``world of 3 ranks relaunched at step 557: ...``
     for a relaunch on the same slots."""
     what, figures = change_parts(change)
     return f"{what} ({figures})" if figures else what

@@ -14,7 +14,7 @@ rank wrote before:
   folder), ``role`` (what the process is: ``train``), ``host``, ``pid``, ``status``
   ``starting``, ``ready`` false, ``step`` null, ``started``, ``updated``;
 - as it reaches its first collective (:func:`mark_ready`): ``ready`` true;
-- while it trains (``dagtrain.training.progress.RankStatus``): ``status``
+- while it trains (``dagtrain.training.rank.progress.RankStatus``): ``status``
   ``running``/``done``, ``step`` (steps completed; kept in memory every step, written
   every few seconds), ``total_steps`` and its figures;
 - before it exits on an error (:func:`report_failure`): ``status`` ``failed``,

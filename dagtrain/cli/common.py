@@ -198,7 +198,7 @@ def start_preflight(cfg: PipelineConfig, home: Path | None = None) -> ModelCheck
 
 
 class ModelCheck:
-    """In a process that imports as the ranks will (``dagtrain.training.preflight``), the
+    """In a process that imports as the ranks will (``dagtrain.training.driver.preflight``), the
     data's labels, the model factory, the model built with ``model.args`` on the meta
     device (and cut as ``parallel`` says), ``distributed.device``: started at once,
     so that ``dagtrain run`` starts Airflow's processes while it runs (seconds: it
@@ -233,7 +233,7 @@ class ModelCheck:
             else cfg.distributed.device,
         }
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "dagtrain.training.preflight", json.dumps(spec)],
+            [sys.executable, "-m", "dagtrain.training.driver.preflight", json.dumps(spec)],
             env={**os.environ, **code_path(cfg.base_dir, plugins)},
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,

@@ -32,7 +32,7 @@ DEFAULT_LAUNCHER: dict[str, str] = {
 }
 # the sections every rank of a training run receives as they are
 RUN_SECTIONS = ("model", "training", "distributed", "parallel", "executor")
-# the orders a pipeline-parallel step can run in (dagtrain.training.pipeline): the same
+# the orders a pipeline-parallel step can run in (dagtrain.training.rank.pipeline): the same
 # graph under other priorities and another bound on live microbatches
 Order = Literal["auto", "gpipe", "1f1b", "zero-bubble"]
 # fields only a config file may set, and why: a run's conf may repeat the file's value,

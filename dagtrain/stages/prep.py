@@ -7,7 +7,7 @@ prepared once and every run that uses them shares them (and its lineage names th
 An object-storage source is copied here first (and its copy hashed); a factory's
 Dataset is read once, item by item: checked, its bytes hashed, the training split's
 statistics computed; its splits are then files of indices (see
-:mod:`dagtrain.training.samples`), its samples read by the ranks a batch at a time.
+:mod:`dagtrain.training.rank.samples`), its samples read by the ranks a batch at a time.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class _Scanned:
     training statistics; ``digest`` hashes what it holds."""
 
     def __init__(self, cfg: PipelineConfig) -> None:
-        from dagtrain.training.data import checked_arrays, open_source
+        from dagtrain.training.rank.data import checked_arrays, open_source
 
         spec, d = cfg.data.source, cfg.data
         src = open_source(spec, (cfg.base_dir,))
@@ -87,8 +87,8 @@ class _Scanned:
             h.update(repr(self.arrays[2]).encode())
             self.digest = "arrays-" + h.hexdigest()
             return
-        from dagtrain.training.data import check_classes
-        from dagtrain.training.samples import RunningStats, read_items
+        from dagtrain.training.rank.data import check_classes
+        from dagtrain.training.rank.samples import RunningStats, read_items
 
         self.dataset, self.arrays = src, None
         self.parts = _split(len(src), d)
@@ -112,7 +112,7 @@ class _Scanned:
 
 def prepare(cfg: PipelineConfig, shards: int = 0) -> dict[str, Any]:
     """Write train/val/test (and ``shards`` training shards); return the manifest."""
-    from dagtrain.training.data import read_arrays, standardization
+    from dagtrain.training.rank.data import read_arrays, standardization
 
     d = cfg.data
     layout = ArtifactLayout.of(cfg)

@@ -74,9 +74,9 @@ def evaluate_checkpoint(
     """Metrics of the model in checkpoint ``ckpt`` on a prepared split (``test`` or
     ``val``), named after it: ``test_accuracy``, ``test_loss``, ``test_correct``,
     ``test_samples``."""
-    from dagtrain.training import checkpoint
-    from dagtrain.training.data import load_dataset
-    from dagtrain.training.models import build_model, evaluate_samples
+    from dagtrain.training.rank import checkpoint
+    from dagtrain.training.rank.data import load_dataset
+    from dagtrain.training.rank.models import build_model, evaluate_samples
 
     from .prep import data_file
 
@@ -248,7 +248,7 @@ def promote(
     """Register the challenger; make it the champion if it is better. Returns the entry
     with ``promoted`` and ``reason`` (and, with ``tracking``, ``tracking``: how MLflow's
     registration and champion alias went; ``lineage["run_id"]`` is the DAG run)."""
-    from dagtrain.training import checkpoint
+    from dagtrain.training.rank import checkpoint
 
     metrics = finite_metrics(metrics)
     ckpt = own_file(cfg, ckpt, "checkpoint")

@@ -48,7 +48,7 @@ class ShardError(InputError):
 def initial_model(cfg: PipelineConfig, manifest: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    from dagtrain.training.models import build_model
+    from dagtrain.training.rank.models import build_model
 
     torch.manual_seed(cfg.training.seed)  # as the trainer does before building
     model = build_model(
@@ -61,7 +61,7 @@ def global_model(
     cfg: PipelineConfig, manifest: dict[str, Any], run: RunLayout, r: int
 ) -> tuple[dict[str, Any], dict[str, Any], str | None]:
     """(model state, outer momentum, checkpoint path) that round ``r`` starts from."""
-    from dagtrain.training import checkpoint
+    from dagtrain.training.rank import checkpoint
 
     if r == 0:
         return initial_model(cfg, manifest), {}, None
@@ -75,7 +75,7 @@ def shard_delta(
 ) -> dict:
     """Write the delta of shard ``shard`` of round ``r``, whose training ended in
     checkpoint ``ckpt``, against the round's global model; return its sidecar."""
-    from dagtrain.training import checkpoint
+    from dagtrain.training.rank import checkpoint
 
     base, _, _ = global_model(cfg, manifest, run, r)
     local = checkpoint.load(ckpt)["model"]
@@ -86,7 +86,7 @@ def write_delta(out: TrainFiles, shard: int, base: dict[str, Any], local: dict[s
     """Write shard ``shard``'s delta (base - local) and its sidecar; return the sidecar."""
     import torch
 
-    from dagtrain.training.checkpoint import state_digest
+    from dagtrain.training.rank.checkpoint import state_digest
 
     delta = {k: (base[k].float() - local[k].float()) for k in base if base[k].is_floating_point()}
     buf = io.BytesIO()
@@ -180,8 +180,8 @@ def average_round(
     """
     import torch
 
-    from dagtrain.training import checkpoint
-    from dagtrain.training.checkpoint import state_digest
+    from dagtrain.training.rank import checkpoint
+    from dagtrain.training.rank.checkpoint import state_digest
 
     base, momentum, _ = global_model(cfg, manifest, run, r)
     shapes = {k: list(v.shape) for k, v in base.items() if v.is_floating_point()}

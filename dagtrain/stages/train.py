@@ -168,7 +168,7 @@ def train_stage(
         **train_paths(out),
     )
     if tcfg.parallel.stages > 1:  # a split the model cannot have: refused before the ranks
-        from dagtrain.training.split import check_stages
+        from dagtrain.training.rank.split import check_stages
 
         check_stages(tcfg, manifest["in_shape"], manifest["classes"])
     if log is not None:

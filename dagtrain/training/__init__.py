@@ -1,6 +1,9 @@
-"""dagtrain.training: data-parallel training on the op-level executor.
+"""dagtrain.training: data-parallel and pipeline-parallel training on the op-level
+executor, in two rooms: :mod:`.rank`, what runs inside a rank (``train(config)`` is one
+rank's run), and :mod:`.driver`, what starts and watches ranks (``run_training(config)``
+launches all of them). The rank side never imports the driver
+(``tests/unit/test_layers.py``).
 
-``train(config)`` is one rank's run; ``run_training(config)`` launches all of them.
 Imports torch: operator modules and DAG files import it inside ``execute()`` only.
 """
 
@@ -8,7 +11,7 @@ from __future__ import annotations
 
 from dagtrain.config import TrainConfig
 
-from .job import run_training
-from .trainer import TrainResult, train
+from .driver.job import run_training
+from .rank.trainer import TrainResult, train
 
 __all__ = ["TrainConfig", "TrainResult", "run_training", "train"]

@@ -133,7 +133,7 @@ def test_scheduled_retraining_runs_end_to_end(tmp_path):
         "max_parameters": MAX_PARAMETERS,  # the file's bound, as every field's default
     }
     assert received["distributed"]["ranks"] == 2
-    from dagtrain.training import checkpoint
+    from dagtrain.training.rank import checkpoint
 
     ckpts = sorted((run / "train" / "checkpoints").glob("ckpt-*.pt"))
     assert ckpts

@@ -22,7 +22,7 @@ import torch
 from benchmarks.elastic_model import read
 from dagtrain.launch import RankFailure
 from dagtrain.training import TrainConfig, run_training
-from dagtrain.training import checkpoint as ckpt
+from dagtrain.training.rank import checkpoint as ckpt
 
 QUIET = {"on_line": lambda line: None}
 

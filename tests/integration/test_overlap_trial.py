@@ -10,7 +10,7 @@ import re
 import pytest
 
 from dagtrain.training import TrainConfig, run_training
-from dagtrain.training.overlap import PLAIN_RUN, REVIEW_EVERY, TRIAL_SKIP, TRIAL_STEPS
+from dagtrain.training.rank.overlap import PLAIN_RUN, REVIEW_EVERY, TRIAL_SKIP, TRIAL_STEPS
 
 # the trial, its verdict, a block that ends with a probe, a review, another block
 STEPS = TRIAL_SKIP + (PLAIN_RUN + 1) * TRIAL_STEPS + 2 * REVIEW_EVERY + 1

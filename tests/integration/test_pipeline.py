@@ -19,7 +19,7 @@ import torch
 
 from dagtrain.launch import RankFailure
 from dagtrain.training import TrainConfig, run_training
-from dagtrain.training import checkpoint as ckpt
+from dagtrain.training.rank import checkpoint as ckpt
 
 from .faults import alive, signal_rank
 

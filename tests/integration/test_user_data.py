@@ -131,7 +131,7 @@ def test_a_source_that_cannot_work_is_refused_naming_the_field(tmp_path, source,
 
 def test_with_workers_a_dataset_that_does_not_pickle_is_refused_naming_both_fields(tmp_path):
     # DataLoader workers start from a fork server (never by forking a rank that runs
-    # threads: see dagtrain.training.samples._workers), so they receive the Dataset pickled
+    # threads: see dagtrain.training.rank.samples._workers), so they receive the Dataset pickled
     cfg = pipeline(tmp_path, "tests.integration.user_data:unpicklable", 1, ", workers: 2")
     with pytest.raises(InputError, match=r"data\.source.*data\.workers") as info:
         prepare(cfg)

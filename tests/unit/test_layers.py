@@ -137,20 +137,20 @@ def test_a_forbidden_edge_fails_the_layer_test(tmp_path):
     shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "static"))
     assert forbidden_edges(copy) == []
     with open(copy / "operators" / "train.py", "a") as f:
-        f.write("\ndef _planted():\n    from dagtrain.training import checkpoint\n")
+        f.write("\ndef _planted():\n    from dagtrain.training.rank import checkpoint\n")
     with open(copy / "taskgraph" / "graph.py", "a") as f:
         f.write("\nfrom dagtrain.config import PipelineConfig\n")
     (copy / "newpart.py").write_text("import dagtrain.cli\n")
     assert forbidden_edges(copy) == [
         "dagtrain/newpart.py: a part the layer test does not list",
-        "dagtrain/operators/train.py imports dagtrain.training.checkpoint",
+        "dagtrain/operators/train.py imports dagtrain.training.rank.checkpoint",
         "dagtrain/taskgraph/graph.py imports dagtrain.config",
     ]
 
 
 def test_the_checker_sees_relative_and_lazy_imports(tmp_path):
     # the test above must be able to fail: a planted upward import is found
-    found = imports_of(PACKAGE / "training" / "job.py")
+    found = imports_of(PACKAGE / "training" / "driver" / "job.py")
     assert {"dagtrain.launch", "dagtrain.config"} <= found
     found = imports_of(PACKAGE / "operators" / "train.py")
     assert "dagtrain.stages.train" in found  # imported inside execute()
@@ -172,7 +172,7 @@ def loaded_after(module: str) -> set[str]:
         ("dagtrain.launch", ("dagtrain.training", "torch", "mpi4py", "airflow")),
         ("dagtrain.config", ("torch", "numpy", "airflow", "dagtrain.training")),
         ("dagtrain.training", ("airflow", "dagtrain.operators", "dagtrain.cli")),
-        ("dagtrain.training.job", ("airflow", "dagtrain.stages", "dagtrain.pipelines")),
+        ("dagtrain.training.driver.job", ("airflow", "dagtrain.stages", "dagtrain.pipelines")),
     ],
 )
 def test_importing_a_layer_loads_nothing_above_it(module, never):
@@ -284,3 +284,17 @@ def test_no_two_modules_import_each_other(tmp_path):
     with open(copy / "taskgraph" / "inline.py", "a") as f:
         f.write("\ndef _planted():\n    from . import graph\n")
     assert set(import_cycle(copy)) >= {"dagtrain.taskgraph.inline", "dagtrain.taskgraph.graph"}
+
+
+def test_what_runs_inside_a_rank_never_imports_what_starts_ranks():
+    rank = PACKAGE / "training" / "rank"
+    wrong = [
+        f"{path.relative_to(PACKAGE.parent)} imports {m}"
+        for path in sorted(rank.rglob("*.py"))
+        for m in runtime_imports(path)[1]
+        if m.startswith("dagtrain.training.driver")
+    ]
+    assert not wrong, "\n".join(wrong)
+    # and the two rooms hold every module of training/ but its two entry points
+    loose = {p.name for p in (PACKAGE / "training").glob("*.py")}
+    assert loose == {"__init__.py", "__main__.py"}, loose

@@ -9,7 +9,7 @@ import signal
 from torch import nn
 
 from dagtrain.rank_env import env_rank
-from dagtrain.training.models import build_model
+from dagtrain.training.rank.models import build_model
 
 
 class Dying(nn.Module):

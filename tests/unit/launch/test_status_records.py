@@ -40,7 +40,7 @@ def _read(folder, rank=1):
 
 
 def test_a_rank_starts_becomes_ready_runs_and_fails_in_one_record(rank1):
-    from dagtrain.training.progress import RankStatus
+    from dagtrain.training.rank.progress import RankStatus
 
     start_rank("train")
     doc = _read(rank1)
@@ -74,7 +74,7 @@ def test_a_rank_starts_becomes_ready_runs_and_fails_in_one_record(rank1):
 
 
 def test_figures_for_another_folder_go_there_too(rank1, tmp_path_factory):
-    from dagtrain.training.progress import RankStatus
+    from dagtrain.training.rank.progress import RankStatus
 
     start_rank("train")
     page = tmp_path_factory.mktemp("page")

@@ -136,7 +136,7 @@ def test_ranks_show_their_live_figures_and_a_failed_try_marks_the_others_stopped
 
 
 def test_rank_status_writes_percentiles_of_its_own_steps(tmp_path):
-    from dagtrain.training.progress import RankStatus, percentile
+    from dagtrain.training.rank.progress import RankStatus, percentile
 
     assert percentile([], 0.5) is None and percentile([1.0, 2.0, 3.0], 0.95) == 3.0
     s = RankStatus(str(tmp_path), 3, every=3600)

@@ -38,7 +38,7 @@ def test_numbers_that_would_break_numpy_torch_or_airflow_are_refused_by_field(kw
 
 
 def test_every_accepted_seed_works():
-    from dagtrain.training.data import load_dataset, shard_batches
+    from dagtrain.training.rank.data import load_dataset, shard_batches
 
     for seed in (0, 2**32 - 1):
         PipelineConfig.model_validate({"training": {"seed": seed}, "data": {"seed": seed}})
@@ -58,7 +58,7 @@ def test_every_accepted_seed_works():
     ],
 )
 def test_a_bad_csv_is_refused_naming_the_file_and_the_problem(tmp_path, text, needle):
-    from dagtrain.training.data import read_arrays
+    from dagtrain.training.rank.data import read_arrays
 
     f = tmp_path / "d.csv"
     f.write_text(text)
@@ -68,7 +68,7 @@ def test_a_bad_csv_is_refused_naming_the_file_and_the_problem(tmp_path, text, ne
 
 
 def test_a_negative_width_names_the_model_and_its_args():
-    from dagtrain.training.models import build_model
+    from dagtrain.training.rank.models import build_model
 
     with pytest.raises(InputError) as info:
         build_model("mlp", (1, 8, 8), 10, hidden=[-8])
@@ -79,7 +79,7 @@ def test_a_negative_width_names_the_model_and_its_args():
 def test_a_garbage_checkpoint_with_a_matching_sidecar_is_not_a_checkpoint(tmp_path):
     import hashlib
 
-    from dagtrain.training import checkpoint
+    from dagtrain.training.rank import checkpoint
 
     data = b"\x80\x04\x95garbage that is not a torch file" * 10
     p = tmp_path / "ckpt-00000001.pt"

@@ -12,7 +12,7 @@ from dagtrain.config import load_config
 from dagtrain.errors import InputError
 from dagtrain.records.layout import ArtifactLayout
 from dagtrain.stages.registry import better, champion, evaluation_of, promote
-from dagtrain.training import checkpoint
+from dagtrain.training.rank import checkpoint
 
 
 def cfg_with(tmp_path, evaluation: str = ""):

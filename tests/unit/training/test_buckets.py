@@ -10,9 +10,10 @@ import torch
 from torch import nn
 
 from dagtrain.sync.local import LocalBackend
-from dagtrain.training import TrainConfig, overlap
-from dagtrain.training.buckets import make_buckets
-from dagtrain.training.step import NonFiniteGradients, StepGraph
+from dagtrain.training import TrainConfig
+from dagtrain.training.rank import overlap
+from dagtrain.training.rank.buckets import make_buckets
+from dagtrain.training.rank.step import NonFiniteGradients, StepGraph
 
 MB = 2**20
 
@@ -45,7 +46,7 @@ def test_the_first_bucket_is_small_and_the_others_hold_up_to_bucket_mb():
 
 
 def test_a_pipeline_stage_buckets_its_gradients_by_the_same_rule():
-    from dagtrain.training.buckets import stage_buckets
+    from dagtrain.training.rank.buckets import stage_buckets
 
     model = mlp(64, 512, 512, 512, 512, 64)
     stage = stage_buckets(list(reversed(list(model.parameters()))), bucket_mb=2.5)
@@ -190,7 +191,7 @@ def test_the_plain_step_runs_in_the_calling_thread_and_overlap_on_the_workers():
 
 
 def test_the_residual_cnn_has_one_bucket_and_the_21m_mlp_a_small_first_one():
-    from dagtrain.training.models import build_model
+    from dagtrain.training.rank.models import build_model
 
     cnn = build_model("rescnn", (64,), 10, channels=48, blocks=4)
     assert len(make_buckets(cnn, 25)) == 1  # 0.67 MB: the plain step
@@ -204,7 +205,7 @@ def test_the_residual_cnn_has_one_bucket_and_the_21m_mlp_a_small_first_one():
 def choose(cost, steps: int, backend=None, traced=()) -> list[bool]:
     """The kinds an OverlapChoice runs over ``steps`` steps whose seconds are
     ``cost(kind, step)`` (True: overlapped)."""
-    from dagtrain.training.overlap import OverlapChoice
+    from dagtrain.training.rank.overlap import OverlapChoice
 
     c = OverlapChoice(backend or LocalBackend())
     kinds = []
@@ -215,7 +216,7 @@ def choose(cost, steps: int, backend=None, traced=()) -> list[bool]:
 
 
 def trial_kinds() -> list[bool]:
-    from dagtrain.training import overlap as s
+    from dagtrain.training.rank import overlap as s
 
     # overlapped to warm up, then plain steps and an overlapped one, in turn
     return [True] * s.TRIAL_SKIP + ([False] * s.PLAIN_RUN + [True]) * s.TRIAL_STEPS
@@ -224,7 +225,7 @@ def trial_kinds() -> list[bool]:
 def probe_block(kept: bool, blocks: int = 1) -> list[bool]:
     """``blocks`` blocks of the kept kind, the last one ending with a probe of the other
     kind: one overlapped step, or PLAIN_RUN plain ones."""
-    from dagtrain.training import overlap as s
+    from dagtrain.training.rank import overlap as s
 
     size = s.PLAIN_RUN if kept else 1
     return [kept] * (blocks * s.REVIEW_EVERY - size) + [not kept] * size
@@ -237,7 +238,7 @@ def probe_block(kept: bool, blocks: int = 1) -> list[bool]:
 def test_overlap_is_kept_only_where_the_trial_measures_it_faster_by_the_margin(
     overlapped, plain, kept
 ):
-    from dagtrain.training import overlap as s
+    from dagtrain.training.rank import overlap as s
 
     assert 0.01 < s.MARGIN < 0.05  # 1% faster is not enough: the plain step is kept
     kinds = choose(lambda kind, _: overlapped if kind else plain, 60)
@@ -258,7 +259,7 @@ def test_a_plain_step_right_after_an_overlapped_one_is_not_timed():
             return 1.3
         return 1.05 if kind else 1.0
 
-    from dagtrain.training.overlap import OverlapChoice
+    from dagtrain.training.rank.overlap import OverlapChoice
 
     c = OverlapChoice(LocalBackend())
     kinds: list[bool] = []
@@ -272,7 +273,7 @@ def test_a_plain_step_right_after_an_overlapped_one_is_not_timed():
 
 
 def test_probes_of_the_slower_kind_become_rare_while_the_verdict_holds():
-    from dagtrain.training import overlap as s
+    from dagtrain.training.rank import overlap as s
 
     steps = 2000
     kinds = choose(lambda kind, _: 1.1 if kind else 1.0, steps)
@@ -285,7 +286,7 @@ def test_probes_of_the_slower_kind_become_rare_while_the_verdict_holds():
 
 @pytest.mark.parametrize("overlap_first", [True, False])
 def test_the_verdict_follows_the_faster_kind_when_it_changes(overlap_first):
-    from dagtrain.training import overlap as s
+    from dagtrain.training.rank import overlap as s
 
     change = 100  # from this step on, the other kind is the faster
 
@@ -310,8 +311,8 @@ def test_the_verdict_follows_the_faster_kind_when_it_changes(overlap_first):
 
 
 def test_overlap_once_kept_stays_while_faster_by_the_smaller_margin():
-    from dagtrain.training import overlap as s
-    from dagtrain.training.overlap import OverlapChoice
+    from dagtrain.training.rank import overlap as s
+    from dagtrain.training.rank.overlap import OverlapChoice
 
     assert s.KEEP_MARGIN < s.MARGIN
     c = OverlapChoice(LocalBackend())
@@ -328,7 +329,7 @@ def test_overlap_once_kept_stays_while_faster_by_the_smaller_margin():
 
 
 def test_a_traced_step_runs_the_kept_kind_and_the_probe_waits_for_a_later_block():
-    from dagtrain.training import overlap as s
+    from dagtrain.training.rank import overlap as s
 
     n = len(trial_kinds())
     probe = n + s.REVIEW_EVERY - 1  # an overlapped step, where plain is kept
@@ -383,7 +384,7 @@ def test_every_rank_runs_the_kind_rank_0_measures_faster():
 
 
 def test_the_step_graph_runs_the_kind_chosen_and_counts_only_overlapped_steps(monkeypatch):
-    from dagtrain.training import step as step_module
+    from dagtrain.training.rank import step as step_module
 
     clock = [0.0]  # a fake clock: the plain step is the faster
     monkeypatch.setattr(step_module, "perf_counter", lambda: clock[0])
@@ -434,7 +435,7 @@ class _WithUnused(nn.Module):
 def test_gradients_copied_in_by_the_hook_or_added_by_autograd_give_the_same_parameters(
     monkeypatch, overlap
 ):
-    from dagtrain.training import buckets as buckets_module
+    from dagtrain.training.rank import buckets as buckets_module
 
     x, y = torch.randn(8, 6, generator=torch.Generator().manual_seed(3)), torch.arange(8) % 3
     results = []
@@ -459,7 +460,7 @@ def test_gradients_copied_in_by_the_hook_or_added_by_autograd_give_the_same_para
 @pytest.mark.parametrize("size", [1, 2, 3, 4])
 @pytest.mark.parametrize("fused", [True, False])
 def test_the_pass_that_averages_a_bucket_checks_it_and_divides_exactly(monkeypatch, size, fused):
-    from dagtrain.training import step as step_module
+    from dagtrain.training.rank import step as step_module
 
     if not fused:  # a torch without GradScaler's kernel
         monkeypatch.setattr(step_module, "_unscale", None)

@@ -7,7 +7,7 @@ import logging
 import pytest
 import torch
 
-from dagtrain.training import checkpoint
+from dagtrain.training.rank import checkpoint
 
 
 def state(v: float) -> dict:

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from dagtrain.training.data import load_dataset, shard_batches
-from dagtrain.training.models import MODELS, build_model
+from dagtrain.training.rank.data import load_dataset, shard_batches
+from dagtrain.training.rank.models import MODELS, build_model
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
@@ -87,7 +87,7 @@ def test_a_factory_that_raises_is_located_at_the_users_line(tmp_path):
     # numpy raises inside its own file: the place to show is the user's call of it; a
     # factory called with arguments it lacks raised in dagtrain: show its definition
     from dagtrain.errors import InputError
-    from dagtrain.training.samples import call_factory
+    from dagtrain.training.rank.samples import call_factory
 
     (tmp_path / "mydata.py").write_text(
         "import numpy as np\n\n\ndef broken():\n    return np.load('/no/such/file.npz')\n\n\n"

@@ -32,7 +32,7 @@ class Slow:
 READER = """
 from slow_items import Slow
 
-from dagtrain.training.samples import read_items
+from dagtrain.training.rank.samples import read_items
 
 if __name__ == "__main__":
     items = read_items("slow_items:Slow", Slow(), workers=2, chunk=4)

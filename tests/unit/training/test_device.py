@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from dagtrain.errors import InputError
-from dagtrain.training import device as dev
-from dagtrain.training.device import LOCAL_RANK_VARIABLES, choose_device, local_rank
+from dagtrain.training.rank import device as dev
+from dagtrain.training.rank.device import LOCAL_RANK_VARIABLES, choose_device, local_rank
 
 
 @pytest.fixture

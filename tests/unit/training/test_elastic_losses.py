@@ -20,7 +20,7 @@ from dagtrain.launch import Job, RankFailure
 from dagtrain.launch.diagnose import diagnose
 from dagtrain.launch.supervise import Ending
 from dagtrain.rank_env import record_path
-from dagtrain.training.elastic import run_elastic
+from dagtrain.training.driver.elastic import run_elastic
 
 HOST = socket.gethostname()
 

@@ -13,9 +13,9 @@ import torch
 from dagtrain.changes import change_line
 from dagtrain.config import ConfigError, PipelineConfig, TrainConfig
 from dagtrain.launch import Hosts, RankFailure, RankInputError
-from dagtrain.training import checkpoint
-from dagtrain.training.elastic import World, is_loss
-from dagtrain.training.rescue import newest
+from dagtrain.training.driver.elastic import World, is_loss
+from dagtrain.training.rank import checkpoint
+from dagtrain.training.rank.rescue import newest
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from dagtrain.errors import InputError
-from dagtrain.training import preflight
+from dagtrain.training.driver import preflight
 
 FACTORY = "tests.unit.training.factory"
 LARGE = preflight.CPU_FORWARD_PARAMETERS
@@ -48,7 +48,7 @@ def test_a_model_over_model_max_parameters_is_refused_before_it_is_built():
     import torch
 
     from dagtrain.config import ModelConfig
-    from dagtrain.training.models import bounded_model, build_model
+    from dagtrain.training.rank.models import bounded_model, build_model
 
     huge = {"hidden": [100_000, 200_000]}
     with pytest.raises(InputError, match=r"more than model.max_parameters \(100,000,000"):

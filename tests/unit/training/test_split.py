@@ -10,8 +10,8 @@ from torch import nn
 
 from dagtrain.config import ConfigError, PipelineConfig, TrainConfig, validate
 from dagtrain.errors import InputError
-from dagtrain.training.models import build_model
-from dagtrain.training.split import balanced_split, blocks_of, check_stages, choose_split
+from dagtrain.training.rank.models import build_model
+from dagtrain.training.rank.split import balanced_split, blocks_of, check_stages, choose_split
 
 
 def _brute(costs, stages):

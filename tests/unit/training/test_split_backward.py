@@ -1,5 +1,5 @@
 """Backward in two halves equals one backward: the input's gradient, then the weights'.
-dagtrain/training/split_backward.py wraps torch's private
+dagtrain/training/rank/split_backward.py wraps torch's private
 ``torch.distributed.pipelining._backward``; this fails, naming it, when torch changes it."""
 
 from __future__ import annotations
@@ -7,9 +7,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dagtrain.training.split_backward import input_grad, weight_grads
+from dagtrain.training.rank.split_backward import input_grad, weight_grads
 
-PRIVATE = "torch.distributed.pipelining._backward (wrapped in dagtrain/training/split_backward.py)"
+PRIVATE = (
+    "torch.distributed.pipelining._backward (wrapped in dagtrain/training/rank/split_backward.py)"
+)
 
 
 def _stage() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:

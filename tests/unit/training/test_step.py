@@ -8,7 +8,7 @@ import pytest
 
 from dagtrain.taskgraph import TaskError
 from dagtrain.training import TrainConfig, train
-from dagtrain.training.step import NonFiniteGradients
+from dagtrain.training.rank.step import NonFiniteGradients
 
 
 def cfg(**kw):

@@ -9,9 +9,9 @@ import textwrap
 
 import pytest
 
-from dagtrain.training.pipeline import PipelineStep
-from dagtrain.training.protocol import TrainStep
-from dagtrain.training.step import StepGraph
+from dagtrain.training.rank.pipeline import PipelineStep
+from dagtrain.training.rank.protocol import TrainStep
+from dagtrain.training.rank.step import StepGraph
 
 
 def protocol_members() -> set[str]:

@@ -8,7 +8,7 @@ import pytest
 
 from dagtrain.sync import CollectiveFailed, CollectiveTimeout, Handle
 from dagtrain.taskgraph import Event, TaskGraph
-from dagtrain.training.transfers import Transfers
+from dagtrain.training.rank.transfers import Transfers
 
 
 def _run(handle: Handle) -> BaseException:

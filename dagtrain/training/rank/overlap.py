@@ -15,7 +15,7 @@ from dagtrain.sync import Backend
 
 __all__ = ["OverlapChoice"]
 
-log = logging.getLogger("dagtrain.training.step")  # (its decisions are the step's)
+log = logging.getLogger("dagtrain.training.rank.step")  # (its decisions are the step's)
 
 # Which step runs, where overlap is possible: the overlapped one only while rank 0
 # measures it faster than the plain one. A plain step is timed only after a plain step:

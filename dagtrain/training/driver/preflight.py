@@ -1,6 +1,6 @@
 """What a training run would refuse at once, checked without training:
 
-    python -m dagtrain.training.preflight '{"model": {...}, "data": "...", "device": "cpu"}'
+    python -m dagtrain.training.driver.preflight '{"model": {...}, "data": "...", "device": "cpu"}'
 
 run with the environment the ranks will get (its ``DAGTRAIN_CODE_PATH``: the folders
 of the DAG author's modules; ``dagtrain validate`` and ``dagtrain run`` start it so,
@@ -30,9 +30,8 @@ def check(spec: dict[str, Any]) -> dict[str, Any]:
 
     from dagtrain.config import ModelConfig, is_factory
     from dagtrain.errors import InputError
-
-    from .data import read_arrays
-    from .models import build_model, check_parameters
+    from dagtrain.training.rank.data import read_arrays
+    from dagtrain.training.rank.models import build_model, check_parameters
 
     device = spec.get("device", "cpu")
     if device == "cuda" and not torch.cuda.is_available():
@@ -80,7 +79,7 @@ def check(spec: dict[str, Any]) -> dict[str, Any]:
             ) from e
     parallel = spec.get("parallel") or {}
     if parallel.get("stages", 1) > 1:  # the blocks a pipeline splits it into
-        from .split import check_blocks
+        from dagtrain.training.rank.split import check_blocks
 
         check_blocks(model, parallel["stages"], parallel.get("split", "auto"))
     if out is not None and classes is not None and tuple(out.shape) != (2, classes):
@@ -107,8 +106,8 @@ def _factory_shape(spec: str, workers: int = 0) -> tuple[tuple[int, ...], int | 
     """A factory's samples' shape and, for arrays, classes: a Dataset's first item is
     read and checked (its classes are counted by the data-prep stage, which reads them
     all); with ``workers``, that it pickles, as its worker processes receive it."""
-    from .data import open_source, read_arrays
-    from .samples import check_picklable, item_arrays
+    from dagtrain.training.rank.data import open_source, read_arrays
+    from dagtrain.training.rank.samples import check_picklable, item_arrays
 
     src = open_source(spec)
     if isinstance(src, tuple):
@@ -126,8 +125,7 @@ def _signature(model_spec: dict[str, Any]) -> dict[str, Any]:
     import inspect
 
     from dagtrain.errors import InputError
-
-    from .models import factory_of
+    from dagtrain.training.rank.models import factory_of
 
     name, args = model_spec["name"], model_spec.get("args", {})
     try:

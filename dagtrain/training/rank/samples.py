@@ -136,7 +136,7 @@ def _where(e: BaseException, fn: Any) -> str:
         source: str | None = inspect.getsourcefile(fn)
     except TypeError:
         source = None
-    ours = folder(os.path.dirname(os.path.dirname(__file__)))
+    ours = folder(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))  # dagtrain/
     libs = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
     theirs = (ours, *(folder(p) for p in sorted(libs)))
     user = folder(os.path.dirname(source)) if source else None  # installed or not

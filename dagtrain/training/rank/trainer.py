@@ -69,7 +69,7 @@ class TrainResult:
     # epoch's end to start again on more ranks); None when they trained to the end
     stopped_for: str | None = None
     # an elastic run's world changes, as the launching side recorded them (see
-    # dagtrain.training.elastic); empty for a run that kept its ranks
+    # dagtrain.training.driver.elastic); empty for a run that kept its ranks
     world_changes: list[dict[str, Any]] = field(default_factory=list)
 
     @property

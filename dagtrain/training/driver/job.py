@@ -22,7 +22,7 @@ from dagtrain.records.layout import TrainFiles
 from dagtrain.sync import require
 
 if TYPE_CHECKING:
-    from .trainer import TrainResult
+    from dagtrain.training.rank.trainer import TrainResult
 
 __all__ = ["run_training"]
 
@@ -59,7 +59,7 @@ def run_training(
     ``on_line`` as one line (``dagtrain: world 3 -> 2 ranks at step ...``), and the
     result's ``world_changes`` lists them.
     """
-    from .trainer import TrainResult
+    from dagtrain.training.rank.trainer import TrainResult
 
     if nprocs is not None and nprocs != cfg.distributed.ranks:
         data = cfg.model_dump()
