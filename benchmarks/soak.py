@@ -90,9 +90,9 @@ def one_try(config: str, result: str) -> int:
 
 
 def _records(folder: Path) -> dict[int, dict]:
-    from dagtrain.rank_env import read_records
+    from dagtrain.records.status import read_records
 
-    return read_records(folder)
+    return {r: rec.to_dict() for r, rec in read_records(folder).items()}
 
 
 def _marked(tag: str) -> list[int]:

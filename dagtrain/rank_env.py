@@ -7,19 +7,9 @@ Standard library only, and the project's base modules.
 
 The status record: ``<STATUS_DIR>/rank<N>.json``, one JSON object per rank, rewritten
 whole and atomically (``dagtrain.atomic``) each time, every write merging into what the
-rank wrote before:
-
-- as the rank starts (:func:`start_rank`): ``rank``, ``job`` (the launcher's
-  ``JOB_ID``, so that a launcher ignores the records an earlier job left in the same
-  folder), ``role`` (what the process is: ``train``), ``host``, ``pid``, ``status``
-  ``starting``, ``ready`` false, ``step`` null, ``started``, ``updated``;
-- as it reaches its first collective (:func:`mark_ready`): ``ready`` true;
-- while it trains (``dagtrain.training.rank.progress.RankStatus``): ``status``
-  ``running``/``done``, ``step`` (steps completed; kept in memory every step, written
-  every few seconds), ``total_steps`` and its figures;
-- before it exits on an error (:func:`report_failure`): ``status`` ``failed``,
-  ``type`` and ``message`` of the error, ``fail_fast``, ``time``, ``traceback`` (its
-  tail), ``step`` (the step it was at: the steps it had completed).
+rank wrote before; its fields, and who sets them when, are
+:class:`dagtrain.records.status.RankRecord`'s, and its one reader is
+:func:`dagtrain.records.status.read_records`.
 
 A death by signal writes nothing: the launcher knows it from the exit status.
 """
@@ -42,6 +32,7 @@ from typing import Any
 from dagtrain.atomic import atomic_write
 from dagtrain.errors import FAIL_FAST
 from dagtrain.records.names import RANK_RECORD
+from dagtrain.records.status import FIELDS
 
 __all__ = [
     "CODE_PATH",
@@ -57,8 +48,6 @@ __all__ = [
     "mark_ready",
     "on_stop",
     "parent_death_signal",
-    "read_failures",
-    "read_records",
     "record_path",
     "report_failure",
     "start_rank",
@@ -129,12 +118,14 @@ class StatusRecord:
     there is one) by every :meth:`write`, atomically. :meth:`update` changes the fields
     in memory only (cheap enough for every step). A record once ``failed`` stays so (a
     collective's watchdog thread may report the failure while the rank's own thread
-    still writes its figures)."""
+    still writes its figures). Every field is one of
+    :class:`~dagtrain.records.status.RankRecord`'s: another is a bug, refused."""
 
     def __init__(self, path: Path | None, **fields: Any) -> None:
         self.path = path
-        self.fields: dict[str, Any] = dict(fields)
+        self.fields: dict[str, Any] = {}
         self._lock = threading.Lock()
+        self._merge(fields)
 
     def update(self, **fields: Any) -> None:
         with self._lock:
@@ -149,6 +140,9 @@ class StatusRecord:
             atomic_write(self.path, json.dumps(self.fields, default=str).encode())
 
     def _merge(self, fields: dict[str, Any]) -> None:
+        unknown = fields.keys() - FIELDS
+        if unknown:
+            raise TypeError(f"status record: no field {sorted(unknown)} (records.status)")
         if self.fields.get("status") == "failed":
             fields.pop("status", None)
         self.fields.update(fields)
@@ -266,33 +260,6 @@ def stopping(why: str) -> None:
                 hook(why)
             except BaseException as e:  # reported: the rank is ending anyway
                 print(f"dagtrain: a stop hook failed: {type(e).__name__}: {e}", file=sys.stderr)
-
-
-def read_records(folder: str | Path | None, job: str | None = None) -> dict[int, dict[str, Any]]:
-    """The status records in ``folder`` by rank (those of job ``job`` only, when given);
-    a file that is not one (half a copy, another tool's) is skipped."""
-    found: dict[int, dict[str, Any]] = {}
-    if folder is None:
-        return found
-    for path in Path(folder).glob("*"):
-        if RANK_RECORD.match(path.name) is None:
-            continue
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if not isinstance(record, dict) or not isinstance(record.get("rank"), int):
-            continue
-        if job is None or record.get("job") == job:
-            found[record["rank"]] = record
-    return found
-
-
-def read_failures(folder: str | Path | None, job: str | None = None) -> list[dict[str, Any]]:
-    """The records of the ranks that reported a failure in ``folder`` (of job ``job``
-    only, when given), the earliest failure first."""
-    failed = [r for r in read_records(folder, job).values() if r.get("status") == "failed"]
-    return sorted(failed, key=lambda r: float(r.get("time") or 0))
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:

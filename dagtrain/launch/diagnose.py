@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dagtrain.errors import InputError
+from dagtrain.records.status import RankRecord
 
 from .supervise import TAIL, Ending, Job
 
@@ -227,21 +228,21 @@ def diagnose(job: Job, ending: Ending) -> RankFailure:
     # a peer did comes after every rank that failed of its own accord: on a loaded
     # machine the peer's record can be written before the cause's
     failures = sorted(
-        (r for r in job.records.values() if r.get("status") == "failed"),
-        key=lambda r: (_FOLLOWED.search(_error(r)) is not None, float(r.get("time") or 0)),
+        (r for r in job.records.values() if r.failed),
+        key=lambda r: (_FOLLOWED.search(r.error) is not None, r.time or 0.0),
     )
     rank, code, sig = _first_failed(job, ending, failures)
-    failure = next((f for f in failures if f["rank"] == rank), None)
-    detail = f" ({_error(failure)})" if failure is not None and sig is None else ""
+    failure = next((f for f in failures if f.rank == rank), None)
+    detail = f" ({failure.error})" if failure is not None and sig is None else ""
     how = None
     missing = _never_ready(job, failures)
-    if missing is not None and any(TIMED_OUT.search(_error(f)) for f in failures):
+    if missing is not None and any(TIMED_OUT.search(f.error) for f in failures):
         # the rank that gave up waiting is not the cause: the one that never arrived is
         waited, rank, code, sig, failure = rank, missing, None, None, None
         how = f"{STALLED} (it hung, was stopped, or is too slow)"
         detail = f"; rank {waited} gave up waiting for it{detail}"
-    record = job.records.get(rank, {}) if rank is not None else {}
-    kind = RankInputError if failure is not None and failure.get("fail_fast") else RankFailure
+    record = job.records.get(rank) if rank is not None else None
+    kind = RankInputError if failure is not None and failure.fail_fast else RankFailure
     found = kind(
         rank,
         code,
@@ -250,14 +251,14 @@ def diagnose(job: Job, ending: Ending) -> RankFailure:
         detail,
         how,
         host=host_of(job, rank),
-        error=_error(failure) if failure is not None else None,
-        step=record.get("step"),
-        error_type=(failure or {}).get("type"),
-        error_message=(failure or {}).get("message"),
-        traceback=(failure or {}).get("traceback"),
-        role=record.get("role"),
+        error=failure.error if failure is not None else None,
+        step=None if record is None else record.step,
+        error_type=None if failure is None else failure.type,
+        error_message=None if failure is None else failure.message,
+        traceback=None if failure is None else failure.traceback,
+        role=None if record is None else record.role,
         host_in_message=job.hosts is not None,
-        stage=record.get("stage"),
+        stage=None if record is None else record.stage,
     )
     found.lost_with = [r for r in _killed(job, ending) if r != rank]
     return found
@@ -281,10 +282,6 @@ def _killed(job: Job, ending: Ending) -> list[int]:
     return sorted(found)
 
 
-def _error(record: dict[str, Any]) -> str:
-    return f"{record.get('type')}: {record.get('message')}"
-
-
 def _tail(job: Job, rank: int | None) -> list[str]:
     """The rank's own last lines; the launcher's only when the rank printed none."""
     with job.lock:
@@ -297,14 +294,14 @@ def _launcher_text(job: Job) -> str:
 
 
 def _first_failed(
-    job: Job, ending: Ending, failures: list[dict[str, Any]]
+    job: Job, ending: Ending, failures: list[RankRecord]
 ) -> tuple[int | None, int | None, str | None]:
     """(rank, exit code, signal) of the rank that failed first: a rank killed by a
     signal as the launcher saw it, else the first failure recorded (a rank failing of
     its own accord before one failing because of a peer), else what the
     launcher said of a rank that aborted or exited non-zero. The code is None where
     there is a signal."""
-    earliest = failures[0]["rank"] if failures else None
+    earliest = failures[0].rank if failures else None
     if job.direct and ending.failed:
         # SIGKILL comes from outside the job (a person, the OOM killer): the cause, even
         # when a peer failed because of it before we looked
@@ -343,29 +340,25 @@ def stalled_rank(job: Job) -> int | None:
     elastic survivor does), the one that stopped answering. None if there is none, or
     more than one could be (a launcher that killed the others before they said
     anything)."""
-    failures = [r for r in job.records.values() if r.get("status") == "failed"]
-    if not failures or not all(TIMED_OUT.search(_error(f)) for f in failures):
+    failures = [r for r in job.records.values() if r.failed]
+    if not failures or not all(TIMED_OUT.search(f.error) for f in failures):
         return None
     quiet = [
         r
         for r, rec in sorted(job.records.items())
-        if r in job.ready
-        and rec.get("status") not in ("failed", "done")
-        and rec.get("rescued") is None
-        and not rec.get("stopping")  # made to stop: it answered
-        and r not in {f["rank"] for f in failures}
+        if r in job.ready and not rec.answered  # (made to stop: it answered)
     ]
     if job.direct:  # the direct launcher saw which processes were still running
         quiet = [r for r in quiet if r < len(job.procs) and job.procs[r].returncode in (None, -9)]
     return quiet[0] if len(quiet) == 1 else None
 
 
-def _never_ready(job: Job, failures: list[dict[str, Any]]) -> int | None:
+def _never_ready(job: Job, failures: list[RankRecord]) -> int | None:
     """The first rank that never reached its first collective nor reported a failure,
     once some rank did reach it; None if there is none."""
     if not job.ready:
         return None
-    reported = {f["rank"] for f in failures}
+    reported = {f.rank for f in failures}
     missing = sorted(set(range(job.nprocs)) - job.ready - reported)
     return missing[0] if missing else None
 
@@ -393,7 +386,7 @@ def _host_lost(job: Job, host: str, why: str) -> RankFailure:
     ranks = ranks_on(job, host)
     rank = ranks[0] if ranks else None
     others = f" (ranks {', '.join(map(str, ranks))} ran there)" if len(ranks) > 1 else ""
-    record = job.records.get(rank, {}) if rank is not None else {}
+    record = job.records.get(rank) if rank is not None else None
     return RankFailure(
         rank,
         None,
@@ -402,6 +395,6 @@ def _host_lost(job: Job, host: str, why: str) -> RankFailure:
         others,
         how=f"was lost with its host: {why}",
         host=host_of(job, rank) or host,
-        step=record.get("step"),
-        role=record.get("role"),
+        step=None if record is None else record.step,
+        role=None if record is None else record.role,
     )

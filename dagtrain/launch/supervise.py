@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dagtrain.rank_env import parent_death_signal, read_records
+from dagtrain.rank_env import parent_death_signal
+from dagtrain.records.status import RankRecord, read_records
 
 from .hosts import Hosts
 
@@ -83,7 +84,7 @@ class Job:
     nprocs: int = 0
     status_dir: Path | None = None  # where the ranks keep their status records
     job_id: str | None = None  # written into this job's records (rank_env.JOB_ID)
-    records: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> its record
+    records: dict[int, RankRecord] = field(default_factory=dict)  # rank -> its status record
     placement: dict[int, str] = field(default_factory=dict)  # rank -> the host it reported
     ready: set[int] = field(default_factory=set)  # ranks that reached their first collective
     failed_at: float | None = None  # when a process was first seen ended non-zero (unix)
@@ -92,13 +93,13 @@ class Job:
         """Read this job's status records again (``records``, ``placement``, ``ready``)."""
         records = read_records(self.status_dir, self.job_id)
         self.records = records
-        self.placement.update({r: rec["host"] for r, rec in records.items() if rec.get("host")})
-        self.ready.update(r for r, rec in records.items() if rec.get("ready"))
+        self.placement.update({r: rec.host for r, rec in records.items() if rec.host})
+        self.ready.update(r for r, rec in records.items() if rec.ready)
 
     def done(self) -> bool:
         """Whether every rank's record (of this job) says it is done."""
         recs = self.records
-        return len(recs) == self.nprocs and all(r.get("status") == "done" for r in recs.values())
+        return len(recs) == self.nprocs and all(r.done for r in recs.values())
 
     def kill(self, grace: float = 5.0) -> None:
         """SIGTERM every process group, SIGKILL what is left after ``grace`` seconds.

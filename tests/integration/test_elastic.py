@@ -85,7 +85,7 @@ class Faults:
         deadline = time.monotonic() + 120
         ranks = () if plan is None else (plan[0],) if isinstance(plan[0], int) else plan[0]
         while time.monotonic() < deadline:
-            recs = dict(job.records)
+            recs = {r: rec.to_dict() for r, rec in job.records.items()}
             self.pids |= {r["pid"] for r in recs.values() if r.get("job") == job.job_id}
             mine = [recs.get(r, {}) for r in ranks]
             if ranks and all(m.get("job") == job.job_id and m.get("pid") for m in mine):

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from dagtrain.rank_env import read_records
 from dagtrain.records.layout import safe_name
+from dagtrain.records.status import read_records
 
 from .conftest import ELASTIC, Cluster, kill_namespace, marked, wait_for
 
@@ -31,8 +31,8 @@ DAG = f"dagtrain_{ELASTIC}"
 def _training(ranks: Path) -> int:
     """How many ranks of the newest job say they are training."""
     recs = list(read_records(ranks).values())
-    newest = max(recs, key=lambda r: r.get("started") or 0, default={}).get("job")
-    return sum(1 for r in recs if r.get("job") == newest and r.get("status") == "running")
+    newest = max(recs, key=lambda r: r.started or 0).job if recs else None
+    return sum(1 for r in recs if r.job == newest and r.status == "running")
 
 
 def _world(out: Path) -> list[dict]:

@@ -45,7 +45,12 @@ ALLOWED = {
     "dagtrain.redact": set(),
     # what one part writes and another reads: the layout, file names, typed records
     "dagtrain.records": {"dagtrain.atomic", "dagtrain.config"},
-    "dagtrain.rank_env": {"dagtrain.atomic", "dagtrain.errors", "dagtrain.records.names"},
+    "dagtrain.rank_env": {
+        "dagtrain.atomic",
+        "dagtrain.errors",
+        "dagtrain.records.names",
+        "dagtrain.records.status",
+    },
     "dagtrain.config": {"dagtrain.errors", "dagtrain.redact"},
     # MLflow (optional): the stages' logging and the records the training page reads
     "dagtrain.tracking": {

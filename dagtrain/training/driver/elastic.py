@@ -58,6 +58,7 @@ from dagtrain.launch import Hosts, Job, RankFailure, RankInputError, answers
 from dagtrain.launch.diagnose import STALLED, stalled_rank
 from dagtrain.rank_env import REGROW
 from dagtrain.records.metrics import WorldChange
+from dagtrain.records.status import RankRecord, State
 from dagtrain.sync import GAVE_UP
 
 __all__ = ["PROBE_EVERY", "World", "is_loss", "lost_ranks", "run_elastic"]
@@ -205,13 +206,8 @@ def lost_ranks(e: RankFailure, job: Job | None, quiet: int | None = None) -> lis
     if e.how.startswith("was lost with its host") and job.hosts is not None:
         return list(dict.fromkeys(lost + same))
     for r in same:
-        rec = job.records.get(r, {})
-        if (
-            rec.get("ready")
-            and rec.get("status") == "running"
-            and not rec.get("stopping")
-            and rec.get("rescued") is None
-        ):
+        rec = job.records.get(r)
+        if rec is not None and rec.ready and rec.status == State.RUNNING and not rec.answered:
             lost.append(r)
     return list(dict.fromkeys(lost))
 
@@ -224,12 +220,13 @@ def _lost_at(job: Job | None, lost: list[int], quiet: int | None) -> float:
     now = time.time()
     if job is None:
         return now
-    if quiet is not None and job.records.get(quiet, {}).get("updated"):
-        return min(now, float(job.records[quiet]["updated"]))
+    stalled = job.records.get(quiet) if quiet is not None else None
+    if stalled is not None and stalled.updated:
+        return min(now, stalled.updated)
     seen = [job.failed_at] if job.failed_at is not None else []
     for r, rec in job.records.items():
         if r not in lost:
-            seen += [float(rec[k]) for k in ("stopping_at", "time") if rec.get(k)]
+            seen += [t for t in (rec.stopping_at, rec.time) if t]
     return min([now, *seen])
 
 
@@ -261,7 +258,7 @@ def run_elastic(
         say(f"dagtrain: host {host} does not answer: this try starts without it")
     changes: list[WorldChange] = []
     pending: WorldChange | None = None
-    began: dict[str, Any] = {}  # the first world's rank 0 record: where the try began
+    began: RankRecord | None = None  # the first world's rank 0 record: where the try began
     while True:
         n = world.size
         if n < d.fewest_ranks:
@@ -318,9 +315,8 @@ def run_elastic(
         if result.stopped_for != "regrow":
             result.world_changes = [c.public() for c in changes]
             if changes and began:  # what this try did: from where its first world began
-                start = int(began.get("start_step") or 0)
-                result.resumed_from_step = start or None
-                result.resumed_epochs = int(began.get("resumed_epochs") or 0)
+                result.resumed_from_step = began.start_step or None
+                result.resumed_epochs = began.resumed_epochs or 0
             return result
         back = [h for h in world.waiting() if answers(spec, h, PROBE_TIMEOUT)]
         if not back:  # it answered the probe, not now: the same world again
@@ -437,11 +433,11 @@ def _silent(spec: Hosts | None, hosts: list[str]) -> list[str]:
     return [h for h, ok in zip(hosts, answered) if not ok]
 
 
-def _began(job: Job | None) -> dict[str, Any]:
+def _began(job: Job | None) -> RankRecord | None:
     """Rank 0's record of ``job`` once it started training (``start_step``,
-    ``resumed_epochs``), else nothing."""
-    rec = job.records.get(0, {}) if job is not None else {}
-    return rec if rec.get("start_step") is not None else {}
+    ``resumed_epochs``), else None."""
+    rec = job.records.get(0) if job is not None else None
+    return rec if rec is not None and rec.start_step is not None else None
 
 
 def _reached(job: Job | None) -> int | None:
@@ -449,7 +445,7 @@ def _reached(job: Job | None) -> int | None:
     if job is None:
         return None
     job.refresh()
-    steps = [int(r["step"]) for r in job.records.values() if isinstance(r.get("step"), int)]
+    steps = [r.step for r in job.records.values() if isinstance(r.step, int)]
     return max(steps) if steps else None
 
 
@@ -477,10 +473,10 @@ def _time_recovery(
         # (once more after the world ended: its last records are read as it ends, and a
         # short world may end between two looks)
         ended = stop.is_set() or time.monotonic() > deadline
-        rec = job.records.get(0) or {}
-        if rec.get("first_step_time") is not None and rec.get("start_step") is not None:
-            change.step = int(rec["start_step"])
-            change.seconds = round(float(rec["first_step_time"]) - change.time, 3)
+        rec = job.records.get(0)
+        if rec is not None and rec.first_step_time is not None and rec.start_step is not None:
+            change.step = rec.start_step
+            change.seconds = round(rec.first_step_time - change.time, 3)
             if change.reached is not None and change.change != "grow":
                 change.steps_lost = max(0, change.reached + 1 - change.step)
             break

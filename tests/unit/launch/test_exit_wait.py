@@ -6,6 +6,7 @@ from __future__ import annotations
 import psutil
 
 from dagtrain.launch import launch, supervise
+from dagtrain.records.status import RankRecord
 
 
 def test_a_rank_that_never_exits_after_it_is_done_is_stopped_and_the_job_succeeds(
@@ -32,9 +33,9 @@ def test_a_job_not_done_is_not_stopped_early(tmp_path, monkeypatch):
     # the rule needs every rank's record: one that never wrote "done" keeps the job running
     monkeypatch.setattr(supervise, "EXIT_WAIT", 0.5)
     job = supervise.Job(nprocs=2, status_dir=tmp_path, job_id="j")
-    job.records = {0: {"status": "done"}}
+    job.records = {0: RankRecord(0, status="done")}
     assert not job.done()
-    job.records = {0: {"status": "done"}, 1: {"status": "running"}}
+    job.records = {0: RankRecord(0, status="done"), 1: RankRecord(1, status="running")}
     assert not job.done()
-    job.records = {0: {"status": "done"}, 1: {"status": "done"}}
+    job.records = {0: RankRecord(0, status="done"), 1: RankRecord(1, status="done")}
     assert job.done()

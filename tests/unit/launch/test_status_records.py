@@ -17,12 +17,12 @@ from dagtrain.launch.supervise import Ending, Job
 from dagtrain.rank_env import (
     JOB_ID,
     STATUS_DIR,
+    StatusRecord,
     mark_ready,
-    read_failures,
-    read_records,
     report_failure,
     start_rank,
 )
+from dagtrain.records.status import RankRecord, read_records
 
 
 @pytest.fixture
@@ -70,7 +70,7 @@ def test_a_rank_starts_becomes_ready_runs_and_fails_in_one_record(rank1):
     assert "RuntimeError: boom" in doc["traceback"] and doc["total_steps"] == 10
     status.flush()  # the figures of a thread still running do not undo the failure
     assert _read(rank1)["status"] == "failed"
-    assert [r["rank"] for r in read_failures(rank1, "j1")] == [1]
+    assert [r.rank for r in read_records(rank1, "j1").values() if r.failed] == [1]
 
 
 def test_figures_for_another_folder_go_there_too(rank1, tmp_path_factory):
@@ -95,6 +95,22 @@ def test_without_a_status_folder_nothing_is_written(tmp_path, monkeypatch):
     assert record.fields["status"] == "failed" and not list(tmp_path.iterdir())
 
 
+def test_a_record_is_typed_where_it_is_written_and_where_it_is_read(tmp_path):
+    # the writer refuses a field the record does not declare (a typo is a bug, not
+    # a key nobody reads); the reader ignores one a newer version wrote, and skips a
+    # document that is not a record
+    record = StatusRecord(tmp_path / "rank3.json", rank=3)
+    with pytest.raises(TypeError, match="samples_per_sec"):
+        record.write(samples_per_sec=1.0)
+    record.write(status="running", step=5, stage=1)
+    got = read_records(tmp_path)[3]
+    assert (got.rank, got.status, got.step, got.stage, got.ready) == (3, "running", 5, 1, False)
+    assert RankRecord.of({"rank": 4, "from_the_future": 1}) == RankRecord(4)
+    assert RankRecord.of({"rank": "4"}) is None and RankRecord.of([4]) is None
+    failed = RankRecord(2, status="failed", type="ValueError", message="bad")
+    assert failed.error == "ValueError: bad" and failed.answered and not RankRecord(1).answered
+
+
 def test_the_launcher_reads_its_own_jobs_records_only(tmp_path):
     def put(rank, **rec):
         (tmp_path / f"rank{rank}.json").write_text(json.dumps({"rank": rank, **rec}))
@@ -104,7 +120,7 @@ def test_the_launcher_reads_its_own_jobs_records_only(tmp_path):
     (tmp_path / "rank2.json").write_text("{half")
     assert set(read_records(tmp_path)) == {0, 1}
     assert set(read_records(tmp_path, "new")) == {1}
-    assert read_failures(tmp_path, "new") == []
+    assert not any(r.failed for r in read_records(tmp_path, "new").values())
 
     job = Job(direct=True, nprocs=2, status_dir=tmp_path, job_id="new")
     job.refresh()
