@@ -445,6 +445,7 @@ def _summary(
     interrupts: Interrupts,
 ) -> None:
     from dagtrain.records.layout import ArtifactLayout, read_json
+    from dagtrain.records.result import read_summary
     from dagtrain.stages.registry import champion, promoted_in
 
     from .summary import outcome_lines
@@ -463,9 +464,9 @@ def _summary(
     def maybe(path: Path) -> dict | None:
         return read_json(path) if path.exists() else None
 
-    for line in outcome_lines(
-        maybe(run.train.result), maybe(run.evaluation), promoted_in(cfg, run_id)
-    ):
+    summary = read_summary(run.train.result)  # (the XCom's dict, as the stage returned it)
+    train = None if summary is None else summary.to_dict()
+    for line in outcome_lines(train, maybe(run.evaluation), promoted_in(cfg, run_id)):
         out.print(line)
     champ = champion(cfg)
     if champ:

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +43,7 @@ from dagtrain.errors import InputError
 from dagtrain.rank_env import CODE_PATH
 from dagtrain.records import metrics
 from dagtrain.records.layout import ArtifactLayout, TrainFiles, shard_split, write_json
+from dagtrain.records.result import FailureRecord, TrainSummary, write_failure, write_summary
 
 from .prep import data_file, manifest_of
 
@@ -203,7 +203,7 @@ def train_stage(
             code_dirs=code_dirs,
         )
     except RankFailure as e:  # kept for the training page: which rank, how, its lines
-        write_json(out.failure(try_number), failure_record(e))
+        write_failure(out.failure(try_number), FailureRecord.of_failure(e))
         raise
     if log is not None and summary.get("resumed_from_step") is not None:
         log.info(
@@ -239,14 +239,6 @@ def train_paths(out: TrainFiles) -> dict[str, str]:
         "status_dir": str(out.ranks),
         "metrics_file": str(out.metrics),
     }
-
-
-def failure_record(e: Any) -> dict[str, Any]:
-    """A try's failure record (``TrainFiles.failure``), which the training page and the
-    tools read: the RankFailure's fields (``to_dict``), with ``how`` the whole first
-    sentence as the page shows it (``rank 1 on host b was killed by SIGKILL``) and
-    ``ended`` the RankFailure's own ``how`` (``was killed by SIGKILL``)."""
-    return e.to_dict() | {"how": e.summary, "ended": e.how}
 
 
 def run_train(
@@ -286,16 +278,7 @@ def run_train(
         work_dir=out.dir if hosts else None,
         env=code_path(*code_dirs),
     )
-    times = sorted(res.step_seconds)
-    summary = {k: v for k, v in asdict(res).items() if k != "step_seconds"} | {
-        "val_accuracy": res.val_accuracy,  # eval_data: the prepared validation split
-        "median_step_seconds": times[len(times) // 2] if times else None,
-        # what this try did itself: a resume mid-epoch trains the rest of that epoch, so
-        # steps_trained_now > 0 with epochs_trained_now == 0 is work done, not lost
-        "epochs_trained_now": len(res.epochs) - res.resumed_epochs,
-        "steps_trained_now": res.steps - (res.resumed_from_step or 0),
-        # the host each rank said it ran on (its hostname), by rank
-        "placement": {str(r): h for r, h in sorted(jobs[-1].placement.items())} if jobs else {},
-    }
-    write_json(out.result, summary)
-    return summary
+    placement = jobs[-1].placement if jobs else {}
+    summary = TrainSummary.of_result(res, placement)
+    write_summary(out.result, summary)
+    return summary.to_dict()

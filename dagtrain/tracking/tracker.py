@@ -28,6 +28,7 @@ from dagtrain.config import PipelineConfig, dotted
 from dagtrain.records import metrics
 from dagtrain.records.layout import RunLayout, TrainFiles
 from dagtrain.records.names import SIDECAR
+from dagtrain.records.result import read_summary
 
 from . import records
 from .connection import check_tracking
@@ -273,7 +274,7 @@ class Tracker:
         run = self._run_id()
         folder = TrainFiles(Path(train_dir))
         config = records.read(folder.config)
-        result = records.read(folder.result)
+        result = read_summary(folder.result)
         have = self.client.get_run(run).data.params
         params = [Param(k, v) for k, v in params_of(config).items() if k not in have]
         for i in range(0, len(params), _BATCH):
@@ -286,18 +287,18 @@ class Tracker:
                 continue
             rows.append(("epoch", float(e["epoch"]), step))
             rows += [(k, v, step) for k, v in _numbers(e) if k not in _NOT_METRICS]
-        last = int(result.get("steps") or 0)
-        changes = result.get("world_changes") or []
+        last = result.steps if result is not None else 0
+        changes = result.world_changes if result is not None else []
         for k, v in (
-            ("ranks", result.get("world")),
+            ("ranks", None if result is None else result.world),
             ("world_changes", len(changes)),
-            ("run_samples_per_second", result.get("samples_per_second")),
-            ("skipped_steps", result.get("skipped_steps")),
+            ("run_samples_per_second", None if result is None else result.samples_per_second),
+            ("skipped_steps", None if result is None else result.skipped_steps),
         ):
             if (n := _number(v)) is not None:
                 rows.append((k, n, last))
         self._metrics(run, rows)
-        self._tags(run, {"dagtrain.backend": result.get("backend")})
+        self._tags(run, {"dagtrain.backend": None if result is None else result.backend})
         if folder.traces.is_dir() and any(folder.traces.iterdir()):
             self.client.log_artifacts(run, str(folder.traces), "traces")
         if folder.result.exists():
@@ -314,7 +315,8 @@ class Tracker:
         """The test metrics (the evaluate task's output file), in the same run."""
         run = self._run_id()
         ev = records.read(Path(evaluation))
-        step = int(records.read(RunLayout(self.run_dir).train.result).get("steps") or 0)
+        result = read_summary(RunLayout(self.run_dir).train.result)
+        step = result.steps if result is not None else 0
         self._metrics(run, [(k, v, step) for k, v in _numbers(ev.get("metrics") or {})])
         self._tags(run, {"dagtrain.evaluation": ev.get("reason")})
 

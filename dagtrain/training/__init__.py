@@ -10,8 +10,9 @@ Imports torch: operator modules and DAG files import it inside ``execute()`` onl
 from __future__ import annotations
 
 from dagtrain.config import TrainConfig
+from dagtrain.records.result import TrainResult
 
 from .driver.job import run_training
-from .rank.trainer import TrainResult, train
+from .rank.trainer import train
 
 __all__ = ["TrainConfig", "TrainResult", "run_training", "train"]

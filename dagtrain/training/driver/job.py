@@ -11,7 +11,6 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from dagtrain.changes import change_line
 from dagtrain.config import TrainConfig
@@ -19,10 +18,8 @@ from dagtrain.errors import InputError
 from dagtrain.launch import Hosts, Job, RankFailure, launch
 from dagtrain.records import metrics
 from dagtrain.records.layout import TrainFiles
+from dagtrain.records.result import TrainResult
 from dagtrain.sync import require
-
-if TYPE_CHECKING:
-    from dagtrain.training.rank.trainer import TrainResult
 
 __all__ = ["run_training"]
 
@@ -59,8 +56,6 @@ def run_training(
     ``on_line`` as one line (``dagtrain: world 3 -> 2 ranks at step ...``), and the
     result's ``world_changes`` lists them.
     """
-    from dagtrain.training.rank.trainer import TrainResult
-
     if nprocs is not None and nprocs != cfg.distributed.ranks:
         data = cfg.model_dump()
         data["distributed"]["ranks"] = nprocs

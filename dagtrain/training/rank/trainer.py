@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from dagtrain.config import TrainConfig
 from dagtrain.errors import InputError
 from dagtrain.rank_env import FIRST_COLLECTIVE, REGROW, STATUS_DIR, mark_ready, stopping
 from dagtrain.records.names import EPOCH_TRACE, LAST_TRACE
+from dagtrain.records.result import TrainResult
 from dagtrain.sync import Backend, get_backend
 
 from . import checkpoint
@@ -43,52 +44,6 @@ from .step import StepGraph
 __all__ = ["TrainResult", "train"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class TrainResult:
-    rank: int
-    world: int
-    backend: str
-    steps: int = 0
-    skipped_steps: int = 0
-    epochs: list[dict[str, float]] = field(default_factory=list)
-    checkpoint: str | None = None
-    resumed_from_step: int | None = None
-    resumed_epochs: int = 0  # epochs complete in the checkpoint resumed from
-    step_seconds: list[float] = field(default_factory=list)
-    samples_per_second: float = 0.0
-    trace: str | None = None
-    params_sha256: str = ""  # checkpoint.state_digest of the final model
-    config: dict[str, Any] = field(default_factory=dict)  # the TrainConfig received
-    bucket_bytes: list[int] = field(default_factory=list)  # gradient buckets, in sync order
-    # a pipeline-parallel run's stages, replicas, microbatches, order, split, this rank's
-    # stage and replica, its peak activation bytes and measured bubble (None otherwise)
-    pipeline: dict[str, Any] | None = None
-    # why the ranks stopped before the last step: "regrow" (an elastic run stopped at an
-    # epoch's end to start again on more ranks); None when they trained to the end
-    stopped_for: str | None = None
-    # an elastic run's world changes, as the launching side recorded them (see
-    # dagtrain.training.driver.elastic); empty for a run that kept its ranks
-    world_changes: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def test_accuracy(self) -> float | None:
-        """The last epoch's accuracy on the held-out test split (a run without
-        ``eval_data``), or None."""
-        return self.epochs[-1].get("test_accuracy") if self.epochs else None
-
-    @property
-    def val_accuracy(self) -> float | None:
-        """The last epoch's accuracy on ``eval_data`` (the validation split), or None."""
-        return self.epochs[-1].get("val_accuracy") if self.epochs else None
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1)
-
-    @classmethod
-    def from_json(cls, text: str) -> TrainResult:
-        return cls(**json.loads(text))
 
 
 def _batches(
