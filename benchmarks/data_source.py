@@ -83,7 +83,7 @@ def systems(npz: Path) -> dict[str, tuple[str, int]]:
 
 def once(source: str, workers: int, steps: int, tmp: Path) -> dict:
     from dagtrain.config import load_config
-    from dagtrain.stages.prep import data_file, prepare
+    from dagtrain.phases.prep import data_file, prepare
 
     art = Path(tempfile.mkdtemp(dir=tmp))
     (art / "p.yaml").write_text(

@@ -714,7 +714,7 @@ def main() -> None:
     orders = [] if args.torch_only else [o for o in args.orders.split(",") if o]
     dagtrain_ready = (HERE.parent / "dagtrain" / "training" / "rank" / "pipeline.py").exists()
     if orders and not dagtrain_ready:
-        print("dagtrain/training/rank/pipeline.py is not there yet: dagtrain's side is pending")
+        print("dagtrain/training/rank/pipelining.py is not there yet: dagtrain's side is pending")
         orders = []
     m = args.microbatches
     print(

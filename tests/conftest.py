@@ -26,7 +26,7 @@ GROUPS = {
     "tests/airflow/test_trigger.py": "airflow",
     "tests/e2e/test_install.py": "install",  # one venv without extras
     "tests/integration/test_mlflow.py": "mlflow",  # one MLflow server
-    "tests/integration/test_pipeline.py": "pipeline",  # one single-process reference
+    "tests/integration/test_pipelining.py": "pipeline",  # one single-process reference
     "tests/multihost/": "multihost",  # one cluster (PostgreSQL, Redis, Celery, hosts)
     "tests/unit/plugins/test_page_in_browser.py": "browser",  # one Chromium
 }

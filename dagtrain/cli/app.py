@@ -95,7 +95,7 @@ def _reach(eff: Any, home: Path) -> None:
     import tempfile
 
     from dagtrain.errors import InputError, MissingDependency
-    from dagtrain.stages.sources import reach_url, source_kind
+    from dagtrain.phases.sources import reach_url, source_kind
 
     if not (eff.tracking or source_kind(eff) == "url"):
         return

@@ -184,7 +184,7 @@ def start_preflight(cfg: PipelineConfig, home: Path | None = None) -> ModelCheck
     the MLflow client when the pipeline has ``tracking`` (its connection is read when
     each task starts); exits 2 naming the field. Returns the model check, started in its
     own process (``ModelCheck``), whose ``verdict()`` is the rest."""
-    from dagtrain.stages.sources import check_source
+    from dagtrain.phases.sources import check_source
     from dagtrain.sync import require
     from dagtrain.tracking import require_client
 
@@ -212,8 +212,8 @@ class ModelCheck:
         import signal
         import subprocess
 
+        from dagtrain.phases.train import code_path
         from dagtrain.rank_env import parent_death_signal
-        from dagtrain.stages.train import code_path
 
         if importlib.util.find_spec("torch") is None:
             raise MissingDependency(

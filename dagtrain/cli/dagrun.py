@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
 def _preload() -> None:
     """torch imported here, while the run is checked: each task's process is forked from
     this one (the LocalExecutor's workers, then a supervisor for each task), so the
-    stages that load a model (evaluate, promote, the rounds' averaging) find it imported
+    phases that load a model (evaluate, promote, the rounds' averaging) find it imported
     instead of spending seconds on it each. Importing starts no threads; each task's
     own are made in its process. Without torch (no ``train`` extra) nothing is."""
     import importlib.util

@@ -6,7 +6,7 @@ log where the web UI reads it (``embedded``). It runs in a process of its own, i
 session of its own (``dagrun``), so that the terminal's Ctrl-C reaches this process
 alone; this one shows what the plugin's listener and the ranks report (``progress``) —
 Airflow's own output goes to a log file, never into the display or the task logs —
-then a summary (``summary.outcome_lines``), read from what the stages returned.
+then a summary (``summary.outcome_lines``), read from what the phases returned.
 
 Ctrl-C (or SIGTERM) stops the run the way Airflow stops one (``stop``): the run is
 marked failed, each running task's supervisor terminates its task (the operator's
@@ -410,7 +410,7 @@ def _log_files(dag_id: str, run_id: str) -> None:
 
 def _mlflow_lines(cfg: PipelineConfig, run_dir: Path, champ: dict | None) -> list[str]:
     """Where the run is in MLflow (a pipeline with ``tracking``), from the records its
-    stages wrote: the run, the champion's model version, or what is still to log."""
+    phases wrote: the run, the champion's model version, or what is still to log."""
     if cfg.tracking is None:
         return []
     from dagtrain.records.layout import ArtifactLayout
@@ -419,7 +419,7 @@ def _mlflow_lines(cfg: PipelineConfig, run_dir: Path, champ: dict | None) -> lis
     links = mlflow_links(run_dir, ArtifactLayout.of(cfg).registry)
     lines = []
     if links["run"] is not None:
-        pending = " (some logging missed; the next stage of this run retries it)"
+        pending = " (some logging missed; the next phase of this run retries it)"
         lines.append(
             f"MLflow run: {links['run']['url']}{pending if links['run']['pending'] else ''}"
         )
@@ -444,9 +444,9 @@ def _summary(
     log: Path,
     interrupts: Interrupts,
 ) -> None:
+    from dagtrain.phases.registry import champion, promoted_in
     from dagtrain.records.layout import ArtifactLayout, read_json
     from dagtrain.records.result import read_summary
-    from dagtrain.stages.registry import champion, promoted_in
 
     from .summary import outcome_lines
 
@@ -464,7 +464,7 @@ def _summary(
     def maybe(path: Path) -> dict | None:
         return read_json(path) if path.exists() else None
 
-    summary = read_summary(run.train.result)  # (the XCom's dict, as the stage returned it)
+    summary = read_summary(run.train.result)  # (the XCom's dict, as the phase returned it)
     train = None if summary is None else summary.to_dict()
     for line in outcome_lines(train, maybe(run.evaluation), promoted_in(cfg, run_id)):
         out.print(line)

@@ -1,7 +1,7 @@
 """The closing lines of a run, the same for ``dagtrain run`` and ``dagtrain trigger
 --wait``: validation and test metrics, each named as such, and one line on promotion.
 
-Their inputs are what the stages returned (their XComs): the training task's summary,
+Their inputs are what the phases returned (their XComs): the training task's summary,
 the evaluation's metrics and verdict, and the promotion's registry entry (None when it
 did not promote).
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dagtrain.stages.verdict import exact, shown
+from dagtrain.phases.verdict import exact, shown
 
 __all__ = ["outcome_lines"]
 

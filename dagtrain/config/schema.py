@@ -32,7 +32,7 @@ DEFAULT_LAUNCHER: dict[str, str] = {
 }
 # the sections every rank of a training run receives as they are
 RUN_SECTIONS = ("model", "training", "distributed", "parallel", "executor")
-# the orders a pipeline-parallel step can run in (dagtrain.training.rank.pipeline): the same
+# the orders a pipeline-parallel step can run in (dagtrain.training.rank.pipelining): the same
 # graph under other priorities and another bound on live microbatches
 Order = Literal["auto", "gpipe", "1f1b", "zero-bubble"]
 # fields only a config file may set, and why: a run's conf may repeat the file's value,
@@ -462,12 +462,12 @@ class TrainConfig(RunSections):
     data: str = Field(
         "digits",
         description="'digits' (scikit-learn's, no download), a path to .npz/.npy/.csv/.parquet "
-        "(or a data-prep stage's split), or 'package.module:factory' (a Dataset or arrays)",
+        "(or a data-prep phase's split), or 'package.module:factory' (a Dataset or arrays)",
     )
     eval_data: str | None = Field(
         None,
         description="a separate file to evaluate on each epoch; then 'data' is all training "
-        "data, both already prepared (a data-prep stage's files), and neither split nor "
+        "data, both already prepared (a data-prep phase's files), and neither split nor "
         "normalised here",
     )
     test_fraction: float = Field(

@@ -1,4 +1,4 @@
-"""dagtrain's Airflow operators. Thin: they validate and delegate to dagtrain.stages,
+"""dagtrain's Airflow operators. Thin: they validate and delegate to dagtrain.phases,
 which imports torch only inside ``execute`` (Airflow parses DAG files again and again)."""
 
 from .data_prep import DataPrepOperator

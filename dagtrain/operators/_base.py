@@ -92,7 +92,7 @@ class DagtrainOperator(BaseOperator):
 
     @staticmethod
     def airflow_run(context: Any) -> dict[str, Any]:
-        """What the stages tag an MLflow run with: the task's ``dag_id``, ``run_id``,
+        """What the phases tag an MLflow run with: the task's ``dag_id``, ``run_id``,
         ``try_number`` and ``page`` (the run's training page)."""
         from dagtrain.plugins.links import page_url
 

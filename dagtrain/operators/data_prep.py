@@ -26,11 +26,11 @@ class DataPrepOperator(DagtrainOperator):
 
     @fails_fast_on_bad_input
     def execute(self, context: Any) -> dict[str, Any]:
-        from dagtrain.stages.prep import prepare_stage
+        from dagtrain.phases.prep import prepare_phase
 
         cfg = self.run_config(context)
         shards = self.shards or (cfg.rounds.shards if self.for_rounds else 0)
-        out = prepare_stage(cfg, shards)
+        out = prepare_phase(cfg, shards)
         self.log.info("data %s prepared in %s: %s", out["version"], out["dir"], out["rows"])
         for outlet in self.outlets or []:
             context["outlet_events"][outlet].extra.update(

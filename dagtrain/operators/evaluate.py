@@ -30,10 +30,10 @@ class EvaluateOperator(DagtrainOperator):
 
     @fails_fast_on_bad_input
     def execute(self, context: Any) -> dict[str, Any]:
-        from dagtrain.stages.registry import evaluate_stage
+        from dagtrain.phases.registry import evaluate_phase
 
         cfg = self.run_config(context)
-        return evaluate_stage(
+        return evaluate_phase(
             cfg,
             context["run_id"],
             self.data,
@@ -66,7 +66,7 @@ class PromoteOperator(DagtrainOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow.sdk.exceptions import AirflowSkipException
 
-        from dagtrain.stages.registry import evaluation_of, promote
+        from dagtrain.phases.registry import evaluation_of, promote
 
         cfg = self.run_config(context)
         # the run's own evaluation file, not the XCom (``evaluation``: the dependency

@@ -1,4 +1,4 @@
-"""RoundAveragingOperator: the barrier and averaging stage of round-based training.
+"""RoundAveragingOperator: the barrier and averaging phase of round-based training.
 
 (Per-step gradient allreduce inside a training task is ``dagtrain.sync``; this operator
 averages whole rounds of local training across Airflow tasks.)"""
@@ -50,10 +50,10 @@ class RoundAveragingOperator(DagtrainOperator):
 
     @fails_fast_on_bad_input
     def execute(self, context: Any) -> dict[str, Any]:
-        from dagtrain.stages.rounds import average_stage
+        from dagtrain.phases.rounds import average_phase
 
         cfg = self.run_config(context)
-        result = average_stage(
+        result = average_phase(
             cfg, context["run_id"], self.data, self.round, self.shards, self._dirs()
         )
         k = result["shards"]

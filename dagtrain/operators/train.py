@@ -56,14 +56,14 @@ class DistributedTrainOperator(DagtrainOperator):
 
     @fails_fast_on_bad_input
     def execute(self, context: Any) -> dict[str, Any]:
-        from dagtrain.stages.train import train_stage
+        from dagtrain.phases.train import train_phase
 
         cfg = self.run_config(context)
         ti = context.get("ti")
         shard = None
         if self.round is not None:
             shard = int(self.shard if self.shard is not None else ti.map_index)
-        return train_stage(
+        return train_phase(
             cfg,
             context["run_id"],
             self.data,

@@ -1,5 +1,5 @@
 """The training page's links to MLflow: a run's MLflow run and each registry version's
-MLflow model version, from what the stages recorded in the artifact store
+MLflow model version, from what the phases recorded in the artifact store
 (``dagtrain.tracking.records``), never from MLflow or Airflow's tables. No mlflow here."""
 
 from __future__ import annotations

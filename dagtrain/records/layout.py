@@ -2,7 +2,7 @@
 
 ``ArtifactLayout(root)`` names every file and folder under a pipeline's artifact root,
 and ``RunLayout`` / ``TrainFiles`` / ``DataFiles`` those of one run, one training task
-(the run's ``train/`` or a round's shard) and one prepared data version; the stages, the
+(the run's ``train/`` or a round's shard) and one prepared data version; the phases, the
 operators, the CLI and the training page find every file through them, and
 ``ArtifactLayout.describe`` names what any path under the root is::
 
@@ -78,7 +78,7 @@ __all__ = [
     "write_json",
 ]
 
-# the task ids the stages and the tools look each other up by
+# the task ids the phases and the tools look each other up by
 PREPARE_TASK = "prepare_data"
 TRAIN_TASK = "train"
 EVALUATE_TASK = "evaluate"

@@ -69,7 +69,7 @@ EPOCH_TRACE = Name("step{step:07d}-rank{rank:d}.json")
 # a rank's own record in its job's status folder: where it runs, how far it is, why it
 # stopped
 RANK_RECORD = Name("rank{rank:d}.json")
-# what the stages record of MLflow (dagtrain.tracking): a run's record (runs/<run>/) and
+# what the phases record of MLflow (dagtrain.tracking): a run's record (runs/<run>/) and
 # the registry's (registry/), and a run's logging still to do (the server was down)
 MLFLOW_RECORD = "mlflow.json"
 MLFLOW_PENDING = "mlflow-pending.json"

@@ -9,7 +9,7 @@ failed try failed; typed, each with one writer and one reader.
   train stage (:func:`write_summary`), read by the tracker, ``dagtrain run``'s summary
   and the training page (:func:`read_summary`).
 - :class:`FailureRecord`: ``failure-try<N>.json`` (``TrainFiles.failure(n)``), how a
-  try's ranks failed. Written by the train stage (:func:`write_failure`), read by the
+  try's ranks failed. Written by the train phase (:func:`write_failure`), read by the
   training page (:func:`read_failure`).
 
 A reader ignores a field it does not know (a newer version wrote it) and gives None for

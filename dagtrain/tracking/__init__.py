@@ -9,7 +9,7 @@ tracking URI), read through the Task SDK when each task starts. What goes where:
   and ``dagtrain.page`` (the training page). Its id is kept in the run's artifact folder
   (``runs/<run>/mlflow.json``, written before any rank starts), and a try that finds no
   such file looks the run up by its two Airflow tags: every try logs into the same run;
-- the train stage: the effective config (what the ranks received, ``config.json``) as
+- the train phase: the effective config (what the ranks received, ``config.json``) as
   params with dotted keys, every epoch's metrics at their step, samples/s, the rank
   count and the number of world changes; the step traces, the data manifest, the
   result and the world changes as artifacts;

@@ -79,8 +79,8 @@ def test_the_guides_dataset_example_validates_prepares_and_trains(tmp_path, monk
     import sys
 
     from dagtrain.config import load_config
-    from dagtrain.stages.prep import prepare_stage
-    from dagtrain.stages.train import train_stage
+    from dagtrain.phases.prep import prepare_phase
+    from dagtrain.phases.train import train_phase
 
     (tmp_path / "my_dataset.py").write_text(_block("docs/guide.md", "# my_dataset.py"))
     cfg_file = tmp_path / "my_dataset_pipeline.yaml"
@@ -97,6 +97,6 @@ def test_the_guides_dataset_example_validates_prepares_and_trains(tmp_path, monk
     monkeypatch.setenv("DAGTRAIN_HOME", str(tmp_path / "home"))
     cfg = load_config(cfg_file)
     assert cfg.data.workers == 2 and cfg.distributed.ranks == 2
-    data = prepare_stage(cfg)
-    result = train_stage(cfg, "docs", data, code_dirs=(str(tmp_path),))
+    data = prepare_phase(cfg)
+    result = train_phase(cfg, "docs", data, code_dirs=(str(tmp_path),))
     assert result["world"] == 2 and result["val_accuracy"] > 0.9, result

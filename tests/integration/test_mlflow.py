@@ -244,7 +244,7 @@ def test_runs_retries_the_champion_alias_and_a_server_lost_mid_run_follow_dagtra
         server = MlflowServer(venv, tmp_path / "mlflow", port=server.port).start()
         monkeypatch.setenv(f"AIRFLOW_CONN_{CONN.upper()}", server.url)
         from dagtrain.config import load_config
-        from dagtrain.stages.registry import tracker_of
+        from dagtrain.phases.registry import tracker_of
 
         # what a stage of the run tags with (DagtrainOperator.airflow_run): the missed
         # start (the server was killed as it began) is done with it

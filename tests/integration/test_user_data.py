@@ -14,8 +14,8 @@ import pytest
 from dagtrain.config import TrainConfig, load_config
 from dagtrain.errors import InputError, MissingDependency
 from dagtrain.launch import RankFailure
-from dagtrain.stages.prep import prepare, prepare_stage
-from dagtrain.stages.train import train_stage
+from dagtrain.phases.prep import prepare, prepare_phase
+from dagtrain.phases.train import train_phase
 from dagtrain.training import run_training
 
 from . import user_data
@@ -39,7 +39,7 @@ def pipeline(tmp_path: Path, source: str, ranks: int, extra: str = "") -> object
 
 
 def trained(cfg) -> dict:
-    return train_stage(cfg, "run1", prepare_stage(cfg))
+    return train_phase(cfg, "run1", prepare_phase(cfg))
 
 
 @pytest.mark.slow

@@ -64,19 +64,19 @@ ALLOWED = {
     "dagtrain.sync": BASE | {"dagtrain.taskgraph"},
     "dagtrain.launch": BASE,
     "dagtrain.training": BASE | {"dagtrain.taskgraph", "dagtrain.sync", "dagtrain.launch"},
-    "dagtrain.stages": BASE | {"dagtrain.training", "dagtrain.launch"},
+    "dagtrain.phases": BASE | {"dagtrain.training", "dagtrain.launch"},
     # operators only translate: Airflow's context to a stage call; their extra links
     "dagtrain.operators": {
         "dagtrain.config",
         "dagtrain.errors",
-        "dagtrain.stages",
+        "dagtrain.phases",
         "dagtrain.plugins.links",
         "dagtrain.tracking",
     },
     "dagtrain.pipelines": {"dagtrain.config", "dagtrain.operators", "dagtrain.records.layout"},
-    "dagtrain.plugins": BASE | {"dagtrain.stages"},
+    "dagtrain.plugins": BASE | {"dagtrain.phases"},
     "dagtrain.cli": BASE
-    | {"dagtrain", "dagtrain.docs", "dagtrain.sync", "dagtrain.stages", "dagtrain.plugins"},
+    | {"dagtrain", "dagtrain.docs", "dagtrain.sync", "dagtrain.phases", "dagtrain.plugins"},
     "dagtrain.docs": {"dagtrain.config"},
     "dagtrain.get_provider_info": set(),
     "dagtrain.__main__": {"dagtrain.cli"},
@@ -158,7 +158,7 @@ def test_the_checker_sees_relative_and_lazy_imports(tmp_path):
     found = imports_of(PACKAGE / "training" / "driver" / "job.py")
     assert {"dagtrain.launch", "dagtrain.config"} <= found
     found = imports_of(PACKAGE / "operators" / "train.py")
-    assert "dagtrain.stages.train" in found  # imported inside execute()
+    assert "dagtrain.phases.train" in found  # imported inside execute()
     assert "dagtrain.operators._base" in found  # a relative import
 
 
@@ -177,7 +177,7 @@ def loaded_after(module: str) -> set[str]:
         ("dagtrain.launch", ("dagtrain.training", "torch", "mpi4py", "airflow")),
         ("dagtrain.config", ("torch", "numpy", "airflow", "dagtrain.training")),
         ("dagtrain.training", ("airflow", "dagtrain.operators", "dagtrain.cli")),
-        ("dagtrain.training.driver.job", ("airflow", "dagtrain.stages", "dagtrain.pipelines")),
+        ("dagtrain.training.driver.job", ("airflow", "dagtrain.phases", "dagtrain.pipelines")),
     ],
 )
 def test_importing_a_layer_loads_nothing_above_it(module, never):

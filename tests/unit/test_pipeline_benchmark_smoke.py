@@ -57,7 +57,7 @@ def test_balanced_split_minimises_the_largest_part():
 @pytest.mark.slow
 @pytest.mark.alone  # a benchmark: it times its phases
 def test_smoke_run_writes_every_figure(tmp_path):
-    pytest.importorskip("dagtrain.training.rank.pipeline")
+    pytest.importorskip("dagtrain.training.rank.pipelining")
     out = tmp_path / "pipeline.json"
     tiny = {"transformer": {"layers": 2, "dim": 16, "heads": 2}}
     subprocess.run(

@@ -2,7 +2,7 @@
 
 Two kinds implement it: the data-parallel step (:class:`~.step.StepGraph`, every rank
 holds the whole model and is its own replica) and the pipeline step
-(:class:`~.pipeline.PipelineStep`, a rank trains one stage of one replica).
+(:class:`~.pipeline.StageStep`, a rank trains one stage of one replica).
 ``tests/unit/training/test_step_protocol.py`` checks that both declare every member.
 """
 

@@ -34,7 +34,7 @@ from . import checkpoint
 from .data import Dataset, load_dataset, shard_batches
 from .device import choose_device
 from .models import bounded_model, evaluate_samples
-from .pipeline import PipelineStep
+from .pipelining import StageStep
 from .progress import Progress, RankStatus
 from .protocol import TrainStep
 from .rescue import Rescue, newest, remove_rescues
@@ -148,7 +148,7 @@ class RankRun:
             # a stage's ranks of one replica read the same share of each batch
             n = min(len(self.ds.train), cfg.training.batch_size)
             first = self.ds.train.batch(torch.arange(n))[0]
-            self.sg: TrainStep = PipelineStep(cfg, self.model, backend, first, snap)
+            self.sg: TrainStep = StageStep(cfg, self.model, backend, first, snap)
         else:
             self.sg = StepGraph(cfg, self.model, backend, snap)
 

@@ -66,7 +66,7 @@ def test_closing_lines_when_promoted_over_a_champion():
 
 def test_closing_lines_when_not_better_than_the_champion(tmp_path):
     from dagtrain.config import load_config
-    from dagtrain.stages.registry import better
+    from dagtrain.phases.registry import better
 
     cfg = tmp_path / "p.yaml"
     cfg.write_text("evaluation: {min_improvement: 0.0}\n")
@@ -81,7 +81,7 @@ def test_closing_lines_when_not_better_than_the_champion(tmp_path):
 
 def test_closing_lines_when_below_the_floor(tmp_path):
     from dagtrain.config import load_config
-    from dagtrain.stages.registry import better
+    from dagtrain.phases.registry import better
 
     cfg = tmp_path / "p.yaml"
     cfg.write_text("evaluation: {min_accuracy: 0.9}\n")

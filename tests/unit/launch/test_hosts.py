@@ -315,7 +315,7 @@ def test_the_remote_end_passes_the_exit_code_and_the_environment_on():
 
 
 def test_the_training_stage_reads_the_connection_through_airflow(monkeypatch):
-    from dagtrain.stages.train import connection_hosts, resolve_hosts
+    from dagtrain.phases.train import connection_hosts, resolve_hosts
 
     extra = {"hosts": ["10.0.0.2:1", "10.0.0.3:1"], "rsh_agent": ["ssh", "-p", "2222"]}
     # an AIRFLOW_CONN_ variable is one of the places Airflow's API reads connections from
@@ -344,8 +344,8 @@ def test_a_missing_or_bad_connection_fails_the_stage_before_any_rank_starts(
 ):
     import dagtrain.training
     from dagtrain.config import TrainConfig
+    from dagtrain.phases.train import run_train
     from dagtrain.records.layout import TrainFiles
-    from dagtrain.stages.train import run_train
 
     monkeypatch.delenv("AIRFLOW_CONN_LAB_HOSTS", raising=False)
     if conn is not None:

@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from dagtrain.phases.train import record_try
 from dagtrain.plugins import report
 from dagtrain.records import metrics
-from dagtrain.stages.train import record_try
 
 from .pipeline_fixture import DAG
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 from dagtrain.changes import change_line
+from dagtrain.phases.train import record_try
 from dagtrain.plugins import report
-from dagtrain.stages.train import record_try
 
 from .pipeline_fixture import DAG
 

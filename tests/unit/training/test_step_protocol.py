@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from dagtrain.training.rank.pipeline import PipelineStep
+from dagtrain.training.rank.pipelining import StageStep
 from dagtrain.training.rank.protocol import TrainStep
 from dagtrain.training.rank.step import StepGraph
 
@@ -38,7 +38,7 @@ def declared(cls: type) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("kind", [StepGraph, PipelineStep])
+@pytest.mark.parametrize("kind", [StepGraph, StageStep])
 def test_each_step_kind_declares_the_whole_protocol(kind):
     missing = protocol_members() - declared(kind)
     assert not missing, f"{kind.__name__} lacks {sorted(missing)}"

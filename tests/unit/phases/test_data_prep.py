@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dagtrain.config import load_config
-from dagtrain.stages.prep import prepare, verify_manifest
+from dagtrain.phases.prep import prepare, verify_manifest
 
 
 def config(tmp_path, extra: str = ""):
@@ -78,12 +78,12 @@ def test_a_stage_reads_the_manifest_of_its_own_pipeline_whatever_the_xcom_says(t
     import json
 
     from dagtrain.errors import InputError
-    from dagtrain.stages.prep import manifest_of, prepare_stage
+    from dagtrain.phases.prep import manifest_of, prepare_phase
 
     cfg = config(tmp_path)
-    out = prepare_stage(cfg)
+    out = prepare_phase(cfg)
     (tmp_path / "b").mkdir()
-    other = prepare_stage(config(tmp_path / "b", "data: {seed: 1}\n"))  # another pipeline's
+    other = prepare_phase(config(tmp_path / "b", "data: {seed: 1}\n"))  # another pipeline's
     forged = {**out, "manifest": other["manifest"], "dir": other["dir"]}
     assert manifest_of(cfg, forged)["dir"] == out["dir"]  # its own, not the forged one
     for version in ("../../b/art/d/data/" + other["version"], "", None, 7, "A" * 16):

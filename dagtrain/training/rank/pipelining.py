@@ -58,7 +58,7 @@ from .split_backward import input_grad, weight_grads
 from .step import NonFiniteGradients, make_optimizer, step_seed
 from .transfers import Transfers
 
-__all__ = ["PipelineStep"]
+__all__ = ["StageStep"]
 
 # the orders whose backward is two tasks: B (the input gradient) and W (the weights')
 _SPLIT_ORDERS = ("zero-bubble",)
@@ -66,7 +66,7 @@ _SPLIT_ORDERS = ("zero-bubble",)
 SWITCH_INTERVAL = 0.0005
 
 
-class PipelineStep:
+class StageStep:
     """One rank's pipeline step (a :class:`~.protocol.TrainStep`):
     ``run(batch, snapshot, trace)`` -> (loss sum / world, correct, samples here).
 
@@ -528,7 +528,7 @@ class PipelineStep:
         """The whole model's optimizer state, as the data-parallel step saves it (one
         entry over every parameter, in its order); valid after :meth:`gather`."""
         if self._gathered_optim is None:
-            raise RuntimeError("PipelineStep.optimizer_states() before gather()")
+            raise RuntimeError("StageStep.optimizer_states() before gather()")
         return self._gathered_optim
 
     def load_optimizer_states(self, states: list[dict[str, Any]]) -> None:

@@ -35,7 +35,7 @@ from dagtrain.records.layout import (
 
 from .sources import check_source, fetch_url, source_kind
 
-__all__ = ["data_file", "manifest_of", "prepare", "prepare_stage", "verify_manifest"]
+__all__ = ["data_file", "manifest_of", "prepare", "prepare_phase", "verify_manifest"]
 
 
 def _npz_bytes(**arrays: np.ndarray) -> bytes:
@@ -236,7 +236,7 @@ def data_file(manifest: dict[str, Any], name: str) -> str:
 def manifest_of(
     cfg: PipelineConfig, data: Any, names: tuple[str, ...] | None = None
 ) -> dict[str, Any]:
-    """The manifest of the data version a prepare stage's output names (``data``: its
+    """The manifest of the data version a prepare phase's output names (``data``: its
     XCom), the files ``names`` (default: all) checked against their checksums. Only the
     version is taken from the XCom, which a user who may trigger runs can rewrite: the
     folder is the pipeline's own (``cfg``'s artifact root, a file-only field), so no
@@ -260,9 +260,9 @@ def manifest_of(
 _VERSION = re.compile(r"[0-9a-f]{8,64}")
 
 
-def prepare_stage(cfg: PipelineConfig, shards: int = 0) -> dict[str, Any]:
+def prepare_phase(cfg: PipelineConfig, shards: int = 0) -> dict[str, Any]:
     """The prepare task: the data prepared (or found prepared); its XCom, which the
-    later stages read the manifest through."""
+    later phases read the manifest through."""
     m = prepare(cfg, shards)
     rows = {k: f["rows"] for k, f in m["files"].items()}
     return {

@@ -37,7 +37,7 @@ __all__ = [
     "better",
     "champion",
     "evaluate_checkpoint",
-    "evaluate_stage",
+    "evaluate_phase",
     "promote",
     "promoted_in",
     "tracker_of",
@@ -47,7 +47,7 @@ __all__ = [
 def tracker_of(
     cfg: PipelineConfig, run_id: str, airflow: dict[str, Any] | None, log: Any = None
 ) -> Any:
-    """The MLflow Tracker of a stage of DAG run ``run_id`` (None: no ``tracking``), its
+    """The MLflow Tracker of a phase of DAG run ``run_id`` (None: no ``tracking``), its
     run's pending logging done first. Raises MissingDependency (no MLflow client) and
     InputError (``tracking.connection`` names no connection) before any work."""
     if cfg.tracking is None:
@@ -89,7 +89,7 @@ def evaluate_checkpoint(
     return evaluate_samples(model, test.train, split)
 
 
-def evaluate_stage(
+def evaluate_phase(
     cfg: PipelineConfig,
     run_id: str,
     data: Any,
@@ -99,7 +99,7 @@ def evaluate_stage(
 ) -> dict[str, Any]:
     """The evaluate task of DAG run ``run_id``: the test metrics of ``model`` (a
     training or sync task's output, a dict with ``checkpoint``, or a checkpoint path)
-    on the prepare stage's output ``data``, compared with the champion's; kept as the
+    on the prepare phase's output ``data``, compared with the champion's; kept as the
     run's evaluation and returned (the task's XCom; with ``tracking``, its
     ``tracking`` says how MLflow's logging went)."""
     from .prep import manifest_of
@@ -154,7 +154,7 @@ def own_file(cfg: PipelineConfig, path: Any, field: str, run_id: str | None = No
             else "the pipeline's artifact root"
         )
         raise InputError(
-            f"{field}: {p.name!r} is not under {where}; a stage reads only the pipeline's "
+            f"{field}: {p.name!r} is not under {where}; a phase reads only the pipeline's "
             "own files (artifacts.root), whatever a task's output says"
         )
     return str(p)

@@ -11,8 +11,8 @@ import torch
 from dagtrain.config import load_config
 from dagtrain.operators import DataPrepOperator, RoundAveragingOperator
 from dagtrain.operators._base import BadInput
+from dagtrain.phases.rounds import ShardError, global_model, write_delta
 from dagtrain.records.layout import ArtifactLayout
-from dagtrain.stages.rounds import ShardError, global_model, write_delta
 
 RUN = "manual__test"
 

@@ -2,7 +2,7 @@
 
 Each round, K shards start from the round's global model and train ``local_steps``
 inner steps on their own data; each writes its *pseudo-gradient*, the parameter delta
-``global - local``, with a sidecar (sha256, shapes, base model digest). The sync stage
+``global - local``, with a sidecar (sha256, shapes, base model digest). The sync phase
 checks every contribution (present, complete, checksummed, same shapes and base, finite)
 before it reads any of them into the model, averages the deltas, and applies the outer
 optimizer, SGD with Nesterov momentum (DiLoCo: lr 0.7, momentum 0.9)::
@@ -32,7 +32,7 @@ __all__ = [
     "global_model",
     "shard_delta",
     "average_round",
-    "average_stage",
+    "average_phase",
     "write_delta",
 ]
 
@@ -137,7 +137,7 @@ def _check(shard: int, d: TrainFiles, expect_shapes: dict[str, list[int]], base_
     return delta
 
 
-def average_stage(
+def average_phase(
     cfg: PipelineConfig,
     run_id: str,
     data: Any,
@@ -146,7 +146,7 @@ def average_stage(
     dirs: dict[int, Path] | None = None,
 ) -> dict[str, Any]:
     """The averaging task that closes round ``r`` of DAG run ``run_id``: ``data`` is the
-    prepare stage's output, ``shards`` the round's shard count (default: the data's);
+    prepare phase's output, ``shards`` the round's shard count (default: the data's);
     see ``average_round``."""
     from .prep import manifest_of
 

@@ -10,8 +10,8 @@ import torch
 
 from dagtrain.config import load_config
 from dagtrain.errors import InputError
+from dagtrain.phases.registry import better, champion, evaluation_of, promote
 from dagtrain.records.layout import ArtifactLayout
-from dagtrain.stages.registry import better, champion, evaluation_of, promote
 from dagtrain.training.rank import checkpoint
 
 
@@ -98,16 +98,16 @@ def test_promote_reads_the_runs_evaluation_file_not_the_xcom(tmp_path):
 def test_evaluate_refuses_a_checkpoint_outside_the_pipelines_artifact_root(tmp_path):
     """The train task's XCom names the checkpoint evaluate reads: one elsewhere (another
     pipeline's, any file) is refused by name before it is read."""
-    from dagtrain.stages.prep import prepare_stage
-    from dagtrain.stages.registry import evaluate_stage
+    from dagtrain.phases.prep import prepare_phase
+    from dagtrain.phases.registry import evaluate_phase
 
     cfg = cfg_with(tmp_path)
     other = checkpoint.save({"model": {"w": torch.ones(2)}}, tmp_path / "elsewhere", 1)
-    data = prepare_stage(cfg)
+    data = prepare_phase(cfg)
     with pytest.raises(InputError, match=r"model: .* is not under the folder of run 'r1'"):
-        evaluate_stage(cfg, "r1", data, {"checkpoint": str(other)})
+        evaluate_phase(cfg, "r1", data, {"checkpoint": str(other)})
     # another run's checkpoint, inside the pipeline's root: not this run's either
     theirs = checkpoint.save({"model": {"w": torch.ones(2)}}, run_folder(cfg).parents[2] / "r0", 1)
     with pytest.raises(InputError, match=r"model: .* is not under the folder of run 'r1'"):
-        evaluate_stage(cfg, "r1", data, {"checkpoint": str(theirs)})
+        evaluate_phase(cfg, "r1", data, {"checkpoint": str(theirs)})
     assert not ArtifactLayout.of(cfg).run("r1").evaluation.exists()

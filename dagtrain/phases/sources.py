@@ -75,8 +75,8 @@ def check_source(cfg: PipelineConfig) -> str:
     """``data.source`` resolved (``digits``, a factory, a URL, or a path), after the
     checks that can be made here and now: a file there, readable and of a kind the data
     layer reads; a URL's filesystem installed. InputError names the field. (A factory is
-    imported by the preflight and the data-prep stage, a URL's connection read by the
-    data-prep stage.)"""
+    imported by the preflight and the data-prep phase, a URL's connection read by the
+    data-prep phase.)"""
     src = cfg.data_source()
     kind = source_kind(cfg)
     if kind in ("digits", "factory"):

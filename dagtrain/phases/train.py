@@ -1,4 +1,4 @@
-"""The training stage of a pipeline: the ranks launched, the result kept beside the
+"""The training phase of a pipeline: the ranks launched, the result kept beside the
 checkpoints.
 
 The ranks receive ``PipelineConfig.train_config(...)``: the pipeline's model, training,
@@ -53,7 +53,7 @@ __all__ = [
     "record_try",
     "resolve_hosts",
     "run_train",
-    "train_stage",
+    "train_phase",
 ]
 
 
@@ -110,7 +110,7 @@ def code_path(*folders: str | Path | None) -> dict[str, str]:
     return {CODE_PATH: os.pathsep.join(seen)}
 
 
-def train_stage(
+def train_phase(
     cfg: PipelineConfig,
     run_id: str,
     data: Any,
@@ -128,13 +128,13 @@ def train_stage(
     """The training task of DAG run ``run_id``: its ranks launched on the run's files;
     returns the summary (the task's XCom).
 
-    ``data``: the prepare stage's output. ``ranks`` overrides ``distributed.ranks``.
+    ``data``: the prepare phase's output. ``ranks`` overrides ``distributed.ranks``.
     With ``round`` set, shard ``shard`` of that round: it starts from the round's
     global model, trains ``rounds.local_steps`` steps on its shard and writes its
     parameter delta (the summary's ``delta``). ``log``: a logger (the task's). A try
     that fails with a RankFailure leaves its record (``TrainFiles.failure``) for the
     training page, then the failure is raised. ``airflow``: the task's ``dag_id``,
-    ``run_id`` and ``page`` (for MLflow's tags; ``dagtrain.stages.registry.tracker_of``)."""
+    ``run_id`` and ``page`` (for MLflow's tags; ``dagtrain.phases.registry.tracker_of``)."""
     from dagtrain.launch import RankFailure
 
     from .registry import tracker_of

@@ -7,8 +7,8 @@ from fractions import Fraction
 import pytest
 
 from dagtrain.config import PipelineConfig
-from dagtrain.stages.registry import better
-from dagtrain.stages.verdict import exact, shown
+from dagtrain.phases.registry import better
+from dagtrain.phases.verdict import exact, shown
 
 
 def cfg(**evaluation) -> PipelineConfig:

@@ -1,2 +1,0 @@
-"""The work behind the operators: data prep, the training stage, round-based sync,
-evaluation and the model registry. Torch is imported inside functions only."""
