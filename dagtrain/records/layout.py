@@ -430,6 +430,16 @@ def read_json(path: Path) -> Any:
     return json.loads(path.read_text())
 
 
+def read_object(path: Path) -> dict[str, Any]:
+    """A JSON object's file, or {} where there is none, it cannot be read or it holds
+    something else (the tolerant read of a record another part may not have written)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .layout import read_json, write_json
+from .layout import read_object, write_json
 
 __all__ = [
     "FailureRecord",
@@ -183,19 +183,12 @@ def _names(cls: type) -> frozenset[str]:
     return frozenset(f.name for f in dataclasses.fields(cls))
 
 
-def _read(path: Path) -> Any:
-    try:
-        return read_json(Path(path))
-    except (OSError, ValueError):
-        return None
-
-
 def write_summary(path: Path, summary: TrainSummary) -> None:
     write_json(Path(path), summary.to_dict())
 
 
 def read_summary(path: Path) -> TrainSummary | None:
-    return TrainSummary.of(_read(path))
+    return TrainSummary.of(read_object(path) or None)
 
 
 def write_failure(path: Path, record: FailureRecord) -> None:
@@ -203,4 +196,4 @@ def write_failure(path: Path, record: FailureRecord) -> None:
 
 
 def read_failure(path: Path) -> FailureRecord | None:
-    return FailureRecord.of(_read(path))
+    return FailureRecord.of(read_object(path) or None)

@@ -33,13 +33,10 @@ Importing this package imports neither mlflow nor Airflow.
 from __future__ import annotations
 
 from .connection import check_tracking, require_client, tracking_uri
-from .records import PENDING, RECORD, REGISTRY_RECORD, mlflow_links
+from .records import mlflow_links
 from .tracker import Tracker
 
 __all__ = [
-    "PENDING",
-    "RECORD",
-    "REGISTRY_RECORD",
     "Tracker",
     "check_tracking",
     "mlflow_links",

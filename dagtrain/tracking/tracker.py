@@ -26,11 +26,21 @@ from typing import Any
 from dagtrain import redact
 from dagtrain.config import PipelineConfig, dotted
 from dagtrain.records import metrics
-from dagtrain.records.layout import RunLayout, TrainFiles
-from dagtrain.records.names import SIDECAR
+from dagtrain.records.layout import RunLayout, TrainFiles, read_object
+from dagtrain.records.mlflow import (
+    MlflowModels,
+    MlflowRun,
+    Pending,
+    read_models,
+    read_pending,
+    read_run,
+    write_models,
+    write_pending,
+    write_run,
+)
+from dagtrain.records.names import MLFLOW_PENDING, SIDECAR
 from dagtrain.records.result import read_summary
 
-from . import records
 from .connection import check_tracking
 
 __all__ = ["DEADLINES", "Tracker"]
@@ -139,8 +149,8 @@ class Tracker:
     # the stage's view --------------------------------------------------------------
     def begin(self) -> None:
         """Do the parts earlier stages of the run could not (the server was down)."""
-        for item in records.read_pending(self.run_dir):
-            self.do(item.get("part", ""), **(item.get("args") or {}))
+        for item in read_pending(self.run_dir):
+            self.do(item.part, **item.args)
 
     def do(self, part: str, **args: Any) -> bool:
         """Do one part (``start``, ``train``, ``evaluate``, ``promote``); True when it was
@@ -161,15 +171,14 @@ class Tracker:
 
     def report(self) -> dict[str, Any]:
         """How tracking went in this stage (the task's XCom ``tracking``)."""
-        rec = records.read(self.run_dir / records.RECORD)
         return {
             "ok": self.error is None,
             "connection": self.connection,
             "uri": self.shown_uri,
             "experiment": self.experiment,
-            "run_id": rec.get("run_id"),
+            "run_id": read_run(self.run_dir).run_id,
             "error": self.error,
-            "pending": [i["part"] for i in records.read_pending(self.run_dir)],
+            "pending": [i.part for i in read_pending(self.run_dir)],
         }
 
     def _down(self, part: str, e: BaseException) -> None:
@@ -186,13 +195,13 @@ class Tracker:
                 self.shown_uri,
                 part,
                 self.error,
-                self.run_dir / records.PENDING,
+                self.run_dir / MLFLOW_PENDING,
             )
 
     def _pending(self, part: str, args: dict[str, Any], keep: bool) -> None:
-        item = {"part": part, "args": args}
-        items = [i for i in records.read_pending(self.run_dir) if i != item]
-        records.write_pending(self.run_dir, [*items, item] if keep else items)
+        item = Pending(part, args)
+        items = [i for i in read_pending(self.run_dir) if i != item]
+        write_pending(self.run_dir, [*items, item] if keep else items)
 
     # MLflow ------------------------------------------------------------------------
     @property
@@ -206,10 +215,9 @@ class Tracker:
     def _run_id(self) -> str:
         """The DAG run's MLflow run: the one its record names, or the one tagged with its
         dag_id and run_id, or a new one; recorded before anything is logged to it."""
-        path = self.run_dir / records.RECORD
-        rec = records.read(path)
-        if rec.get("run_id") and rec.get("uri") == self.shown_uri:
-            return rec["run_id"]
+        known = read_run(self.run_dir).at(self.shown_uri)
+        if known is not None:
+            return known
         c = self.client
         exp = c.get_experiment_by_name(self.experiment)
         exp_id = exp.experiment_id if exp is not None else c.create_experiment(self.experiment)
@@ -226,14 +234,14 @@ class Tracker:
         else:
             tags = {TAG_DAG: dag_id, TAG_RUN: run_id, "dagtrain.pipeline": self.experiment}
             mlflow_run = c.create_run(exp_id, run_name=run_id, tags=tags).info.run_id
-        rec = {
-            "uri": self.shown_uri,
-            "connection": self.connection,
-            "experiment": self.experiment,
-            "experiment_id": str(exp_id),
-            "run_id": mlflow_run,
-        }
-        records.write(path, rec)
+        rec = MlflowRun(
+            uri=self.shown_uri,
+            connection=self.connection,
+            experiment=self.experiment,
+            experiment_id=str(exp_id),
+            run_id=mlflow_run,
+        )
+        write_run(self.run_dir, rec)
         return mlflow_run
 
     def _tags(self, run: str, tags: dict[str, Any]) -> None:
@@ -273,7 +281,7 @@ class Tracker:
 
         run = self._run_id()
         folder = TrainFiles(Path(train_dir))
-        config = records.read(folder.config)
+        config = read_object(folder.config)
         result = read_summary(folder.result)
         have = self.client.get_run(run).data.params
         params = [Param(k, v) for k, v in params_of(config).items() if k not in have]
@@ -314,7 +322,7 @@ class Tracker:
     def _evaluate(self, evaluation: str) -> None:
         """The test metrics (the evaluate task's output file), in the same run."""
         run = self._run_id()
-        ev = records.read(Path(evaluation))
+        ev = read_object(Path(evaluation))
         result = read_summary(RunLayout(self.run_dir).train.result)
         step = result.steps if result is not None else 0
         self._metrics(run, [(k, v, step) for k, v in _numbers(ev.get("metrics") or {})])
@@ -326,7 +334,7 @@ class Tracker:
         the registry's lock: two promotes at once leave the alias where the registry
         ends."""
         with _flocked(self.registry_lock):
-            self._sync(int(version), records.read(Path(registry_file)))
+            self._sync(int(version), read_object(Path(registry_file)))
 
     def _sync(self, version: int, reg: dict[str, Any]) -> None:
         by_version = {v["version"]: v for v in reg.get("versions", [])}
@@ -345,19 +353,13 @@ class Tracker:
             self.client.set_registered_model_alias(self.model_name, CHAMPION, have[str(champ)])
         else:  # no champion MLflow can show: no alias rather than a wrong one
             self._drop_alias()
-        rec_path = self.registry_dir / records.REGISTRY_RECORD
-        rec = records.read(rec_path)
-        versions = rec.get("versions") or {}
+        versions = read_models(self.registry_dir).versions
         versions.update({k: {"name": self.model_name, "version": v} for k, v in have.items()})
-        records.write(
-            rec_path, {"uri": self.shown_uri, "name": self.model_name, "versions": versions}
-        )
+        write_models(self.registry_dir, MlflowModels(self.shown_uri, self.model_name, versions))
         self._tags(run, {"dagtrain.model_version": have[str(version)]})
-        run_rec = records.read(self.run_dir / records.RECORD)
-        records.write(
-            self.run_dir / records.RECORD,
-            run_rec | {"model": self.model_name, "model_version": have[str(version)]},
-        )
+        run_rec = read_run(self.run_dir)
+        run_rec.model, run_rec.model_version = self.model_name, have[str(version)]
+        write_run(self.run_dir, run_rec)
         self.client.set_terminated(run, "FINISHED")
 
     def _ensure_model(self) -> None:
@@ -408,8 +410,7 @@ class Tracker:
         dag_id, run_id = lineage.get("dag_id"), lineage.get("run_id")
         if not dag_id or not run_id or self.run_dir_of is None:
             return None
-        rec = records.read(self.run_dir_of(dag_id, run_id) / records.RECORD)
-        return rec["run_id"] if rec.get("run_id") and rec.get("uri") == self.shown_uri else None
+        return read_run(self.run_dir_of(dag_id, run_id)).at(self.shown_uri)
 
     def _drop_alias(self) -> None:
         from mlflow.exceptions import MlflowException
