@@ -28,13 +28,16 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
 from rich.live import Live
 
 from dagtrain.config import PipelineConfig
+
+if TYPE_CHECKING:
+    from dagtrain.records.registry import RegistryEntry
 
 from .common import (
     ConfigArg,
@@ -408,7 +411,7 @@ def _log_files(dag_id: str, run_id: str) -> None:
         out.print(f"  {label} try {n}: {path}")
 
 
-def _mlflow_lines(cfg: PipelineConfig, run_dir: Path, champ: dict | None) -> list[str]:
+def _mlflow_lines(cfg: PipelineConfig, run_dir: Path, champ: RegistryEntry | None) -> list[str]:
     """Where the run is in MLflow (a pipeline with ``tracking``), from the records its
     phases wrote: the run, the champion's model version, or what is still to log."""
     if cfg.tracking is None:
@@ -428,7 +431,7 @@ def _mlflow_lines(cfg: PipelineConfig, run_dir: Path, champ: dict | None) -> lis
             f"MLflow: nothing logged: connection {cfg.tracking.connection!r} failed (its "
             "warning is in the task logs)"
         )
-    version = links["versions"].get(str(champ["version"])) if champ else None
+    version = links["versions"].get(str(champ.version)) if champ is not None else None
     if version is not None:
         lines.append(f"MLflow champion: {version['name']} v{version['version']} {version['url']}")
     return lines
@@ -445,7 +448,8 @@ def _summary(
     interrupts: Interrupts,
 ) -> None:
     from dagtrain.phases.registry import champion, promoted_in
-    from dagtrain.records.layout import ArtifactLayout, read_json
+    from dagtrain.records.layout import ArtifactLayout
+    from dagtrain.records.registry import read_evaluation
     from dagtrain.records.result import read_summary
 
     from .summary import outcome_lines
@@ -461,16 +465,19 @@ def _summary(
     else:
         out.print(f"run {run_id}: {state} in {seconds:.1f} s{stopped}")
 
-    def maybe(path: Path) -> dict | None:
-        return read_json(path) if path.exists() else None
-
     summary = read_summary(run.train.result)  # (the XCom's dict, as the phase returned it)
     train = None if summary is None else summary.to_dict()
-    for line in outcome_lines(train, maybe(run.evaluation), promoted_in(cfg, run_id)):
+    evaluation = read_evaluation(run.evaluation)
+    promoted = promoted_in(cfg, run_id)
+    for line in outcome_lines(
+        train,
+        None if evaluation is None else evaluation.to_dict(),
+        None if promoted is None else promoted.to_dict(),
+    ):
         out.print(line)
     champ = champion(cfg)
-    if champ:
-        out.print(f"champion model: v{champ['version']} {champ['path']}")
+    if champ is not None:
+        out.print(f"champion model: v{champ.version} {champ.path}")
     traced = next((t.traces for t in run.training_folders() if t.trace_files()), None)
     if traced is not None:
         out.print(f"step traces (open in https://ui.perfetto.dev): {traced}")

@@ -73,7 +73,7 @@ class PromoteOperator(DagtrainOperator):
         # on the evaluate task), which a user who may trigger runs can rewrite
         ev = evaluation_of(cfg, context["run_id"])
         told = self.evaluation if isinstance(self.evaluation, dict) else {}
-        if told and told.get("metrics") != ev["metrics"]:
+        if told and told.get("metrics") != ev.metrics:
             self.log.warning(
                 "the evaluate task's XCom differs from its evaluation file: the file decides"
             )
@@ -82,14 +82,14 @@ class PromoteOperator(DagtrainOperator):
             "run_id": context["run_id"],
             "config": self.config_path,
             "config_values": cfg.shown(),
-            "data_manifest": ev["manifest"],
-            "data_version": ev["data_version"],
-            "checkpoint": ev["checkpoint"],
+            "data_manifest": ev.manifest,
+            "data_version": ev.data_version,
+            "checkpoint": ev.checkpoint,
         }
         entry = promote(
             cfg,
-            ev["checkpoint"],
-            ev["metrics"],
+            ev.checkpoint,
+            ev.metrics,
             lineage,
             log=self.log,
             airflow=self.airflow_run(context),

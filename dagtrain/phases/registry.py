@@ -28,8 +28,17 @@ from typing import Any
 
 from dagtrain.config import PipelineConfig
 from dagtrain.errors import InputError
-from dagtrain.records.layout import ArtifactLayout, DataFiles, atomic_write, read_json, write_json
+from dagtrain.records.layout import ArtifactLayout, DataFiles, atomic_write
 from dagtrain.records.names import SIDECAR
+from dagtrain.records.registry import (
+    Evaluation,
+    Registry,
+    RegistryEntry,
+    read_evaluation,
+    read_registry,
+    write_evaluation,
+    write_registry,
+)
 
 from .verdict import better
 
@@ -117,18 +126,19 @@ def evaluate_phase(
     ok, why = better(cfg, metrics, champ)
     if log is not None:
         log.info("challenger %s: %s; %s", ckpt, metrics, why)
-    out = {
-        "checkpoint": ckpt,
-        "metrics": metrics,
-        "champion": None if champ is None else champ["version"],
-        "champion_metrics": None if champ is None else champ["metrics"],
-        "better": ok,
-        "reason": why,
-        "data_version": manifest["version"],
-        "manifest": str(DataFiles(Path(manifest["dir"])).manifest),
-    }
+    evaluation = Evaluation(
+        checkpoint=ckpt,
+        metrics=metrics,
+        champion=None if champ is None else champ.version,
+        champion_metrics=None if champ is None else champ.metrics,
+        better=ok,
+        reason=why,
+        data_version=manifest["version"],
+        manifest=str(DataFiles(Path(manifest["dir"])).manifest),
+    )
     path = ArtifactLayout.of(cfg).run(run_id).evaluation
-    write_json(path, out)
+    write_evaluation(path, evaluation)
+    out = evaluation.to_dict()
     if tracker is not None:
         tracker.do("evaluate", evaluation=str(path))
         return out | {"tracking": tracker.report()}
@@ -160,13 +170,13 @@ def own_file(cfg: PipelineConfig, path: Any, field: str, run_id: str | None = No
     return str(p)
 
 
-def evaluation_of(cfg: PipelineConfig, run_id: str) -> dict[str, Any]:
+def evaluation_of(cfg: PipelineConfig, run_id: str) -> Evaluation:
     """The evaluation the evaluate task of run ``run_id`` kept in the run's folder: what
     promote registers, rather than the evaluate task's XCom."""
-    path = _layout(cfg).run(run_id).evaluation
-    if not path.exists():
+    evaluation = read_evaluation(_layout(cfg).run(run_id).evaluation)
+    if evaluation is None:
         raise InputError(f"run {run_id!r} has no evaluation: run its evaluate task first")
-    return read_json(path)
+    return evaluation
 
 
 @contextlib.contextmanager
@@ -179,40 +189,23 @@ def registry_locked(lock_file: Path) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _locked(cfg: PipelineConfig) -> Iterator[dict[str, Any]]:
+def _locked(cfg: PipelineConfig) -> Iterator[Registry]:
     lay = _layout(cfg)
     with registry_locked(lay.registry_lock):
-        path = lay.registry_file
-        reg = read_json(path) if path.exists() else {"champion": None, "versions": []}
+        reg = read_registry(lay.registry_file)
         yield reg
-        write_json(path, reg)
+        write_registry(lay.registry_file, reg)
 
 
-def champion(cfg: PipelineConfig) -> dict[str, Any] | None:
-    path = _layout(cfg).registry_file
-    if not path.exists():
-        return None
-    reg = read_json(path)
-    return next((v for v in reg["versions"] if v["version"] == reg["champion"]), None)
+def champion(cfg: PipelineConfig) -> RegistryEntry | None:
+    return read_registry(_layout(cfg).registry_file).champion_entry()
 
 
-def promoted_in(cfg: PipelineConfig, run_id: str) -> dict[str, Any] | None:
+def promoted_in(cfg: PipelineConfig, run_id: str) -> RegistryEntry | None:
     """The registry entry that run ``run_id`` of the config's DAG promoted, or None."""
-    path = _layout(cfg).registry_file
-    if not path.exists():
-        return None
-    versions = read_json(path)["versions"]
-    run = {"dag_id": cfg.dag_id, "run_id": run_id}
-    return next(
-        (v for v in versions if v["promoted"] and _run_of(v) == run),
-        None,
-    )
-
-
-def _run_of(entry: dict[str, Any]) -> dict[str, Any]:
-    """The DAG run that registered ``entry``: ``{"dag_id", "run_id"}`` of its lineage."""
-    lineage = entry.get("lineage") or {}
-    return {"dag_id": lineage.get("dag_id"), "run_id": lineage.get("run_id")}
+    versions = read_registry(_layout(cfg).registry_file).versions
+    run = (cfg.dag_id, run_id)
+    return next((v for v in versions if v.promoted and v.run() == run), None)
 
 
 def finite_metrics(metrics: Any) -> dict[str, int | float]:
@@ -264,28 +257,27 @@ def promote(
     torch.save(state, buf)
     data = buf.getvalue()
     with _locked(cfg) as reg:
-        champ = next((v for v in reg["versions"] if v["version"] == reg["champion"]), None)
-        ok, why = better(cfg, metrics, champ)
-        version = max((v["version"] for v in reg["versions"]), default=0) + 1
+        ok, why = better(cfg, metrics, reg.champion_entry())
+        version = reg.next_version()
         model = _layout(cfg).model(version)
         atomic_write(model, data)
         meta = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
         atomic_write(model.with_name(SIDECAR(name=model.name)), json.dumps(meta).encode())
-        entry = {
-            "version": version,
-            "path": str(model),
-            "sha256": meta["sha256"],
-            "metrics": metrics,
-            "lineage": lineage,
-            "registered_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "promoted": ok,
-            "reason": why,
-            "previous_champion": reg["champion"],
-        }
-        reg["versions"].append(entry)
+        entry = RegistryEntry(
+            version=version,
+            path=str(model),
+            sha256=meta["sha256"],
+            metrics=metrics,
+            lineage=lineage,
+            registered_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            promoted=ok,
+            reason=why,
+            previous_champion=reg.champion,
+        )
+        reg.versions.append(entry)
         if ok:
-            reg["champion"] = version
+            reg.champion = version
     if tracker is not None:  # after the registry's update: MLflow follows it
         tracker.do("promote", version=version, registry_file=str(_layout(cfg).registry_file))
-        return entry | {"tracking": tracker.report()}
-    return entry
+        return entry.to_dict() | {"tracking": tracker.report()}
+    return entry.to_dict()

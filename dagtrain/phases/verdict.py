@@ -16,6 +16,7 @@ from fractions import Fraction
 from typing import Any
 
 from dagtrain.config import PipelineConfig
+from dagtrain.records.registry import RegistryEntry
 
 __all__ = ["better", "exact", "shown"]
 
@@ -55,7 +56,7 @@ def shown(values: Sequence[Fraction], holds: Callable[[Sequence[Fraction]], bool
 
 
 def better(
-    cfg: PipelineConfig, challenger: dict[str, Any], champ: dict[str, Any] | None
+    cfg: PipelineConfig, challenger: dict[str, Any], champ: RegistryEntry | None
 ) -> tuple[bool, str]:
     """(promote?, why) for a challenger's metrics against the champion's registry entry:
     at least ``evaluation.min_accuracy``, and better than the champion's
@@ -72,7 +73,7 @@ def better(
         )
     if champ is None:
         return True, "the first model: no champion yet"
-    mine, theirs = exact(challenger, ev.metric), exact(champ["metrics"], ev.metric)
+    mine, theirs = exact(challenger, ev.metric), exact(champ.metrics, ev.metric)
     margin = _decimal(ev.min_improvement)
 
     def wins(v: Sequence[Fraction]) -> bool:
@@ -81,7 +82,7 @@ def better(
 
     a, b = shown([mine, theirs], wins)
     name = ev.metric.replace("_", " ")
-    who = f"the champion v{champ['version']}'s {b}"
+    who = f"the champion v{champ.version}'s {b}"
     if wins([mine, theirs]):
         by = f" by more than {ev.min_improvement}" if margin else ""
         return True, f"{name} {a} beats {who}{by}"

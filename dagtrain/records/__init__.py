@@ -5,5 +5,7 @@ Standard library only (and ``dagtrain.atomic``): a base package every layer may 
 and their readers, an elastic run's :class:`~.metrics.WorldChange`); :mod:`.trace`: the
 op names of a pipeline stage's step trace and the bubble read from them; :mod:`.status`:
 a rank's status record (``rank<N>.json``); :mod:`.result`: rank 0's result, the training
-task's ``result.json`` and a try's failure record.
+task's ``result.json`` and a try's failure record; :mod:`.registry`: the model registry
+and a run's evaluation; :mod:`.mlflow`: what the phases record of MLflow;
+:mod:`.layout` and :mod:`.names`: where each file lies and what it is called.
 """

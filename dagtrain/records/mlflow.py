@@ -22,6 +22,7 @@ from typing import Any
 
 from .layout import read_object, write_json
 from .names import MLFLOW_PENDING, MLFLOW_RECORD
+from .typed import from_doc
 
 __all__ = [
     "MlflowModels",
@@ -72,13 +73,8 @@ class Pending:
     args: dict[str, Any] = field(default_factory=dict)
 
 
-def _of(cls: type, doc: dict[str, Any]) -> Any:
-    names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in doc.items() if k in names})
-
-
 def read_run(run_dir: Path) -> MlflowRun:
-    return _of(MlflowRun, read_object(Path(run_dir) / MLFLOW_RECORD))
+    return from_doc(MlflowRun, read_object(Path(run_dir) / MLFLOW_RECORD))
 
 
 def write_run(run_dir: Path, record: MlflowRun) -> None:
@@ -86,7 +82,7 @@ def write_run(run_dir: Path, record: MlflowRun) -> None:
 
 
 def read_models(registry_dir: Path) -> MlflowModels:
-    models = _of(MlflowModels, read_object(Path(registry_dir) / MLFLOW_RECORD))
+    models = from_doc(MlflowModels, read_object(Path(registry_dir) / MLFLOW_RECORD))
     if not isinstance(models.versions, dict):
         models.versions = {}
     return models

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .layout import read_object, write_json
+from .typed import from_doc
 
 __all__ = [
     "FailureRecord",
@@ -88,7 +89,7 @@ class TrainFigures:
         if not isinstance(doc, dict):
             return None
         try:
-            return cls(**{k: v for k, v in doc.items() if k in _names(cls)})
+            return from_doc(cls, doc)
         except TypeError:  # a required field missing
             return None
 
@@ -173,14 +174,10 @@ class FailureRecord:
     def of(cls, doc: Any) -> FailureRecord | None:
         if not isinstance(doc, dict):
             return None
-        return cls(**{k: v for k, v in doc.items() if k in _names(cls)})
+        return from_doc(cls, doc)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-def _names(cls: type) -> frozenset[str]:
-    return frozenset(f.name for f in dataclasses.fields(cls))
 
 
 def write_summary(path: Path, summary: TrainSummary) -> None:

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from .names import RANK_RECORD
+from .typed import from_doc
 
 __all__ = ["FIELDS", "RankRecord", "State", "read_record", "read_records"]
 
@@ -115,7 +116,7 @@ class RankRecord:
         rank = doc.get("rank")
         if not isinstance(rank, int) or isinstance(rank, bool):
             return None
-        return cls(**{k: v for k, v in doc.items() if k in FIELDS})
+        return from_doc(cls, doc)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

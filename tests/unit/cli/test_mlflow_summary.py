@@ -8,6 +8,7 @@ import json
 from dagtrain.cli.run import _mlflow_lines
 from dagtrain.config import load_config
 from dagtrain.records.layout import ArtifactLayout
+from dagtrain.records.registry import RegistryEntry
 
 
 def cfg_of(tmp_path, tracking: str):
@@ -29,7 +30,7 @@ def test_the_run_and_the_champion_are_linked(tmp_path):
     (lay.registry / "mlflow.json").write_text(
         json.dumps({"uri": uri, "versions": {"2": {"name": "p", "version": "5"}}})
     )
-    assert _mlflow_lines(cfg, run, {"version": 2}) == [
+    assert _mlflow_lines(cfg, run, RegistryEntry(2, "m.pt")) == [
         f"MLflow run: {uri}/#/experiments/3/runs/abc",
         f"MLflow champion: p v5 {uri}/#/models/p/versions/5",
     ]

@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from dagtrain.cli import app
 from dagtrain.cli.summary import outcome_lines
+from dagtrain.records.registry import RegistryEntry
 
 runner = CliRunner()
 
@@ -70,7 +71,7 @@ def test_closing_lines_when_not_better_than_the_champion(tmp_path):
 
     cfg = tmp_path / "p.yaml"
     cfg.write_text("evaluation: {min_improvement: 0.0}\n")
-    champ = {"version": 1, "metrics": {"test_accuracy": 0.9694}}
+    champ = RegistryEntry(1, "", metrics={"test_accuracy": 0.9694})
     ok, why = better(load_config(cfg), {"test_accuracy": 0.9612}, champ)
     ev = {"metrics": {**METRICS, "test_accuracy": 0.9612}, "champion": 1, "better": ok}
     last = outcome_lines(None, {**ev, "reason": why}, None)[-1]
@@ -94,6 +95,7 @@ def test_closing_lines_when_below_the_floor(tmp_path):
 
 MODELS = """
 import math
+from dagtrain.records.registry import RegistryEntry
 from torch import nn
 
 

@@ -12,6 +12,7 @@ from dagtrain.config import load_config
 from dagtrain.errors import InputError
 from dagtrain.phases.registry import better, champion, evaluation_of, promote
 from dagtrain.records.layout import ArtifactLayout
+from dagtrain.records.registry import RegistryEntry
 from dagtrain.training.rank import checkpoint
 
 
@@ -28,7 +29,7 @@ def run_folder(cfg) -> Path:
 
 def test_better_follows_the_metric_its_direction_and_the_margins(tmp_path):
     acc = cfg_with(tmp_path, "min_improvement: 0.01, min_accuracy: 0.5")
-    champ = {"version": 1, "metrics": {"test_accuracy": 0.90, "test_loss": 0.3}}
+    champ = RegistryEntry(1, "", metrics={"test_accuracy": 0.90, "test_loss": 0.3})
     assert better(acc, {"test_accuracy": 0.92, "test_loss": 0.5}, champ)[0]
     assert not better(acc, {"test_accuracy": 0.905, "test_loss": 0.1}, champ)[0]
     assert not better(acc, {"test_accuracy": 0.4, "test_loss": 0.1}, None)[0]  # floor
@@ -46,7 +47,7 @@ def test_promote_records_every_version_and_keeps_the_best_as_champion(tmp_path):
     second = promote(cfg, str(ckpt), {"test_accuracy": 0.8, "test_loss": 0.5}, lineage)
     third = promote(cfg, str(ckpt), {"test_accuracy": 0.95, "test_loss": 0.2}, lineage)
     assert [first["promoted"], second["promoted"], third["promoted"]] == [True, False, True]
-    assert champion(cfg)["version"] == 3
+    assert champion(cfg).version == 3
     reg = json.loads((cfg.artifact_root() / "registry" / "registry.json").read_text())
     assert [v["version"] for v in reg["versions"]] == [1, 2, 3]
     assert reg["versions"][1]["lineage"] == lineage and reg["versions"][2]["previous_champion"] == 1
@@ -92,7 +93,7 @@ def test_promote_reads_the_runs_evaluation_file_not_the_xcom(tmp_path):
     path = ArtifactLayout.of(cfg).run("r1").evaluation
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"checkpoint": "c.pt", "metrics": {"test_accuracy": 0.5}}))
-    assert evaluation_of(cfg, "r1")["metrics"] == {"test_accuracy": 0.5}
+    assert evaluation_of(cfg, "r1").metrics == {"test_accuracy": 0.5}
 
 
 def test_evaluate_refuses_a_checkpoint_outside_the_pipelines_artifact_root(tmp_path):

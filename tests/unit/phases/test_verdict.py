@@ -9,6 +9,7 @@ import pytest
 from dagtrain.config import PipelineConfig
 from dagtrain.phases.registry import better
 from dagtrain.phases.verdict import exact, shown
+from dagtrain.records.registry import RegistryEntry
 
 
 def cfg(**evaluation) -> PipelineConfig:
@@ -39,7 +40,7 @@ def test_below_the_floor_names_the_counts_and_never_rounds_up_to_the_floor():
 
 
 def test_a_verdict_names_the_champion_and_shows_the_digits_that_decide():
-    champ = {"version": 1, "metrics": {"test_accuracy": 0.9694}}
+    champ = RegistryEntry(1, "", metrics={"test_accuracy": 0.9694})
     ok, why = better(cfg(), {"test_accuracy": 0.9694}, champ)
     assert not ok
     assert why == "test accuracy 0.9694 does not beat the champion v1's 0.9694 by more than 0.0"
@@ -53,14 +54,14 @@ def test_a_verdict_names_the_champion_and_shows_the_digits_that_decide():
 )
 def test_min_improvement_is_compared_on_exact_fractions(mine, theirs, promoted):
     margin = 1 / 359  # one more right answer of 359 is not *more* than 1/359
-    champ = {"version": 3, "metrics": _acc(*theirs)}
+    champ = RegistryEntry(3, "", metrics=_acc(*theirs))
     ok, why = better(cfg(min_improvement=round(margin, 6)), _acc(*mine), champ)
     assert ok is promoted, why
     assert "the champion v3's" in why
 
 
 def test_lower_loss_wins_when_the_metric_is_the_loss():
-    champ = {"version": 2, "metrics": {"test_accuracy": 0.9, "test_loss": 0.2}}
+    champ = RegistryEntry(2, "", metrics={"test_accuracy": 0.9, "test_loss": 0.2})
     ok, why = better(cfg(metric="test_loss"), {"test_accuracy": 0.9, "test_loss": 0.1}, champ)
     assert ok and why == "test loss 0.1000 beats the champion v2's 0.2000"
 

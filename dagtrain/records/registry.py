@@ -1,0 +1,119 @@
+"""The model registry and a run's evaluation, typed: what evaluate and promote write and
+the tracker, ``dagtrain run`` and the training page read.
+
+- ``<root>/<pipeline>/registry/registry.json`` (:class:`Registry`): every registered
+  version (:class:`RegistryEntry`: its model file and checksum, metrics, lineage, the
+  verdict) and the champion. Written by promote under the registry's lock
+  (``dagtrain.phases.registry``), read by :func:`read_registry`.
+- ``runs/<run>/eval.json`` (:class:`Evaluation`): the evaluate task's metrics and
+  verdict against the champion of the time; what promote registers. Written by
+  evaluate, read by :func:`read_evaluation`.
+
+A missing file reads as an empty registry or no evaluation; a field this version does
+not know is ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .layout import read_object, write_json
+from .typed import from_doc
+
+__all__ = [
+    "Evaluation",
+    "Registry",
+    "RegistryEntry",
+    "read_evaluation",
+    "read_registry",
+    "write_evaluation",
+    "write_registry",
+]
+
+
+@dataclass
+class RegistryEntry:
+    """One registered version: ``lineage`` says where it came from (``dag_id``,
+    ``run_id``, the data version, the source checkpoint, the config)."""
+
+    version: int
+    path: str
+    sha256: str = ""
+    metrics: dict[str, float] = field(default_factory=dict)
+    lineage: dict[str, Any] = field(default_factory=dict)
+    registered_at: str = ""
+    promoted: bool = False
+    reason: str = ""
+    previous_champion: int | None = None
+
+    def run(self) -> tuple[Any, Any]:
+        """``(dag_id, run_id)`` of the DAG run that registered it."""
+        return self.lineage.get("dag_id"), self.lineage.get("run_id")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class Registry:
+    """``registry.json``: every version, oldest first, and the champion's number."""
+
+    champion: int | None = None
+    versions: list[RegistryEntry] = field(default_factory=list)
+
+    def entry(self, version: int | None) -> RegistryEntry | None:
+        return next((v for v in self.versions if v.version == version), None)
+
+    def champion_entry(self) -> RegistryEntry | None:
+        return self.entry(self.champion)
+
+    def next_version(self) -> int:
+        return max((v.version for v in self.versions), default=0) + 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"champion": self.champion, "versions": [v.to_dict() for v in self.versions]}
+
+
+def read_registry(path: Path) -> Registry:
+    doc = read_object(path)
+    versions = [
+        from_doc(RegistryEntry, v)
+        for v in doc.get("versions") or []
+        if isinstance(v, dict) and isinstance(v.get("version"), int)
+    ]
+    champion = doc.get("champion")
+    return Registry(champion if isinstance(champion, int) else None, versions)
+
+
+def write_registry(path: Path, registry: Registry) -> None:
+    write_json(Path(path), registry.to_dict())
+
+
+@dataclass
+class Evaluation:
+    """``eval.json``: a challenger's test metrics and the verdict against the champion
+    (``champion``: its version, None when there was none)."""
+
+    checkpoint: str
+    metrics: dict[str, float] = field(default_factory=dict)
+    champion: int | None = None
+    champion_metrics: dict[str, float] | None = None
+    better: bool = False
+    reason: str = ""
+    data_version: str | None = None
+    manifest: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def read_evaluation(path: Path) -> Evaluation | None:
+    doc = read_object(path)
+    return from_doc(Evaluation, doc) if isinstance(doc.get("checkpoint"), str) else None
+
+
+def write_evaluation(path: Path, evaluation: Evaluation) -> None:
+    write_json(Path(path), evaluation.to_dict())
