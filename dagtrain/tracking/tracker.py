@@ -39,6 +39,7 @@ from dagtrain.records.mlflow import (
     write_run,
 )
 from dagtrain.records.names import MLFLOW_PENDING, SIDECAR
+from dagtrain.records.registry import Registry, RegistryEntry, read_evaluation, read_registry
 from dagtrain.records.result import read_summary
 
 from .connection import check_tracking
@@ -322,11 +323,12 @@ class Tracker:
     def _evaluate(self, evaluation: str) -> None:
         """The test metrics (the evaluate task's output file), in the same run."""
         run = self._run_id()
-        ev = read_object(Path(evaluation))
+        ev = read_evaluation(Path(evaluation))
         result = read_summary(RunLayout(self.run_dir).train.result)
         step = result.steps if result is not None else 0
-        self._metrics(run, [(k, v, step) for k, v in _numbers(ev.get("metrics") or {})])
-        self._tags(run, {"dagtrain.evaluation": ev.get("reason")})
+        if ev is not None:
+            self._metrics(run, [(k, v, step) for k, v in _numbers(ev.metrics)])
+            self._tags(run, {"dagtrain.evaluation": ev.reason})
 
     def _promote(self, version: int, registry_file: str) -> None:
         """Register dagtrain's version ``version`` as an MLflow model version, then set
@@ -334,17 +336,17 @@ class Tracker:
         the registry's lock: two promotes at once leave the alias where the registry
         ends."""
         with _flocked(self.registry_lock):
-            self._sync(int(version), read_object(Path(registry_file)))
+            self._sync(int(version), read_registry(Path(registry_file)))
 
-    def _sync(self, version: int, reg: dict[str, Any]) -> None:
-        by_version = {v["version"]: v for v in reg.get("versions", [])}
+    def _sync(self, version: int, reg: Registry) -> None:
+        by_version = {v.version: v for v in reg.versions}
         run = self._run_id()
         self._ensure_model()
         have = self._mlflow_versions()
         entry = by_version[int(version)]
         if str(version) not in have:
             have[str(version)] = self._register(run, entry)
-        champ = reg.get("champion")
+        champ = reg.champion
         if champ is not None and str(champ) not in have:  # registered while MLflow was down
             other = self._run_of(by_version[champ])
             if other is not None:
@@ -382,8 +384,8 @@ class Tracker:
         found = self.client.search_model_versions(f"name = '{_quoted(self.model_name)}'")
         return {mv.tags[TAG_VERSION]: str(mv.version) for mv in found if TAG_VERSION in mv.tags}
 
-    def _register(self, run: str, entry: dict[str, Any]) -> str:
-        model = Path(entry["path"])
+    def _register(self, run: str, entry: RegistryEntry) -> str:
+        model = Path(entry.path)
         self.client.log_artifact(run, str(model), "model")
         sidecar = model.with_name(SIDECAR(name=model.name))
         if sidecar.exists():
@@ -394,20 +396,19 @@ class Tracker:
             source,
             run_id=run,
             tags={
-                TAG_VERSION: str(entry["version"]),
-                TAG_VERDICT: "promoted" if entry.get("promoted") else "not promoted",
-                TAG_REASON: str(entry.get("reason", ""))[:5000],
-                "dagtrain.sha256": entry.get("sha256", ""),
+                TAG_VERSION: str(entry.version),
+                TAG_VERDICT: "promoted" if entry.promoted else "not promoted",
+                TAG_REASON: entry.reason[:5000],
+                "dagtrain.sha256": entry.sha256,
             },
-            description=f"dagtrain registry v{entry['version']}: {entry.get('reason', '')}",
+            description=f"dagtrain registry v{entry.version}: {entry.reason}",
             await_creation_for=0,
         )
         return str(mv.version)
 
-    def _run_of(self, entry: dict[str, Any]) -> str | None:
+    def _run_of(self, entry: RegistryEntry) -> str | None:
         """The MLflow run of the DAG run that registered ``entry`` (its record), if any."""
-        lineage = entry.get("lineage") or {}
-        dag_id, run_id = lineage.get("dag_id"), lineage.get("run_id")
+        dag_id, run_id = entry.run()
         if not dag_id or not run_id or self.run_dir_of is None:
             return None
         return read_run(self.run_dir_of(dag_id, run_id)).at(self.shown_uri)
