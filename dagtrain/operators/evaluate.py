@@ -101,7 +101,7 @@ class PromoteOperator(DagtrainOperator):
             raise AirflowSkipException(f"not promoted: {entry['reason']}{mlflow}")
         for outlet in self.outlets or []:
             context["outlet_events"][outlet].extra.update(
-                {"version": entry["version"], "path": entry["path"], **ev["metrics"]}
+                {"version": entry["version"], "path": entry["path"], **ev.metrics}
             )
         keys = ("version", "path", "sha256", "metrics", "reason", "tracking")
         return {k: entry[k] for k in keys if k in entry}
