@@ -32,6 +32,7 @@ from rich.table import Table
 from rich.text import Text
 
 from dagtrain.changes import change_line, change_parts
+from dagtrain.records.metrics import Tries, TryEvent
 
 __all__ = ["Display", "Stage", "dag_order", "label_of"]
 
@@ -144,6 +145,7 @@ class Display:
         self.run_dir = run_dir
         self.metrics: dict[Path, _Tail] = {}
         self.info: dict[str, dict[str, Any]] = {}  # per training task: its start line
+        self.tries: dict[str, Tries] = {}  # per training task: its lines' tries so far
         self.stages: dict[str, Stage] = {t: Stage(t) for t in task_ids}
         # poll() runs in a thread of its own, table() in the live display's: the lock
         # guards the stages; lines are printed after it is released (printing takes the
@@ -230,24 +232,22 @@ class Display:
 
     def _metric(self, label: str, m: dict[str, Any]) -> None:
         info = self.info.setdefault(label, {})
-        kind = m.get("kind")
-        if kind == "try":  # a try begins: its first start line says where from
-            info["relaunched"] = False
-        elif kind == "start":
-            # an elastic run's later start lines in a try are relaunches, told as world
-            # changes: not resumes
-            relaunch = info.get("relaunched", False)
-            info.update(m)
-            info["relaunched"] = True
-            resumed = m.get("resumed_from_step")
-            n = self._stage(label).try_number or 1
-            if resumed is not None and not relaunch:
-                per = max(int(m.get("steps_per_epoch") or 1), 1)
+        # what the line means for the tries: the one rule, fed each line as it comes
+        got = self.tries.setdefault(label, Tries()).feed(m)
+        event = None if got is None else got.what
+        if got is not None and event in (TryEvent.START, TryEvent.RELAUNCH):
+            info.update(m)  # the current world's start: its first step, for the ETA
+            # only a try's first start line says where it began; an elastic run's later
+            # ones are relaunches, told as world changes: not resumes
+            resumed = got.resumed_from_step
+            if event == TryEvent.START and resumed is not None:
+                n = self._stage(label).try_number or 1
+                done = resumed if got.epochs_done_before is None else got.epochs_done_before
                 self.say(
                     f"{label} try {n}: resumed from step {resumed} "
-                    f"({resumed // per} epoch(s) already trained)"
+                    f"({done} epoch(s) already trained)"
                 )
-        elif kind == "world":  # an elastic run lost ranks, or took a host back
+        elif event == TryEvent.WORLD:  # an elastic run lost ranks, or took a host back
             width = self.console.width if self.console.is_terminal else None
             line = f"{label} {change_line(m)}"
             if width is not None and len(line) >= width:  # its figures on a line of their own
@@ -256,7 +256,7 @@ class Display:
                 line = f"{' ' * len(label)}   {figures}" if figures else ""
             if line:
                 self.say(line, "yellow")
-        elif kind == "epoch" and not self.stopping:  # a stopped run's last epochs: noise
+        elif m.get("kind") == "epoch" and not self.stopping:  # a stopped run's last epochs
             width = self.console.width if self.console.is_terminal else None
             self.say(self._epoch_line(label, info, m, width))
 

@@ -27,6 +27,7 @@ from dagtrain.records.layout import (
     round_sync_task,
     round_train_task,
 )
+from dagtrain.records.metrics import Tries, TryEvent
 
 from . import tracking_links
 from .artifacts import (
@@ -241,39 +242,32 @@ def _change_row(n: int, m: dict[str, Any]) -> dict[str, Any]:
 def tries_of(
     metrics: list[dict[str, Any]], failures: list[dict[str, Any]], try_number: int | None = None
 ) -> list[dict[str, Any]]:
-    """Every try the training task had, oldest first: from its ``try`` lines (each
-    ``start`` line belongs to the newest ``try`` line before it; a file without any
-    numbers its starts 1, 2, ...), its failure files, and Airflow's ``try_number``
-    (tries 1..N). Each: ``try``, ``started``, ``resumed_from_step``,
-    ``epochs_done_before``, ``time`` (training's start, else the try's), ``failure``
+    """Every try the training task had, oldest first: from its ``metrics`` lines, grouped
+    into tries by :class:`dagtrain.records.metrics.Tries` (each ``start`` line belongs to
+    the newest ``try`` line before it; a file without any numbers its starts 1, 2, ...),
+    its failure files, and Airflow's ``try_number`` (tries 1..N). Each: ``try``,
+    ``started``, ``resumed_from_step``, ``epochs_done_before``, ``time`` (training's
+    start, else the try's), ``failure``
     (its ``failure-try<N>.json`` record, or None), ``world_changes`` (an elastic run's
     ``world`` lines after the try's ``try`` line, oldest first, each with ``try`` and
     ``line``, the change as a sentence). A try's first ``start`` line says where it
     began; the later ones are an elastic run's relaunches on a new world."""
     rows: dict[int, dict[str, Any]] = {}
-    current: int | None = None
+    tries = Tries()
     for m in metrics:
-        kind = m.get("kind")
-        if kind == "try" and isinstance(m.get("try"), int):
-            current = m["try"]
-            row = rows.setdefault(current, _try_row(current))
-            if not row["started"]:
-                row["time"] = m.get("time")
-        elif kind == "world":
-            n = max(rows, default=1) if current is None else current
-            rows.setdefault(n, _try_row(n))["world_changes"].append(_change_row(n, m))
-        elif kind == "start":
-            # a file written before try lines existed: one start a try
-            n = max(rows, default=0) + 1 if current is None else current
-            row = rows.setdefault(n, _try_row(n))
-            if row["started"]:
-                continue  # an elastic run's relaunch: the try began at its first start
-            resumed = m.get("resumed_from_step")
-            per = m.get("steps_per_epoch")
+        got = tries.feed(m)
+        if got is None:
+            continue
+        row = rows.setdefault(got.number, _try_row(got.number))
+        if got.what == TryEvent.TRY and not row["started"]:
+            row["time"] = m.get("time")
+        elif got.what == TryEvent.WORLD:
+            row["world_changes"].append(_change_row(got.number, m))
+        elif got.what == TryEvent.START:
             row.update(
                 started=True,
-                resumed_from_step=resumed,
-                epochs_done_before=(resumed or 0) // per if per else None,
+                resumed_from_step=got.resumed_from_step,
+                epochs_done_before=got.epochs_done_before,
                 time=m.get("time"),
             )
     for f in failures:

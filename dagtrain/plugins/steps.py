@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dagtrain.records.trace import Op, bubble, parse_op
+from dagtrain.records.trace import Op, bubble, op_args, parse_op
 
 from .artifacts import as_int, rank_records, read_json, run_layout
 
@@ -201,9 +201,12 @@ def step_list(files: dict, result: dict | None) -> list[dict[str, Any]]:
 def merged_trace(root: Path, dag_id: str, run_id: str, step: int | None = None) -> dict[str, Any]:
     """Every rank's trace of one traced step (default: the run's last) as one
     Perfetto/Chrome trace: each rank a process, the ops on each rank's critical path
-    marked ``args.critical``. A pipeline-parallel run's processes are named
-    ``rank N · stage s``, and ``otherData.pipeline`` holds that step's
-    ``pipeline_of`` (each stage rank's bubble)."""
+    marked ``args.critical``, each pipeline op's span told what it is in its ``args``
+    (``op``, ``microbatch``, and a transfer's ``way`` and ``carries``:
+    :func:`dagtrain.records.trace.op_args`; the page's script reads these, never the
+    names). A pipeline-parallel run's processes are named ``rank N · stage s``, and
+    ``otherData.pipeline`` holds that step's ``pipeline_of`` (each stage rank's
+    bubble)."""
     train = run_layout(root, dag_id, run_id).train
     files = train.trace_files()
     if step is not None and step not in files:
@@ -216,8 +219,12 @@ def merged_trace(root: Path, dag_id: str, run_id: str, step: int | None = None) 
         crit = set(critical_path(evs))
         named = False
         for e in evs:
-            if e.get("ph") == "X" and e.get("args", {}).get("index") in crit:
-                e = {**e, "args": {**e["args"], "critical": True}}
+            if e.get("ph") == "X":
+                args = e.get("args", {})
+                mark = {"critical": True} if args.get("index") in crit else {}
+                fields = op_args(str(e.get("name", ""))) | mark
+                if fields:
+                    e = {**e, "args": {**args, **fields}}
             if e.get("ph") == "M" and e.get("name") == "process_name":
                 named = True
                 if stage_of.get(e.get("pid")) is not None:

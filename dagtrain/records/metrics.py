@@ -17,7 +17,9 @@ kind       written by                          fields
 
 Every line also has ``time`` (unix seconds). The builders here are the only places the
 lines are made, :func:`append` the only way they are written, :func:`read` and
-:func:`epochs` the only way they are read back. Standard library only.
+:func:`epochs` the only way they are read back, and :class:`Tries` the one rule that
+groups the lines into tries (the training page's list of tries, ``dagtrain run``'s live
+lines). Standard library only.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ from dagtrain.atomic import append_line
 
 __all__ = [
     "Kind",
+    "TryEvent",
+    "TryLine",
+    "Tries",
     "WorldChange",
     "append",
     "end_line",
@@ -155,3 +160,67 @@ def epochs(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if m.get("kind") == Kind.EPOCH and isinstance(m.get("epoch"), int):
             rows[m["epoch"]] = {k: v for k, v in m.items() if k != "kind"}
     return [rows[e] for e in sorted(rows)]
+
+
+class TryEvent(StrEnum):
+    """What a line means for the tries (:class:`Tries`)."""
+
+    TRY = "try"  # a ``try`` line: the try begins
+    START = "start"  # the try's first ``start`` line: where training began (or resumed)
+    RELAUNCH = "relaunch"  # a later ``start`` line of the same try: an elastic relaunch
+    WORLD = "world"  # a ``world`` line: the try's world changed
+
+
+@dataclass(frozen=True)
+class TryLine:
+    """One line's meaning for the tries: ``what`` happened to try ``number``, and the
+    ``line`` itself. For :attr:`TryEvent.START`, ``resumed_from_step`` (the start line's)
+    and ``epochs_done_before`` (whole epochs below it; None without ``steps_per_epoch``)."""
+
+    what: TryEvent
+    number: int
+    line: dict[str, Any]
+    resumed_from_step: int | None = None
+    epochs_done_before: int | None = None
+
+
+class Tries:
+    """The rule that groups a metrics file's lines into tries, fed the lines one at a time
+    in the file's order (all of them at once, or each as it is appended).
+
+    A ``try`` line begins its try. Each ``start`` line belongs to the newest ``try`` line
+    before it: the try's first says where it began (or resumed from), the later ones are
+    an elastic run's relaunches on a new world. In a file written before try lines
+    existed (no ``try`` line before it), each ``start`` line is a try of its own,
+    numbered 1, 2, ... A ``world`` line belongs to the current try (without a ``try``
+    line, the newest try so far, else try 1). Other lines, and a ``try`` line without a
+    whole number, mean nothing for the tries (:meth:`feed` returns None)."""
+
+    def __init__(self) -> None:
+        self.current: int | None = None  # the newest try line's number
+        self.started: dict[int, bool] = {}  # each try seen so far: whether it started
+
+    def feed(self, m: dict[str, Any]) -> TryLine | None:
+        kind = m.get("kind")
+        if kind == Kind.TRY and isinstance(m.get("try"), int):
+            self.current = m["try"]
+            self.started.setdefault(self.current, False)
+            return TryLine(TryEvent.TRY, self.current, m)
+        if kind == Kind.WORLD:
+            n = max(self.started, default=1) if self.current is None else self.current
+            self.started.setdefault(n, False)
+            return TryLine(TryEvent.WORLD, n, m)
+        if kind == Kind.START:
+            n = max(self.started, default=0) + 1 if self.current is None else self.current
+            if self.started.get(n):
+                return TryLine(TryEvent.RELAUNCH, n, m)
+            self.started[n] = True
+            resumed, per = m.get("resumed_from_step"), m.get("steps_per_epoch")
+            return TryLine(
+                TryEvent.START,
+                n,
+                m,
+                resumed_from_step=resumed,
+                epochs_done_before=(resumed or 0) // per if per else None,
+            )
+        return None

@@ -4,8 +4,10 @@ A stage rank's step graph names each compute op by its kind and microbatch (``F3
 the forward of microbatch 3, ``B3`` its backward or input gradient, ``W3`` its weight
 gradient) and each transfer by direction and microbatch (``send-act3``,
 ``recv-grad3``). The pipeline step builds the names with :class:`Op`; the training
-page reads them back with :func:`parse_op`. The bubble, one definition for the step
-(its result) and the page (its traces), is :func:`bubble`.
+page reads them back with :func:`parse_op`, and its merged trace hands each op's kind
+and microbatch to the page's script as the span's ``args`` (:func:`op_args`): the
+script never reads a name. The bubble, one definition for the step (its result) and
+the page (its traces), is :func:`bubble`.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from enum import StrEnum
+from typing import Any
 
-__all__ = ["COMPUTE", "Op", "bubble", "is_compute", "parse_op"]
+__all__ = ["COMPUTE", "Op", "bubble", "is_compute", "op_args", "parse_op"]
 
 
 class Op(StrEnum):
@@ -31,6 +34,17 @@ class Op(StrEnum):
     def __call__(self, m: int) -> str:
         return f"{self.value}{m}"
 
+    @property
+    def way(self) -> str | None:
+        """A transfer's way, ``send`` or ``recv``; None for a compute op."""
+        return self.value.partition("-")[0] if "-" in self.value else None
+
+    @property
+    def carries(self) -> str | None:
+        """What a transfer moves, ``act`` (activations) or ``grad`` (their gradients);
+        None for a compute op."""
+        return self.value.partition("-")[2] or None
+
 
 COMPUTE = frozenset({Op.FORWARD, Op.BACKWARD, Op.WEIGHT})
 
@@ -41,6 +55,21 @@ def parse_op(name: str) -> tuple[Op, int] | None:
     """``(kind, microbatch)`` of a pipeline op's name; None for any other task."""
     m = _NAME.fullmatch(name)
     return (Op(m.group(1)), int(m.group(2))) if m else None
+
+
+def op_args(name: str) -> dict[str, Any]:
+    """What a span named ``name`` is, as fields for its trace event's ``args``: ``op``
+    (the :class:`Op`'s value: ``F``, ``B``, ``W``, ``send-act``, ...) and
+    ``microbatch``, and for a transfer ``way`` (``send``, ``recv``) and ``carries``
+    (``act``, ``grad``); none for any other task."""
+    got = parse_op(name)
+    if got is None:
+        return {}
+    op, m = got
+    fields: dict[str, Any] = {"op": op.value, "microbatch": m}
+    if op.way is not None:
+        fields |= {"way": op.way, "carries": op.carries}
+    return fields
 
 
 def is_compute(name: str) -> bool:

@@ -111,17 +111,18 @@ function timeline(trace) {
     <p class="muted">${((t1 - t0) / 1000).toFixed(1)} ms. <span style="color:#0b69a3">■</span> forward/backward <span style="color:#e0a96d">■</span> bucket ready <span style="color:#c8571e">■</span> allreduce <span style="color:#0e7c3a">■</span> update <span style="color:#9aa5b1">■</span> other (prefetch, snapshot); outlined: the critical path.</p>`;
 }
 
-// A pipelined step's ops: F{m} forward, B{m} backward (input gradient), W{m} weight
-// gradient, send-/recv-act{m} and send-/recv-grad{m} between stages, allreduce[k]
-// between replicas, update, load-next; m is the microbatch.
-const PIPE_OP = /^([FBW])(\d+)$|^(send|recv)-(act|grad)(\d+)$/;
+// A pipelined step's ops, as the server tells them in each span's args (the names are
+// the server's to read, dagtrain.records.trace): args.op F forward, B backward (input
+// gradient), W weight gradient, send-/recv-act and send-/recv-grad between stages
+// (args.way: send or recv), args.microbatch; the rest allreduce[k] between replicas,
+// update, load-next.
 const PIPE_COLOURS = { F: "#0b69a3", B: "#c8571e", W: "#0e7c3a", send: "#7b3fbf", recv: "#b794e6", allreduce: "#4c2a85", update: "#b8860b", other: "#9aa5b1" };
-function pipeOp(name) {
-  const m = PIPE_OP.exec(name);
-  if (m) return m[1] ? { kind: m[1], mb: m[2] } : { kind: m[3], mb: m[5], what: m[4] };
+function pipeOp(e) {
+  const a = e.args ?? {}, name = String(e.name);
+  if (a.op != null) return { kind: a.way ?? a.op, mb: a.microbatch == null ? null : String(a.microbatch) };
   return { kind: name.startsWith("allreduce") ? "allreduce" : name.startsWith("update") ? "update" : "other" };
 }
-const isPipelined = (trace, spans) => trace.otherData?.pipeline != null || spans.some((e) => /^[FBW]\d+$/.test(e.name));
+const isPipelined = (trace, spans) => trace.otherData?.pipeline != null || spans.some((e) => e.args?.op != null);
 
 // A pipelined step: a lane per stage rank (a row per thread it ran ops on), ordered by
 // replica and stage; each bar labelled by its microbatch; each rank's bubble (the
@@ -139,7 +140,7 @@ function pipelineTimeline(trace, spans) {
   const first = (l, i) => !i || l.split(":")[0] !== lanes[i - 1].split(":")[0];
   const rankLabel = (pid) => `rank ${pid}${info[pid]?.stage != null ? ` · stage ${info[pid].stage}` : ""}`;
   const bars = spans.map((e) => {
-    const y = lanes.indexOf(`${e.pid}:${e.tid}`) * H, crit = e.args?.critical, op = pipeOp(String(e.name));
+    const y = lanes.indexOf(`${e.pid}:${e.tid}`) * H, crit = e.args?.critical, op = pipeOp(e);
     const x = L + (e.ts - t0) * scale, w = Math.max(e.dur * scale, 1);
     const fits = (t) => w >= t.length * 6 + 2;  // 10px digits are about 6px wide
     const text = op.mb == null ? "" : "FBW".includes(op.kind) && fits(e.name) ? e.name : fits(op.mb) ? op.mb : "";

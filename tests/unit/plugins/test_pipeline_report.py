@@ -98,6 +98,18 @@ def test_the_merged_trace_names_each_process_by_its_stage_and_carries_its_bubble
         assert all(0 < x["bubble"] < 1 for x in p["ranks"]) and p["mean_bubble"] > 0
         ops = {e["name"] for e in merged["traceEvents"] if e["ph"] == "X"}
         assert {"F0", "B3", "send-act0", "recv-grad0", "update", "load-next"} <= ops
+        # each op's kind and microbatch in its args, read from its name by the server
+        args = {e["name"]: e["args"] for e in merged["traceEvents"] if e["ph"] == "X"}
+        assert args["F0"]["op"] == "F" and args["B3"]["microbatch"] == 3
+        recv = args["recv-grad0"]
+        assert (recv["op"], recv["microbatch"], recv["way"], recv["carries"]) == (
+            "recv-grad",
+            0,
+            "recv",
+            "grad",
+        )
+        assert "op" not in args["update"] and "op" not in args["load-next"]
+        assert "index" in args["F0"]  # the rank's own args kept
 
 
 def test_a_data_parallel_run_has_no_pipeline_stage_or_replica(tmp_path):
@@ -107,6 +119,7 @@ def test_a_data_parallel_run_has_no_pipeline_stage_or_replica(tmp_path):
     assert all(k["stage"] is None and k["replica"] is None for k in r["ranks"])
     merged = report.merged_trace(root, DAG, "manual__1")
     assert "otherData" not in merged
+    assert not [e for e in merged["traceEvents"] if "op" in e.get("args", {})]
     assert not [e for e in merged["traceEvents"] if e.get("name") == "process_name"]
     # a record written before pipelines, or with stage None, is data-parallel too
     ranks = report.run_dir_of(root, DAG, "manual__1") / "train" / "ranks"
