@@ -37,6 +37,7 @@ of it starting 2-rank jobs). Writes benchmarks/results/pipeline_throughput.json.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -712,9 +713,8 @@ def main() -> None:
         for k, v in json.loads(args.model_args).items():
             models[k]["model_args"] = v
     orders = [] if args.torch_only else [o for o in args.orders.split(",") if o]
-    dagtrain_ready = (HERE.parent / "dagtrain" / "training" / "rank" / "pipeline.py").exists()
-    if orders and not dagtrain_ready:
-        print("dagtrain/training/rank/pipelining.py is not there yet: dagtrain's side is pending")
+    if orders and importlib.util.find_spec("dagtrain.training.rank.pipelining") is None:
+        print("dagtrain.training.rank.pipelining is not there: dagtrain's side is pending")
         orders = []
     m = args.microbatches
     print(

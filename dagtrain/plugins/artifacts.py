@@ -11,6 +11,8 @@ from urllib.parse import unquote, urlparse
 
 from dagtrain.records import metrics
 from dagtrain.records.layout import ArtifactLayout, RunLayout, TrainFiles
+from dagtrain.records.result import FailureRecord
+from dagtrain.records.status import RankRecord
 
 __all__ = [
     "artifact_root",
@@ -20,6 +22,7 @@ __all__ = [
     "read_lines",
     "run_dir_of",
     "run_layout",
+    "failure_records",
     "rank_records",
 ]
 
@@ -69,13 +72,24 @@ def read_lines(root: Path, path: Path) -> list[dict[str, Any]]:
     return metrics.read(inside(root, path))
 
 
-def rank_records(root: Path, train: TrainFiles) -> dict[int, dict[str, Any]]:
-    """Each rank's record of a training folder, by rank."""
-    out: dict[int, dict[str, Any]] = {}
+def rank_records(root: Path, train: TrainFiles) -> dict[int, RankRecord]:
+    """Each rank's status record of a training folder, by rank (read inside ``root``)."""
+    out: dict[int, RankRecord] = {}
     for f in train.rank_records().values():
-        doc = read_json(root, f)
-        if isinstance(doc, dict) and isinstance(doc.get("rank"), int):
-            out[doc["rank"]] = doc
+        record = RankRecord.of(read_json(root, f))
+        if record is not None:
+            out[record.rank] = record
+    return out
+
+
+def failure_records(root: Path, train: TrainFiles) -> dict[int, FailureRecord]:
+    """Each failed try's failure record of a training folder, by try (read inside
+    ``root``)."""
+    out: dict[int, FailureRecord] = {}
+    for n, f in train.failures().items():
+        record = FailureRecord.of(read_json(root, f))
+        if record is not None:
+            out[n] = record
     return out
 
 

@@ -28,11 +28,13 @@ from dagtrain.records.layout import (
     round_train_task,
 )
 from dagtrain.records.metrics import Tries, TryEvent
+from dagtrain.records.status import RankRecord, State
 
 from . import tracking_links
 from .artifacts import (
     artifact_root,
     as_int,
+    failure_records,
     inside,
     rank_records,
     read_json,
@@ -95,27 +97,25 @@ def config_diff(effective: dict[str, Any], other: dict[str, Any] | None) -> list
     ]
 
 
-def _newest_job(statuses: dict[int, dict[str, Any]]) -> Any:
+def _newest_job(statuses: dict[int, RankRecord]) -> str | None:
     """The launcher's job id of the newest world: the job of the record begun last."""
-    jobs = [st for st in statuses.values() if st.get("job") is not None]
-    newest = max(
-        jobs, key=lambda st: float(st.get("started") or st.get("updated") or 0), default={}
-    )
-    return newest.get("job")
+    jobs = [st for st in statuses.values() if st.job is not None]
+    newest = max(jobs, key=lambda st: float(st.started or st.updated or 0), default=None)
+    return None if newest is None else newest.job
 
 
-def _rank_row(r: int, status: str, st: dict[str, Any]) -> dict[str, Any]:
+def _rank_row(r: int, status: str, st: RankRecord) -> dict[str, Any]:
     return {
         "rank": r,
         "status": status,
-        "host": st.get("host"),
-        "stage": as_int(st.get("stage")),  # a pipeline-parallel run's; else None
-        "replica": as_int(st.get("replica")),
-        "step": st.get("step"),
-        "total_steps": st.get("total_steps"),
-        "samples_per_second": st.get("samples_per_second"),
-        "median_step_ms": st.get("median_step_ms"),
-        "p95_step_ms": st.get("p95_step_ms"),
+        "host": st.host,
+        "stage": as_int(st.stage),  # a pipeline-parallel run's; else None
+        "replica": as_int(st.replica),
+        "step": st.step,
+        "total_steps": st.total_steps,
+        "samples_per_second": st.samples_per_second,
+        "median_step_ms": st.median_step_ms,
+        "p95_step_ms": st.p95_step_ms,
         "how": None,
         "exit_code": None,
         "signal": None,
@@ -147,7 +147,7 @@ def _left(changes: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 None,
             )
             rows.append(
-                _rank_row(r, "left", {"host": host})
+                _rank_row(r, "left", RankRecord(r, host=host))
                 | {
                     "how": c.get("why"),
                     "left_at_step": c.get("step"),
@@ -161,7 +161,7 @@ def _left(changes: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _ranks(
     result: dict | None,
     traces: dict[int, list],
-    statuses: dict[int, dict[str, Any]],
+    statuses: dict[int, RankRecord],
     failures: list[dict],
     train_state: str | None,
     changes: list[dict[str, Any]] | None = None,
@@ -174,7 +174,7 @@ def _ranks(
     than the newest record's) shows as ``stopped``, never running."""
     changes = changes or []
     job = _newest_job(statuses)
-    earlier = {r for r, st in statuses.items() if job is not None and st.get("job") != job}
+    earlier = {r for r, st in statuses.items() if job is not None and st.job != job}
     now = [r for r in statuses if r not in earlier]
     sized = as_int(changes[-1].get("to")) if changes else None
     world = int(
@@ -185,7 +185,7 @@ def _ranks(
     failure = failures[-1] if failures and result is None else None
     rows = []
     for r in range(world):
-        st = statuses.get(r, {})
+        st = statuses.get(r) or RankRecord(r)
         spans = spans_of(traces.get(r, []))
         failed = failure is not None and failure.get("rank") == r
         if result is not None:
@@ -194,10 +194,12 @@ def _ranks(
             status = "failed"
         elif failure is not None or r in earlier:
             status = "stopped"  # the launcher stops the others when one rank fails
-        elif st.get("status") in ("starting", "running") and train_state not in ("running", None):
+        elif r not in statuses:
+            status = "waiting" if train_state == "running" else "unknown"
+        elif st.status in (State.STARTING, State.RUNNING) and train_state not in ("running", None):
             status = "stopped"
         else:
-            status = st.get("status") or ("waiting" if train_state == "running" else "unknown")
+            status = st.status
         row = _rank_row(r, status, st) | {"earlier_world": r in earlier and result is None}
         if spans:
             row["last_step_ms"] = (
@@ -205,7 +207,7 @@ def _ranks(
             ) / 1000
         if failed:
             row.update(
-                host=failure.get("host") or st.get("host"),
+                host=failure.get("host") or st.host,
                 how=failure.get("how"),
                 exit_code=failure.get("exit_code"),
                 signal=failure.get("signal"),
@@ -342,11 +344,7 @@ def run_report(
     result = read_json(root, train.result)
     config = read_json(root, train.config)
     lines = read_lines(root, train.metrics)
-    failures = [
-        f | {"try": n}
-        for n, f in ((n, read_json(root, p)) for n, p in train.failures().items())
-        if isinstance(f, dict)
-    ]
+    failures = [f.to_dict() | {"try": n} for n, f in failure_records(root, train).items()]
     files = train.trace_files()
     last = step_traces(root, files.get(last_step(files), {}))
     registry = registry_of(root)

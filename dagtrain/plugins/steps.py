@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from dagtrain.records.status import RankRecord
 from dagtrain.records.trace import Op, bubble, op_args, parse_op
 
 from .artifacts import as_int, rank_records, read_json, run_layout
@@ -118,7 +119,7 @@ def bubble_of(events: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 def pipeline_of(
     traces: dict[int, list[dict[str, Any]]],
-    statuses: dict[int, dict[str, Any]],
+    statuses: dict[int, RankRecord],
     result: dict[str, Any] | None,
 ) -> dict[str, Any] | None:
     """A pipeline-parallel run's figures for one traced step, or None for a
@@ -132,8 +133,8 @@ def pipeline_of(
     measured ``bubble`` (``bubble_of``); ``mean_bubble`` their mean."""
     p = (result or {}).get("pipeline")
     p = p if isinstance(p, dict) else None
-    stage_of = {r: as_int(st.get("stage")) for r, st in statuses.items()}
-    replica_of = {r: as_int(st.get("replica")) for r, st in statuses.items()}
+    stage_of = {r: as_int(st.stage) for r, st in statuses.items()}
+    replica_of = {r: as_int(st.replica) for r, st in statuses.items()}
     if p is None and all(s is None for s in stage_of.values()):
         return None
     p = p or {}

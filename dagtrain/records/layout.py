@@ -40,14 +40,13 @@ a reader sees a whole file or none. No torch here: operators use it at parse tim
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from dagtrain.atomic import atomic_write
 from dagtrain.config import PipelineConfig
 
+from .jsonfile import read_json, write_json
 from .names import (
     CHECKPOINT,
     EPOCH_TRACE,
@@ -420,24 +419,6 @@ def _describe(parts: tuple[str, ...]) -> str | None:
         ):
             return "registered model"
     return None
-
-
-def write_json(path: Path, obj: Any) -> None:
-    atomic_write(path, (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode())
-
-
-def read_json(path: Path) -> Any:
-    return json.loads(path.read_text())
-
-
-def read_object(path: Path) -> dict[str, Any]:
-    """A JSON object's file, or {} where there is none, it cannot be read or it holds
-    something else (the tolerant read of a record another part may not have written)."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def sha256_file(path: Path) -> str:

@@ -9,20 +9,19 @@
 - ``registry/mlflow.json`` (:class:`MlflowModels`): the MLflow model version of each
   dagtrain registry version.
 
-A missing or unreadable file reads as an empty record; a field this version does not
-know is ignored.
+A missing or unreadable file reads as an empty record (tracking never fails a task); a
+field this version does not know is kept (``extra``) and written back.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .layout import read_object, write_json
+from .jsonfile import read_object, write_json
 from .names import MLFLOW_PENDING, MLFLOW_RECORD
-from .typed import from_doc
+from .typed import from_doc, to_doc
 
 __all__ = [
     "MlflowModels",
@@ -48,6 +47,7 @@ class MlflowRun:
     run_id: str | None = None
     model: str | None = None  # the registered model its promote created a version of
     model_version: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # fields a newer version wrote
 
     def at(self, uri: str) -> str | None:
         """Its MLflow run id, where it was recorded on the server at ``uri`` (as shown)."""
@@ -62,6 +62,7 @@ class MlflowModels:
     uri: str | None = None
     name: str | None = None
     versions: dict[str, dict[str, str]] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -78,7 +79,7 @@ def read_run(run_dir: Path) -> MlflowRun:
 
 
 def write_run(run_dir: Path, record: MlflowRun) -> None:
-    write_json(Path(run_dir) / MLFLOW_RECORD, dataclasses.asdict(record))
+    write_json(Path(run_dir) / MLFLOW_RECORD, to_doc(record))
 
 
 def read_models(registry_dir: Path) -> MlflowModels:
@@ -89,7 +90,7 @@ def read_models(registry_dir: Path) -> MlflowModels:
 
 
 def write_models(registry_dir: Path, record: MlflowModels) -> None:
-    write_json(Path(registry_dir) / MLFLOW_RECORD, dataclasses.asdict(record))
+    write_json(Path(registry_dir) / MLFLOW_RECORD, to_doc(record))
 
 
 def read_pending(run_dir: Path) -> list[Pending]:
@@ -107,6 +108,6 @@ def write_pending(run_dir: Path, items: list[Pending]) -> None:
     """Keep ``items`` (none: the file goes)."""
     path = Path(run_dir) / MLFLOW_PENDING
     if items:
-        write_json(path, {"pending": [dataclasses.asdict(i) for i in items]})
+        write_json(path, {"pending": [to_doc(i) for i in items]})
     elif path.exists():
         path.unlink()

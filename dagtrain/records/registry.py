@@ -9,19 +9,19 @@ the tracker, ``dagtrain run`` and the training page read.
   verdict against the champion of the time; what promote registers. Written by
   evaluate, read by :func:`read_evaluation`.
 
-A missing file reads as an empty registry or no evaluation; a field this version does
-not know is ignored.
+A missing file reads as an empty registry or no evaluation; one that cannot be read or
+is not such a record raises, naming it (promote never rebuilds a registry from
+nothing). A field this version does not know is kept (``extra``) and written back.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .layout import read_object, write_json
-from .typed import from_doc
+from .jsonfile import read_doc, write_json
+from .typed import from_doc, to_doc
 
 __all__ = [
     "Evaluation",
@@ -48,13 +48,14 @@ class RegistryEntry:
     promoted: bool = False
     reason: str = ""
     previous_champion: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # fields a newer version wrote
 
     def run(self) -> tuple[Any, Any]:
         """``(dag_id, run_id)`` of the DAG run that registered it."""
         return self.lineage.get("dag_id"), self.lineage.get("run_id")
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return to_doc(self)
 
 
 @dataclass
@@ -63,6 +64,7 @@ class Registry:
 
     champion: int | None = None
     versions: list[RegistryEntry] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def entry(self, version: int | None) -> RegistryEntry | None:
         return next((v for v in self.versions if v.version == version), None)
@@ -74,18 +76,26 @@ class Registry:
         return max((v.version for v in self.versions), default=0) + 1
 
     def to_dict(self) -> dict[str, Any]:
-        return {"champion": self.champion, "versions": [v.to_dict() for v in self.versions]}
+        return to_doc(self)
 
 
 def read_registry(path: Path) -> Registry:
-    doc = read_object(path)
-    versions = [
-        from_doc(RegistryEntry, v)
-        for v in doc.get("versions") or []
-        if isinstance(v, dict) and isinstance(v.get("version"), int)
-    ]
-    champion = doc.get("champion")
-    return Registry(champion if isinstance(champion, int) else None, versions)
+    """The registry in ``path`` (none there: an empty one). ValueError naming the file
+    and the entry for one that is not a registry."""
+    doc = read_doc(path)
+    if doc is None:
+        return Registry()
+    versions = doc.get("versions")
+    if not isinstance(versions, list):
+        raise ValueError(f"{path}: 'versions' is not a list; restore the file")
+    entries = []
+    for k, v in enumerate(versions):
+        if not isinstance(v, dict) or not isinstance(v.get("version"), int) or "path" not in v:
+            raise ValueError(f"{path}: versions[{k}] is not a registry entry; restore the file")
+        entries.append(from_doc(RegistryEntry, v))
+    reg = from_doc(Registry, doc | {"versions": []})
+    reg.versions = entries
+    return reg
 
 
 def write_registry(path: Path, registry: Registry) -> None:
@@ -107,12 +117,18 @@ class Evaluation:
     manifest: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return to_doc(self)
 
 
 def read_evaluation(path: Path) -> Evaluation | None:
-    doc = read_object(path)
-    return from_doc(Evaluation, doc) if isinstance(doc.get("checkpoint"), str) else None
+    """The evaluation in ``path``; None where there is none. ValueError naming the file
+    for one that is not an evaluation."""
+    doc = read_doc(path)
+    if doc is None:
+        return None
+    if not isinstance(doc.get("checkpoint"), str):
+        raise ValueError(f"{path}: not an evaluation (no checkpoint); run evaluate again")
+    return from_doc(Evaluation, doc)
 
 
 def write_evaluation(path: Path, evaluation: Evaluation) -> None:

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .layout import read_object, write_json
-from .typed import from_doc
+from .jsonfile import read_object, write_json
+from .typed import from_doc, from_doc_or_none
 
 __all__ = [
     "FailureRecord",
@@ -86,12 +86,7 @@ class TrainFigures:
     def of(cls, doc: Any) -> Any:
         """The record a JSON document holds (fields it does not declare ignored); None
         when it is not one."""
-        if not isinstance(doc, dict):
-            return None
-        try:
-            return from_doc(cls, doc)
-        except TypeError:  # a required field missing
-            return None
+        return from_doc_or_none(cls, doc)
 
 
 @dataclass
@@ -168,13 +163,11 @@ class FailureRecord:
     @classmethod
     def of_failure(cls, e: Any) -> FailureRecord:
         """The record of RankFailure ``e``."""
-        return cls(**(e.to_dict() | {"how": e.summary, "ended": e.how}))
+        return from_doc(cls, e.to_dict() | {"how": e.summary, "ended": e.how})
 
     @classmethod
     def of(cls, doc: Any) -> FailureRecord | None:
-        if not isinstance(doc, dict):
-            return None
-        return from_doc(cls, doc)
+        return from_doc_or_none(cls, doc)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

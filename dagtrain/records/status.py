@@ -28,14 +28,14 @@ The fields, by who sets them and when:
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from .jsonfile import read_object
 from .names import RANK_RECORD
-from .typed import from_doc
+from .typed import from_doc_or_none
 
 __all__ = ["FIELDS", "RankRecord", "State", "read_record", "read_records"]
 
@@ -111,12 +111,10 @@ class RankRecord:
     @classmethod
     def of(cls, doc: Any) -> RankRecord | None:
         """The record a JSON document holds; None when it is not one (no int ``rank``)."""
-        if not isinstance(doc, dict):
-            return None
-        rank = doc.get("rank")
+        rank = doc.get("rank") if isinstance(doc, dict) else None
         if not isinstance(rank, int) or isinstance(rank, bool):
             return None
-        return from_doc(cls, doc)
+        return from_doc_or_none(cls, doc)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -127,10 +125,7 @@ FIELDS = frozenset(f.name for f in dataclasses.fields(RankRecord))
 
 def read_record(path: str | Path) -> RankRecord | None:
     """The record in ``path``; None when there is none or it is not one."""
-    try:
-        return RankRecord.of(json.loads(Path(path).read_text()))
-    except (OSError, ValueError):
-        return None
+    return RankRecord.of(read_object(Path(path)))
 
 
 def read_records(folder: str | Path | None, job: str | None = None) -> dict[int, RankRecord]:

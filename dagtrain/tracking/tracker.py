@@ -26,9 +26,9 @@ from typing import Any
 from dagtrain import redact
 from dagtrain.config import PipelineConfig, dotted
 from dagtrain.records import metrics
-from dagtrain.records.layout import RunLayout, TrainFiles, read_object
+from dagtrain.records.jsonfile import read_object
+from dagtrain.records.layout import RunLayout, TrainFiles
 from dagtrain.records.mlflow import (
-    MlflowModels,
     MlflowRun,
     Pending,
     read_models,
@@ -355,9 +355,12 @@ class Tracker:
             self.client.set_registered_model_alias(self.model_name, CHAMPION, have[str(champ)])
         else:  # no champion MLflow can show: no alias rather than a wrong one
             self._drop_alias()
-        versions = read_models(self.registry_dir).versions
-        versions.update({k: {"name": self.model_name, "version": v} for k, v in have.items()})
-        write_models(self.registry_dir, MlflowModels(self.shown_uri, self.model_name, versions))
+        models = read_models(self.registry_dir)
+        models.versions.update(
+            {k: {"name": self.model_name, "version": v} for k, v in have.items()}
+        )
+        models.uri, models.name = self.shown_uri, self.model_name
+        write_models(self.registry_dir, models)
         self._tags(run, {"dagtrain.model_version": have[str(version)]})
         run_rec = read_run(self.run_dir)
         run_rec.model, run_rec.model_version = self.model_name, have[str(version)]

@@ -1,5 +1,6 @@
 """What the phases record of MLflow: typed records, one writer and one reader each; a
-missing or foreign file reads as empty, a pending list drops what is not an item."""
+missing or foreign file reads as empty, a field a newer version wrote is kept, a pending
+list drops what is not an item."""
 
 from __future__ import annotations
 
@@ -26,7 +27,11 @@ def test_records_round_trip_and_tolerate_what_they_do_not_know(tmp_path):
     assert rec.at("http://m:5000") == "abc" and rec.at("http://other") is None
     doc = json.loads((tmp_path / "mlflow.json").read_text())
     (tmp_path / "mlflow.json").write_text(json.dumps(doc | {"newer": 1}))
-    assert read_run(tmp_path) == rec
+    again = read_run(tmp_path)
+    assert again.run_id == "abc" and again.extra == {"newer": 1}
+    again.model_version = "7"  # read, changed, written back: the newer field stays
+    write_run(tmp_path, again)
+    assert json.loads((tmp_path / "mlflow.json").read_text())["newer"] == 1
     models = MlflowModels("http://m:5000", "digits", {"1": {"name": "digits", "version": "4"}})
     write_models(tmp_path, models)
     assert read_models(tmp_path) == models
