@@ -37,7 +37,7 @@ def test_the_registry_round_trips_and_names_its_champion(tmp_path):
     assert json.loads(path.read_text())["versions"][0]["from_a_newer_version"] is True
     for bad in ('{"champion": 1, "vers', "[]", '{"versions": [{"version": "3", "path": "x"}]}'):
         path.write_text(bad)
-        with pytest.raises(ValueError, match="registry.json"):
+        with pytest.raises(ValueError, match=r"registry\.json"):
             read_registry(path)
 
 
@@ -48,5 +48,5 @@ def test_an_evaluation_round_trips_and_a_foreign_file_is_none(tmp_path):
     assert read_evaluation(path) == ev
     assert read_evaluation(tmp_path / "none") is None
     path.write_text(json.dumps({"metrics": {}}))
-    with pytest.raises(ValueError, match="eval.json: not an evaluation"):
+    with pytest.raises(ValueError, match=r"eval\.json: not an evaluation"):
         read_evaluation(path)
