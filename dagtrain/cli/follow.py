@@ -1,15 +1,15 @@
 """A DAG run followed through Airflow's REST API, for ``dagtrain trigger --wait``: the
-same stage and epoch lines as ``dagtrain run`` shows (``progress.Display``), from what
+same task and epoch lines as ``dagtrain run`` shows (``progress.Display``), from what
 a remote client can read.
 
-- Stages: the run's task instances (``GET .../taskInstances``), polled; each change of
+- Tasks: the run's task instances (``GET .../taskInstances``), polled; each change of
   a task instance's state or try becomes the event the plugin's listener would have
   written (``running``, ``success``, ``skipped``, ``failed`` with ``up_for_retry``), a
   failed try's error read from its log as the API serves it. A try that started and
   ended between two polls still gets both events.
 - Epochs: rank 0's progress lines of the training tasks, from the dagtrain plugin's
   ``GET /dagtrain/api/dags/{dag_id}/runs/{run_id}/progress?after=T`` (an Airflow
-  without the plugin: stages only).
+  without the plugin: tasks only).
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from typing import Any
 from .progress import dag_order, label_of
 from .rest import Client
 
-__all__ = ["RestFollower", "stage_order", "unix_seconds"]
+__all__ = ["RestFollower", "task_order", "unix_seconds"]
 
 _ENDED = {"success": "success", "skipped": "skipped", "failed": "failed", "up_for_retry": "failed"}
 
 
-def stage_order(tasks: list[dict[str, Any]]) -> list[str]:
+def task_order(tasks: list[dict[str, Any]]) -> list[str]:
     """The DAG's tasks (as ``GET /api/v2/dags/{id}/tasks`` lists them), upstream first,
     ties by id; mapped tasks left out (their instances are named as they appear)."""
     order = dag_order({t["task_id"]: t.get("downstream_task_ids") or () for t in tasks})

@@ -3,15 +3,15 @@
 Two sources, both JSON lines appended by the processes that know:
 
 - the plugin's task-instance listener (``dagtrain.plugins.listener``), called by
-  Airflow in each task's process: a stage started, succeeded, was skipped, failed (and
+  Airflow in each task's process: a task started, succeeded, was skipped, failed (and
   whether Airflow will try it again);
 - rank 0 of each training task (``TrainConfig.metrics_file``): the run started (or
   resumed from a step), an epoch ended (its metrics, samples/s), the run ended.
 
 Nothing here reads Airflow's tables or its log text. ``Display.poll()`` reads what is
-new and turns it into lines (each stage as it starts and ends, with its duration; each
+new and turns it into lines (each task as it starts and ends, with its duration; each
 epoch with its loss, validation accuracy, samples/s and ETA; a retry as such), printed
-as plain lines — in a terminal, above a live table of the stages (``table()``); piped,
+as plain lines — in a terminal, above a live table of the tasks (``table()``); piped,
 with no ANSI codes at all.
 """
 
@@ -34,7 +34,7 @@ from rich.text import Text
 from dagtrain.changes import change_line, change_parts
 from dagtrain.records.metrics import Tries, TryEvent
 
-__all__ = ["Display", "Stage", "dag_order", "label_of"]
+__all__ = ["Display", "TaskProgress", "dag_order", "label_of"]
 
 COLOUR = {
     "success": "green",
@@ -47,7 +47,7 @@ _FINAL = ("success", "failed", "skipped", "upstream_failed", "removed")
 
 
 @dataclass
-class Stage:
+class TaskProgress:
     label: str
     state: str = "waiting"
     try_number: int = 0
@@ -128,7 +128,7 @@ def _duration(seconds: float) -> str:
 
 
 class Display:
-    """A run's stages and epochs, followed from the listener's events file and the
+    """A run's tasks and epochs, followed from the listener's events file and the
     training tasks' metrics files under the run's artifact folder."""
 
     def __init__(
@@ -146,9 +146,9 @@ class Display:
         self.metrics: dict[Path, _Tail] = {}
         self.info: dict[str, dict[str, Any]] = {}  # per training task: its start line
         self.tries: dict[str, Tries] = {}  # per training task: its lines' tries so far
-        self.stages: dict[str, Stage] = {t: Stage(t) for t in task_ids}
+        self.tasks: dict[str, TaskProgress] = {t: TaskProgress(t) for t in task_ids}
         # poll() runs in a thread of its own, table() in the live display's: the lock
-        # guards the stages; lines are printed after it is released (printing takes the
+        # guards the tasks; lines are printed after it is released (printing takes the
         # console's lock, under which the live display calls table())
         self.lock = threading.Lock()
         self.pending: list[tuple[str, str | None]] = []
@@ -197,13 +197,13 @@ class Display:
         files = [t.metrics for t in RunLayout(self.run_dir).training_folders()]
         return [f for f in files if f.exists()]
 
-    def _stage(self, label: str) -> Stage:
-        return self.stages.setdefault(label, Stage(label))
+    def _task(self, label: str) -> TaskProgress:
+        return self.tasks.setdefault(label, TaskProgress(label))
 
     def _event(self, e: dict[str, Any]) -> None:
         index = e.get("map_index", -1)
         label = e["task_id"] if index is None or index < 0 else f"{e['task_id']}[{index}]"
-        st = self._stage(label)
+        st = self._task(label)
         n = int(e.get("try_number") or 1)
         kind, now = e.get("event"), float(e.get("time") or time.time())
         if st.state == "failed" and st.try_number == n:
@@ -241,7 +241,7 @@ class Display:
             # ones are relaunches, told as world changes: not resumes
             resumed = got.resumed_from_step
             if event == TryEvent.START and resumed is not None:
-                n = self._stage(label).try_number or 1
+                n = self._task(label).try_number or 1
                 done = resumed if got.epochs_done_before is None else got.epochs_done_before
                 self.say(
                     f"{label} try {n}: resumed from step {resumed} "
@@ -295,12 +295,12 @@ class Display:
         return line
 
     def settle(self, states: dict[str, tuple[str, int]]) -> None:
-        """Each stage takes the state Airflow ended it in, where it ended (``states``:
+        """Each task takes the state Airflow ended it in, where it ended (``states``:
         label -> (state, try number)): skipped, say, when a run was stopped before it, or
         failed where its task runner said it had succeeded after the run was stopped."""
         with self.lock:
             for label, (state, try_number) in states.items():
-                st = self._stage(label)
+                st = self._task(label)
                 if state in _FINAL:
                     st.state, st.try_number = state, try_number or st.try_number
 
@@ -310,7 +310,7 @@ class Display:
 
     def table(self) -> Group:
         """The title (one line, never wrapped: the live display's height stays what it
-        measured) above a table of the stages; the newest epoch line is right above."""
+        measured) above a table of the tasks; the newest epoch line is right above."""
         t = Table()
         t.add_column("stage", no_wrap=True)
         t.add_column("state", no_wrap=True)
@@ -318,8 +318,8 @@ class Display:
         t.add_column("time", justify="right", no_wrap=True)
         now = time.time()
         with self.lock:
-            stages = [Stage(**vars(s)) for s in self.stages.values()]
-        for st in stages:
+            tasks = [TaskProgress(**vars(s)) for s in self.tasks.values()]
+        for st in tasks:
             secs = st.seconds
             if secs is None and st.state == "running" and st.started:
                 secs = now - st.started

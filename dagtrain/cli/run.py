@@ -241,13 +241,13 @@ def _run(
         except ValueError as e:
             raise _Stop(str(e)) from None
         run_id = run_id_for(when)
-        stages = [t.task_id for t in dag.topological_sort() if not _mapped(t)]
+        task_ids = [t.task_id for t in dag.topological_sort() if not _mapped(t)]
         progress = Display(
             term,
             f"{dag.dag_id}  {run_id}",
             events,
             ArtifactLayout.of(eff.for_dag(dag.dag_id)).run(run_id).dir,
-            stages,
+            task_ids,
         )
         try:
             if not check.verdict(cancelled):
@@ -465,7 +465,7 @@ def _summary(
     else:
         out.print(f"run {run_id}: {state} in {seconds:.1f} s{stopped}")
 
-    summary = read_summary(run.train.result)  # (the XCom's dict, as the phase returned it)
+    summary = read_summary(run.train.result)  # result.json, as the train phase wrote it
     train = None if summary is None else summary.to_dict()
     evaluation = read_evaluation(run.evaluation)
     promoted = promoted_in(cfg, run_id)
@@ -488,8 +488,8 @@ def _summary(
     out.print(f"Airflow's output: {log}")
     _log_files(dag_id, run_id)
     if cut:
-        ran = [s.label for s in progress.stages.values() if s.started is not None]
-        never = [s.label for s in progress.stages.values() if s.started is None]
+        ran = [s.label for s in progress.tasks.values() if s.started is not None]
+        never = [s.label for s in progress.tasks.values() if s.started is None]
         out.print(
             f"stopped: the run is marked {state or 'failed'}; "
             + (f"{', '.join(ran)} ran" if ran else "no task ran")
@@ -498,8 +498,8 @@ def _summary(
     if interrupts.count:
         raise typer.Exit(INTERRUPTED)
     if state != "success":
-        failed = [s for s in progress.stages.values() if s.state == "failed"]
+        failed = [s for s in progress.tasks.values() if s.state == "failed"]
         why = "".join(f"\n  {s.label}: {s.error or 'failed'}" for s in failed)
         raise fail(
-            f"the run {state}; failed stage(s): {', '.join(s.label for s in failed) or '?'}" + why
+            f"the run {state}; failed task(s): {', '.join(s.label for s in failed) or '?'}" + why
         )

@@ -159,15 +159,15 @@ def _check_conf(client: Any, dag_id: str, conf: dict[str, Any]) -> None:
 
 
 def _follow(client: Any, dag_id: str, run_id: str, timeout: float) -> dict[str, Any]:
-    """Show the run as `dagtrain run` does (a line as each stage starts and ends and as
-    each epoch ends; in a terminal, the stages' table under them) until it ends; return
+    """Show the run as `dagtrain run` does (a line as each task starts and ends and as
+    each epoch ends; in a terminal, the tasks' table under them) until it ends; return
     the run. TimeoutError after ``timeout`` seconds."""
     import contextlib
 
-    from .follow import RestFollower, stage_order
+    from .follow import RestFollower, task_order
     from .progress import Display
 
-    progress = Display(out, f"{dag_id}  {run_id}", None, None, stage_order(client.tasks(dag_id)))
+    progress = Display(out, f"{dag_id}  {run_id}", None, None, task_order(client.tasks(dag_id)))
     follower = RestFollower(client, dag_id, run_id)
     out.print("following it (Ctrl-C stops following; the run goes on)")
     live = (

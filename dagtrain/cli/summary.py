@@ -43,7 +43,7 @@ def outcome_lines(
                 f"promoted v{promoted['version']} ({m['test_accuracy']:.4f}), the first champion"
             )
     elif evaluation.get("better"):
-        lines.append("not promoted: the promote stage did not succeed")
+        lines.append("not promoted: the promote task did not succeed")
     else:
         lines.append(f"not promoted: {evaluation.get('reason')}")
     return lines

@@ -1,6 +1,6 @@
 """What the training page shows of a run, assembled from the run's artifacts.
 
-Everything comes from files the stages wrote under the pipeline's artifact root (found
+Everything comes from files the phases wrote under the pipeline's artifact root (found
 through the run's ``prepare_data`` XCom, whose ``dir`` is a prepared data folder), each
 found through ``dagtrain.records.layout.ArtifactLayout``: the run's training folder (its
 config, result, metrics, traces, rank records and failure records), its evaluation, its
@@ -233,7 +233,7 @@ def _try_row(n: int) -> dict[str, Any]:
     }
 
 
-# a world line's fields, as the report lists them (dagtrain.training.elastic)
+# a world line's fields, as the report lists them (dagtrain.training.driver.elastic)
 _CHANGE = ("change", "step", "from", "to", "ranks", "hosts", "why", "steps_lost", "seconds", "time")
 
 
@@ -297,10 +297,10 @@ def curves_of(root: Path, dag_id: str, run_ids: list[str]) -> list[dict[str, Any
     return out
 
 
-def _rounds(root: Path, run: Any, stages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _rounds(root: Path, run: Any, tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Round-based pipelines: per round, each shard's contribution and the global
     model the round produced (its validation metrics)."""
-    state = {(s["task_id"], s.get("map_index", -1)): s.get("state") for s in stages}
+    state = {(s["task_id"], s.get("map_index", -1)): s.get("state") for s in tasks}
     out = []
     for r in run.round_numbers():
         shards = []
@@ -333,12 +333,13 @@ def run_report(
     root: Path,
     dag_id: str,
     run_id: str,
-    stages: list[dict[str, Any]],
+    tasks: list[dict[str, Any]],
     file_config: dict[str, Any] | None,
     data: dict[str, Any] | None,
 ) -> dict[str, Any]:
-    """The page's view of one run; ``stages`` are its task instances, ``file_config``
-    the DAG's Params (the file's values), ``data`` the prepare_data output."""
+    """The page's view of one run; ``tasks`` are its task instances (the JSON's
+    ``stages``, the page's "Stages" table: names users know, kept), ``file_config`` the
+    DAG's Params (the file's values), ``data`` the prepare_data output."""
     run = run_layout(root, dag_id, run_id)
     train = run.train
     result = read_json(root, train.result)
@@ -352,8 +353,8 @@ def run_report(
         (v for v in registry["versions"] if v["version"] == registry.get("champion")), None
     )
     champ_config = (champ or {}).get("lineage", {}).get("config_values")
-    train_state = next((s["state"] for s in stages if s["task_id"] == TRAIN_TASK), None)
-    train_try = next((s.get("try_number") for s in stages if s["task_id"] == TRAIN_TASK), None)
+    train_state = next((s["state"] for s in tasks if s["task_id"] == TRAIN_TASK), None)
+    train_try = next((s.get("try_number") for s in tasks if s["task_id"] == TRAIN_TASK), None)
     tries = tries_of(lines, failures, train_try)
     told = (result or {}).get("world_changes")
     if tries and isinstance(told, list) and not any(t["world_changes"] for t in tries):
@@ -364,7 +365,7 @@ def run_report(
     statuses = rank_records(root, train)
     return {
         "run_id": run_id,
-        "stages": stages,
+        "stages": tasks,
         "epochs": metrics.epochs(lines),
         "config": config,
         "config_vs_file": config_diff(config or {}, file_config),
@@ -393,6 +394,6 @@ def run_report(
         "pipeline": pipeline_of(last, statuses, result),
         "failures": failures,
         "trace_steps": step_list(files, result),
-        "rounds": _rounds(root, run, stages),
+        "rounds": _rounds(root, run, tasks),
         "mlflow": tracking_links.run_link(root, dag_id, run_id),
     }

@@ -1,5 +1,5 @@
 """The training page's routes (``app.create_app`` mounts them; see ``app`` for the
-list). Each route reads what Airflow knows through :mod:`.queries` and what the stages
+list). Each route reads what Airflow knows through :mod:`.queries` and what the phases
 wrote through :mod:`.report`, from the run's artifact root only. Imported on the page's
 first request, not with the plugin.
 """
@@ -137,7 +137,7 @@ def run(dag_id: str, run_id: str, session: SessionDep) -> dict[str, Any]:
     pipeline_dag(session, dag_id)
     root, data = root_of(session, dag_id, run_id)
     tis = queries.task_instances(session, dag_id, run_id)
-    stages = [
+    tasks = [
         {
             "task_id": t.task_id,
             "map_index": t.map_index,
@@ -149,7 +149,7 @@ def run(dag_id: str, run_id: str, session: SessionDep) -> dict[str, Any]:
     ]
     serialized = dag_bag().get_latest_version_of_dag(dag_id, session=session)
     file_config = None if serialized is None else serialized.params.dump()
-    out = report.run_report(root, dag_id, run_id, stages, file_config, data)
+    out = report.run_report(root, dag_id, run_id, tasks, file_config, data)
     out["asset_events"] = queries.asset_events(session, dag_id, run_id)
     return out
 

@@ -6,7 +6,7 @@ failed try failed; typed, each with one writer and one reader.
   side (``TrainResult.from_json``).
 - :class:`TrainSummary`: ``result.json`` of a training folder (``TrainFiles.result``):
   the result without its per-step times, with what this try did itself. Written by the
-  train stage (:func:`write_summary`), read by the tracker, ``dagtrain run``'s summary
+  train phase (:func:`write_summary`), read by the tracker, ``dagtrain run``'s summary
   and the training page (:func:`read_summary`).
 - :class:`FailureRecord`: ``failure-try<N>.json`` (``TrainFiles.failure(n)``), how a
   try's ranks failed. Written by the train phase (:func:`write_failure`), read by the

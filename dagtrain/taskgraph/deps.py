@@ -52,7 +52,6 @@ __all__ = [
 ]
 
 NO_CLAUSE = ()  # a clause's default: the empty tuple is one object, so `is` tests it
-_NO = NO_CLAUSE
 _new_list = list.__new__  # a record made without calling __init__ (the build's hot path)
 
 _SEQ = (tuple, list)
@@ -418,7 +417,7 @@ def add_plain(
     first = more = None  # the items it writes (their state changes last)
     try:
         for clause in (out, inout):
-            if clause is _NO:
+            if clause is NO_CLAUSE:
                 continue
             t = type(clause)
             for item in clause if t is list or t is tuple else items(clause):
@@ -441,7 +440,7 @@ def add_plain(
                         more = {st}  # (items hash by identity)
                     else:
                         more.add(st)
-        if in_ is not _NO:
+        if in_ is not NO_CLAUSE:
             t = type(in_)
             for item in in_ if t is list or t is tuple else items(in_):
                 st = get(item)

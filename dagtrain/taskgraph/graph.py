@@ -47,7 +47,6 @@ if TYPE_CHECKING:
 __all__ = ["TaskGraph", "gc_paused"]
 
 _NONE = (tuple, list, set, frozenset)  # an empty one of these names no item
-_NO = NO_CLAUSE
 _COST, _PRIORITY, _EXTRAS, _NAME = map(attrgetter, ("cost", "priority", "x", "name"))
 
 
@@ -113,12 +112,12 @@ class TaskGraph:
         /,
         *args: Any,
         name: str | None = None,
-        in_: Any = _NO,
-        out: Any = _NO,
-        inout: Any = _NO,
-        mutexinoutset: Any = _NO,
-        inoutset: Any = _NO,
-        after: Any = _NO,
+        in_: Any = NO_CLAUSE,
+        out: Any = NO_CLAUSE,
+        inout: Any = NO_CLAUSE,
+        mutexinoutset: Any = NO_CLAUSE,
+        inoutset: Any = NO_CLAUSE,
+        after: Any = NO_CLAUSE,
         priority: float = 0,
         cost: float | None = None,
         detach: Event | bool | None = None,
@@ -143,9 +142,9 @@ class TaskGraph:
         if cost is not None and not cost >= 0:
             raise ValueError(f"task {name!r}: cost must be a number >= 0 (seconds), not {cost!r}")
         if (
-            mutexinoutset is _NO
-            and inoutset is _NO
-            and after is _NO
+            mutexinoutset is NO_CLAUSE
+            and inoutset is NO_CLAUSE
+            and after is NO_CLAUSE
             and detach is None
             and not kwargs
             and self._run is None

@@ -19,9 +19,9 @@ tracking URI), read through the Task SDK when each task starts. What goes where:
   then the ``champion`` alias is set from dagtrain's registry (the registry decides, MLflow
   follows, and any version MLflow lacks is registered first), under the registry's lock.
 
-An MLflow server that is down or refuses a call never fails a task: the stage logs one
+An MLflow server that is down or refuses a call never fails a task: the phase logs one
 warning naming the connection and goes on; what it could not log is kept in
-``runs/<run>/mlflow-pending.json`` and done first by the next stage of the run, and the
+``runs/<run>/mlflow-pending.json`` and done first by the next phase of the run, and the
 task's XCom says how it went (``"tracking": {"ok", "connection", "uri", "error", ...}``).
 Every call has a deadline: MLflow's ``MLFLOW_HTTP_REQUEST_TIMEOUT`` and
 ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` are set small for dagtrain's calls unless the

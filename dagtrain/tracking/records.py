@@ -27,7 +27,7 @@ def model_version_url(uri: str, name: str, version: str | int) -> str:
 def mlflow_links(run_dir: Path | None, registry_dir: Path | None) -> dict[str, Any]:
     """What the training page links to: ``run`` (the MLflow run of ``run_dir``, or None)
     and ``versions`` ({dagtrain version: the MLflow model version's page}), from the
-    records the stages wrote."""
+    records the phases wrote."""
     out: dict[str, Any] = {"run": None, "versions": {}}
     rec = read_run(run_dir) if run_dir is not None else None
     if rec is not None and _web(rec.uri) and rec.run_id and rec.experiment_id:

@@ -1,13 +1,13 @@
-"""One stage's MLflow logging: the parts it does, the deadline on each call, and what
+"""One phase's MLflow logging: the parts it does, the deadline on each call, and what
 happens when the server is down (see the package's docstring for what is logged where).
 
-A stage opens a Tracker (which resolves the connection: InputError for an unknown
+A phase opens a Tracker (which resolves the connection: InputError for an unknown
 one), calls ``begin()`` (the run's pending parts first), then ``do(part, **args)`` for
-its own parts. A part is recomputed from the files the stages wrote, so doing it again
+its own parts. A part is recomputed from the files the phases wrote, so doing it again
 (a retry, a pending part) logs what is missing and changes nothing else: params already
 there are kept, epochs whose step is logged are not logged twice, a registry version
-MLflow already has is not registered twice. The first failure of a stage is logged
-once as a warning naming the connection; from then on that stage makes no more calls
+MLflow already has is not registered twice. The first failure of a phase is logged
+once as a warning naming the connection; from then on that phase makes no more calls
 and its parts go to the pending file.
 """
 
@@ -111,7 +111,7 @@ class _MlflowRetries:
 
 
 class Tracker:
-    """A stage's MLflow logging for one DAG run (``run_dir``: its artifact folder).
+    """A phase's MLflow logging for one DAG run (``run_dir``: its artifact folder).
 
     ``airflow``: ``dag_id``, ``run_id``, ``try_number`` and ``page`` (the training
     page's URL), from the task's context. ``run_dir_of(dag_id, run_id)``: the artifact
@@ -147,16 +147,16 @@ class Tracker:
         self.failed: list[str] = []
         self._client: Any = None
 
-    # the stage's view --------------------------------------------------------------
+    # the phase's view --------------------------------------------------------------
     def begin(self) -> None:
-        """Do the parts earlier stages of the run could not (the server was down)."""
+        """Do the parts earlier phases of the run could not (the server was down)."""
         for item in read_pending(self.run_dir):
             self.do(item.part, **item.args)
 
     def do(self, part: str, **args: Any) -> bool:
         """Do one part (``start``, ``train``, ``evaluate``, ``promote``); True when it was
         logged. A failure is never raised: it is logged once, and the part is kept in the
-        pending file for the next stage."""
+        pending file for the next phase."""
         if self.error is None:
             try:
                 with _deadlines():
@@ -171,7 +171,7 @@ class Tracker:
         return False
 
     def report(self) -> dict[str, Any]:
-        """How tracking went in this stage (the task's XCom ``tracking``)."""
+        """How tracking went in this phase (the task's XCom ``tracking``)."""
         return {
             "ok": self.error is None,
             "connection": self.connection,
@@ -191,7 +191,7 @@ class Tracker:
             self.log.warning(
                 "MLflow tracking: connection %r (%s) failed in %s: %s. Training and "
                 "dagtrain's registry go on without it; what was not logged is kept in %s "
-                "and retried by the run's next stage",
+                "and retried by the run's next phase",
                 self.connection,
                 self.shown_uri,
                 part,

@@ -5,7 +5,7 @@
           \\         |        /
                training
                   |
-               stages
+               phases
                   |
      operators / pipelines / plugins / cli
 

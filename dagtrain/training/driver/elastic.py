@@ -1,7 +1,7 @@
 """An elastic run's launching side: the world its ranks run on, and its changes.
 
 With ``distributed.min_ranks`` below ``ranks``, a lost rank or host does not fail the
-try. The survivors save their last completed step (:mod:`.rescue`), the job is
+try. The survivors save their last completed step (:mod:`dagtrain.training.rank.rescue`), the job is
 stopped, and :func:`run_elastic` launches the ranks again, on the slots that answer,
 as many as there are, at least ``min_ranks``, no more than ``ranks``. The next world's
 rank 0 resumes from the rescue, the global batch and the sample order unchanged

@@ -6,7 +6,7 @@ import io
 
 from rich.console import Console
 
-from dagtrain.cli.follow import RestFollower, stage_order
+from dagtrain.cli.follow import RestFollower, task_order
 from dagtrain.cli.progress import Display, label_of
 
 
@@ -27,10 +27,10 @@ def test_a_try_airflow_failed_stays_failed_whatever_its_task_runner_says_later()
     p.stopping = True
     p.feed([ev("failed", "prepare_data", 1.0, state="failed", error="manually set")], [])
     p.feed([ev("running", "prepare_data", 0.5), ev("success", "prepare_data", 2.0)], [])
-    assert p.stages["prepare_data"].state == "failed"
+    assert p.tasks["prepare_data"].state == "failed"
     assert buf.getvalue() == "prepare_data try 1 stopped: the run is marked failed\n"
     p.settle({"prepare_data": ("failed", 1), "train": ("skipped", 0)})
-    assert [s.state for s in p.stages.values()] == ["failed", "skipped"]
+    assert [s.state for s in p.tasks.values()] == ["failed", "skipped"]
 
 
 def test_a_retried_try_is_followed_by_the_next_one():
@@ -63,7 +63,7 @@ def test_a_failed_try_is_one_line_its_ranks_last_lines_left_to_the_task_log():
     (line,) = buf.getvalue().splitlines()[1:]
     assert line.startswith("train try 1 failed: RankFailure: rank 1 was killed by SIGKILL; 0 ")
     assert line.endswith("the other ranks were stopped. (more in the task's log)"), line
-    assert "{" not in line and p.stages["train"].error in line
+    assert "{" not in line and p.tasks["train"].error in line
 
 
 def test_epoch_lines_come_in_time_order_with_the_stage_lines_and_not_once_stopping():
@@ -108,7 +108,7 @@ def test_the_stages_are_in_the_dags_order_and_a_shards_metrics_named_by_its_task
         {"task_id": "prepare_data", "downstream_task_ids": ["train", "evaluate"]},
         {"task_id": "round_0_train", "downstream_task_ids": [], "is_mapped": True},
     ]
-    assert stage_order(tasks) == ["prepare_data", "train", "evaluate", "promote"]
+    assert task_order(tasks) == ["prepare_data", "train", "evaluate", "promote"]
     assert label_of("rounds/round-01/shard-00/metrics.jsonl") == "round_1_train[0]"
     assert label_of("train/metrics.jsonl") == "train"
 
