@@ -231,6 +231,8 @@ def run_pipeline(device: str, backend: str, timeout: float, env: dict[str, str])
     """``dagtrain run`` on a copy of the digits pipeline, one rank on ``device``."""
     from dagtrain.config import load_config
     from dagtrain.records.layout import ArtifactLayout, RunLayout
+    from dagtrain.records.registry import read_evaluation
+    from dagtrain.records.result import read_summary
 
     sets = {"distributed.device": device, "distributed.ranks": 1, "distributed.backend": backend}
     with tempfile.TemporaryDirectory(prefix="gpu-step-") as tmp:
@@ -269,18 +271,16 @@ def run_pipeline(device: str, backend: str, timeout: float, env: dict[str, str])
         layout = ArtifactLayout(load_config(cfg_path).artifact_root(home))
         if ran := sorted(layout.runs.glob("*/*")):  # runs/<dag>/<run>: this home's one
             run = RunLayout(ran[-1])
-            if run.evaluation.is_file():
-                ev = json.loads(run.evaluation.read_text())
-                out["test_accuracy"] = ev["metrics"]["test_accuracy"]
-            if run.train.result.is_file():
-                res = json.loads(run.train.result.read_text())
+            if (ev := read_evaluation(run.evaluation)) is not None:
+                out["test_accuracy"] = ev.metrics["test_accuracy"]
+            if (res := read_summary(run.train.result)) is not None:
                 out["train"] = {
-                    "device": res["config"]["distributed"]["device"],
-                    "backend": res["backend"],
-                    "world": res["world"],
-                    "samples_per_second": res["samples_per_second"],
-                    "median_step_seconds": res["median_step_seconds"],
-                    "steps": res["steps"],
+                    "device": res.config["distributed"]["device"],
+                    "backend": res.backend,
+                    "world": res.world,
+                    "samples_per_second": res.samples_per_second,
+                    "median_step_seconds": res.median_step_seconds,
+                    "steps": res.steps,
                 }
         # what a failed run said: its error, the ranks' tracebacks (its home is removed)
         text = log.read_text(errors="replace").splitlines()

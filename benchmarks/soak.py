@@ -89,10 +89,10 @@ def one_try(config: str, result: str) -> int:
     return 0
 
 
-def _records(folder: Path) -> dict[int, dict]:
+def _records(folder: Path) -> dict:
     from dagtrain.records.status import read_records
 
-    return {r: rec.to_dict() for r, rec in read_records(folder).items()}
+    return read_records(folder)
 
 
 def _marked(tag: str) -> list[int]:
@@ -133,7 +133,7 @@ def _fault_later(fault: str, status: Path, proc: subprocess.Popen, rng: random.R
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
         recs = _records(status)
-        if len(recs) == 3 and all(r.get("status") == "running" for r in recs.values()):
+        if len(recs) == 3 and all(r.status == "running" for r in recs.values()):
             break
         time.sleep(0.05)
     else:
@@ -141,7 +141,7 @@ def _fault_later(fault: str, status: Path, proc: subprocess.Popen, rng: random.R
     time.sleep(rng.uniform(0.2, 4.0))
     recs = _records(status)
     box["time"] = time.time()
-    box["during"] = proc.poll() is None and all(r.get("status") == "running" for r in recs.values())
+    box["during"] = proc.poll() is None and all(r.status == "running" for r in recs.values())
     if fault == "sigkill_launcher":
         os.kill(proc.pid, signal.SIGKILL)
         box["what"] = "the launching process"
@@ -155,7 +155,7 @@ def _fault_later(fault: str, status: Path, proc: subprocess.Popen, rng: random.R
         sig = signal.SIGKILL if fault == "sigkill_rank" else signal.SIGSTOP
         box["what"] = f"rank {ranks[0]}"
     for r in ranks:
-        pid = (recs.get(r) or {}).get("pid")
+        pid = recs[r].pid if r in recs else None
         if pid:
             with contextlib.suppress(OSError):
                 os.kill(pid, sig)
