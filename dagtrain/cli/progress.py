@@ -312,7 +312,7 @@ class Display:
         """The title (one line, never wrapped: the live display's height stays what it
         measured) above a table of the tasks; the newest epoch line is right above."""
         t = Table()
-        t.add_column("stage", no_wrap=True)
+        t.add_column("task", no_wrap=True)
         t.add_column("state", no_wrap=True)
         t.add_column("try", justify="right")
         t.add_column("time", justify="right", no_wrap=True)
