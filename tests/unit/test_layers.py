@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import graphlib
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -112,6 +113,13 @@ def imports_of(path: Path, package: Path = PACKAGE) -> set[str]:
     return {m for m in found if m == "dagtrain" or m.startswith("dagtrain.")}
 
 
+def package_copy(tmp_path: Path) -> Path:
+    """A copy of the package's code to plant an import in: each checker must fail."""
+    copy = tmp_path / "dagtrain"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "static"))
+    return copy
+
+
 def forbidden_edges(package: Path = PACKAGE) -> list[str]:
     """Every import of a part that its entry in ALLOWED does not allow, and every module
     of a part ALLOWED does not list."""
@@ -136,10 +144,7 @@ def test_each_layer_imports_only_what_is_below_it():
 def test_a_forbidden_edge_fails_the_layer_test(tmp_path):
     # a copy of the package with one upward import planted in an operator, one in the
     # executor and one new part nobody listed: each is reported
-    import shutil
-
-    copy = tmp_path / "dagtrain"
-    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "static"))
+    copy = package_copy(tmp_path)
     assert forbidden_edges(copy) == []
     with open(copy / "operators" / "train.py", "a") as f:
         f.write("\ndef _planted():\n    from dagtrain.training.rank import checkpoint\n")
@@ -219,10 +224,7 @@ def private_imports(package: Path = PACKAGE) -> list[str]:
 def test_no_module_imports_another_modules_private_names(tmp_path):
     assert private_imports() == []
     # and the check can fail: a planted private import is found, a private module is not
-    import shutil
-
-    copy = tmp_path / "dagtrain"
-    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "static"))
+    copy = package_copy(tmp_path)
     with open(copy / "cli" / "run.py", "a") as f:
         f.write("\nfrom .rest import _planted\nfrom dagtrain.operators import _base\n")
     assert private_imports(copy) == ["dagtrain/cli/run.py imports _planted from .rest"]
@@ -282,10 +284,7 @@ def test_no_two_modules_import_each_other(tmp_path):
     # the executor's modules included (graph, runtime, inline, nesting, analysis): each
     # imports only modules below it, the others' names only for type checking
     assert import_cycle() == []
-    import shutil
-
-    copy = tmp_path / "dagtrain"
-    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "static"))
+    copy = package_copy(tmp_path)
     with open(copy / "taskgraph" / "inline.py", "a") as f:
         f.write("\ndef _planted():\n    from . import graph\n")
     assert set(import_cycle(copy)) >= {"dagtrain.taskgraph.inline", "dagtrain.taskgraph.graph"}
