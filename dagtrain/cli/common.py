@@ -227,6 +227,10 @@ class ModelCheck:
             "parallel": cfg.parallel.model_dump(mode="json"),
             "data": cfg.data_source(),
             "data_workers": cfg.data.workers,
+            "objective": cfg.objective.model_dump(mode="json"),
+            "sequence_length": cfg.data.sequence_length,
+            "vocab_size": cfg.data.vocab_size,
+            "metric": cfg.evaluation.metric,
             # the ranks of a host list run elsewhere: their devices are theirs to check
             "device": "cpu"
             if cfg.distributed.hosts or cfg.distributed.hosts_connection

@@ -44,8 +44,12 @@ from .pipeline import (
     TrackingConfig,
 )
 from .schema import (
+    BUILTIN_OBJECTIVES,
+    BUILTIN_SOURCES,
+    DATA_SUFFIXES,
     DEFAULT_LAUNCHER,
     FILE_ONLY,
+    OBJECTIVE_METRICS,
     RUN_SECTIONS,
     BackendName,
     BuiltinModel,
@@ -55,6 +59,7 @@ from .schema import (
     ExecutorConfig,
     Launcher,
     ModelConfig,
+    ObjectiveConfig,
     ParallelConfig,
     TrainConfig,
     TrainingConfig,
@@ -62,6 +67,10 @@ from .schema import (
 )
 
 __all__ = [
+    "BUILTIN_OBJECTIVES",
+    "BUILTIN_SOURCES",
+    "DATA_SUFFIXES",
+    "OBJECTIVE_METRICS",
     "DEFAULT_LAUNCHER",
     "FILE_ONLY",
     "HOME_VARIABLE",
@@ -79,6 +88,7 @@ __all__ = [
     "ExecutorConfig",
     "Launcher",
     "ModelConfig",
+    "ObjectiveConfig",
     "ParallelConfig",
     "PipelineConfig",
     "RoundsConfig",

@@ -9,11 +9,19 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, PrivateAttr, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from dagtrain import redact
 
-from .schema import RUN_SECTIONS, DataConfig, RunSections, Section, TrainConfig, is_factory
+from .schema import (
+    BUILTIN_SOURCES,
+    RUN_SECTIONS,
+    DataConfig,
+    RunSections,
+    Section,
+    TrainConfig,
+    is_factory,
+)
 
 __all__ = [
     "DEFAULT_ARTIFACTS",
@@ -31,13 +39,46 @@ __all__ = [
 class EvaluationConfig(Section):
     """When a newly trained model replaces the champion in the registry."""
 
-    metric: Literal["test_accuracy", "test_loss"] = Field(
-        "test_accuracy", description="what decides promotion (on the test split)"
+    metric: str | None = Field(
+        None,
+        description="the test metric that decides promotion: test_<a metric the objective "
+        "reports> (test_accuracy, test_loss, test_mse, test_r2, test_perplexity, ...); not "
+        "set: the objective's first (classification: test_accuracy, regression: test_mse, "
+        "language_model: test_perplexity; the author's own: its first)",
+    )
+    mode: Literal["auto", "max", "min"] = Field(
+        "auto",
+        description="whether a higher (max) or lower (min) metric is better; auto: the "
+        "metric's own direction, as the objective declares it",
     )
     min_improvement: float = Field(
         0.0, ge=0, le=1e6, description="a challenger must beat the champion by more than this"
     )
-    min_accuracy: float = Field(0.0, ge=0, le=1, description="never promote below this")
+    threshold: float | None = Field(
+        None,
+        description="never promote a model whose metric is worse than this, in the "
+        "metric's direction (at least it where higher is better, at most where lower is)",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "min_accuracy" in data:
+            raise ValueError(
+                f"evaluation.min_accuracy is gone: write evaluation.threshold: "
+                f"{data['min_accuracy']} (a bound on evaluation.metric, in its direction)"
+            )
+        return data
+
+    @field_validator("metric")
+    @classmethod
+    def _on_test(cls, v: str | None) -> str | None:
+        if v is not None and (not v.startswith("test_") or not v[5:].isidentifier()):
+            raise ValueError(
+                f"{v!r}: promotion is decided on the test split; write test_<metric> "
+                "(test_accuracy, test_loss, test_mse, test_perplexity, ...)"
+            )
+        return v
 
 
 class TrackingConfig(Section):
@@ -125,6 +166,28 @@ class PipelineConfig(RunSections):
     _dag_id: str | None = PrivateAttr(None)
 
     @model_validator(mode="after")
+    def _metric_reported(self) -> PipelineConfig:
+        ev, reported = self.evaluation, self.objective.metrics()
+        if ev.metric is None or reported is None:
+            return self
+        if ev.metric[5:] not in reported:
+            names = ", ".join(f"test_{m}" for m in reported)
+            raise ValueError(
+                f"evaluation.metric {ev.metric!r}: objective {self.objective.name!r} does "
+                f"not report it; it reports {names}"
+            )
+        return self
+
+    @property
+    def promotion_metric(self) -> str:
+        """``evaluation.metric``, or the objective's first metric on the test split (the
+        author's own objective's is known on the workers: ``test_loss`` here)."""
+        if self.evaluation.metric is not None:
+            return self.evaluation.metric
+        reported = self.objective.metrics()
+        return f"test_{next(iter(reported))}" if reported else "test_loss"
+
+    @model_validator(mode="after")
     def _processes_bounded(self) -> PipelineConfig:
         # every rank starts data.workers DataLoader processes: bounded together, so that
         # no conf starts thousands of processes on the workers (ranks 256 x workers 64)
@@ -187,7 +250,7 @@ class PipelineConfig(RunSections):
         """``data.source`` with a path resolved against the config file; 'digits', a
         URL or a factory as it is."""
         s = self.data.source
-        if s == "digits" or "://" in s or is_factory(s):
+        if s in BUILTIN_SOURCES or "://" in s or is_factory(s):
             return s
         return str(self.path(s))
 
@@ -196,4 +259,10 @@ class PipelineConfig(RunSections):
         they are, and ``run``'s files (data, eval_data, init_from, checkpoint_dir,
         trace_dir) or replaced sections."""
         sections = {s: getattr(self, s) for s in RUN_SECTIONS}
-        return TrainConfig(**(sections | {"data_workers": self.data.workers} | run))
+        d = self.data
+        files = {
+            "data_workers": d.workers,
+            "sequence_length": d.sequence_length,
+            "vocab_size": d.vocab_size,
+        }
+        return TrainConfig(**(sections | files | run))

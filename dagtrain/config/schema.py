@@ -21,6 +21,24 @@ BuiltinModel = Literal["mlp", "cnn", "rescnn", "transformer"]
 BackendName = Literal["mpi", "torch", "horovod", "local"]
 Launcher = Literal["mpirun", "horovodrun", "torchrun", "direct"]
 BUILTIN_MODELS: tuple[str, ...] = get_args(BuiltinModel)  # model.name without a factory path
+# what a model is trained to do (dagtrain.training.rank.objective implements them)
+BuiltinObjective = Literal["classification", "regression", "language_model"]
+BUILTIN_OBJECTIVES: tuple[str, ...] = get_args(BuiltinObjective)
+# the metrics each built-in objective reports and which way is better, the metric that
+# decides promotion unless evaluation.metric says otherwise first
+OBJECTIVE_METRICS: dict[str, dict[str, str]] = {
+    "classification": {"accuracy": "max", "loss": "min"},
+    "regression": {"mse": "min", "mae": "min", "r2": "max", "loss": "min"},
+    "language_model": {"perplexity": "min", "accuracy": "max", "loss": "min"},
+}
+# data.source names that need no file: the datasets scikit-learn ships (no download)
+BUILTIN_SOURCES = ("digits", "diabetes")
+# what each built-in objective's targets are: class indices, real values, token ids
+OBJECTIVE_TARGETS: dict[str, str] = {
+    "classification": "classes",
+    "regression": "values",
+    "language_model": "tokens",
+}
 # the backends whose point-to-point transfers a pipeline's stages use
 PIPELINE_BACKENDS = ("torch", "mpi")
 # the launcher a backend gets when distributed.launcher is not set
@@ -31,7 +49,7 @@ DEFAULT_LAUNCHER: dict[str, str] = {
     "local": "direct",
 }
 # the sections every rank of a training run receives as they are
-RUN_SECTIONS = ("model", "training", "distributed", "parallel", "executor")
+RUN_SECTIONS = ("model", "objective", "training", "distributed", "parallel", "executor")
 # the orders a pipeline-parallel step can run in (dagtrain.training.rank.pipelining): the same
 # graph under other priorities and another bound on live microbatches
 Order = Literal["auto", "gpipe", "1f1b", "zero-bubble"]
@@ -89,11 +107,13 @@ class DataConfig(Section):
 
     source: str = Field(
         "digits",
-        description="'digits' (scikit-learn's, no download); a .npz/.npy/.csv/.parquet "
+        description="'digits' or 'diabetes' (scikit-learn's: 8x8 images of 10 classes, or "
+        "10 features and a real target; no download); a .npz/.npy/.csv/.parquet "
         "path (relative to the config file) or object-storage URL (s3://, gs://, file://, "
-        "... read with data.connection); or 'package.module:factory' returning a "
-        "torch.utils.data.Dataset of (features, label) pairs, or a pair of arrays "
-        "(config files only)",
+        "... read with data.connection); a text file (.txt, its UTF-8 bytes the tokens) or "
+        "token ids (.bin of uint16, or a 1-D integer .npy) with data.sequence_length; or "
+        "'package.module:factory' returning a torch.utils.data.Dataset of (input, "
+        "target) pairs, or a pair of arrays (config files only)",
     )
     connection: str | None = Field(
         None,
@@ -109,8 +129,27 @@ class DataConfig(Section):
     )
     val_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="held out for validation")
     test_fraction: float = Field(0.2, ge=0.0, lt=1.0, description="held out for evaluation")
-    normalize: bool = Field(True, description="standardise with statistics of train only")
+    normalize: bool = Field(
+        True,
+        description="standardise floating inputs with statistics of train only (token "
+        "ids and other integer inputs stay as they are)",
+    )
     seed: int = Field(0, ge=0, le=SEED_MAX, description="seed of the split and of the shards")
+    sequence_length: int | None = Field(
+        None,
+        ge=1,
+        le=1_000_000,
+        description="a text or token source is cut into windows of this many tokens, each "
+        "window's target the same window shifted by one token; the split is by windows. "
+        "Required for such a source, ignored for others",
+    )
+    vocab_size: int | None = Field(
+        None,
+        ge=2,
+        le=2**31 - 1,
+        description="a token source's vocabulary: ids at or above it are refused; not set: "
+        "the largest id + 1 (a text's: 256, its bytes)",
+    )
 
     @model_validator(mode="after")
     def _connection_for_a_url(self) -> DataConfig:
@@ -157,6 +196,48 @@ class ModelConfig(Section):
                 "'package.module:factory'"
             )
         return v
+
+
+class ObjectiveConfig(Section):
+    """What the model is trained to do: the loss of its output on a batch's target, the
+    metrics reported (each with the direction that is better), summed exactly over
+    microbatches, ranks and evaluation batches."""
+
+    name: str = Field(
+        "classification",
+        description="classification (cross-entropy; loss, accuracy), regression (mean "
+        "squared error; loss, mse, mae, r2), language_model (next-token cross-entropy; "
+        "loss, perplexity, accuracy of the tokens), or 'package.module:factory' returning "
+        "an objective of the DAG author's (config files only, never a run's conf)",
+    )
+    args: dict[str, Any] = Field(
+        default_factory=dict, description="keyword arguments of a factory's objective"
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if v not in BUILTIN_OBJECTIVES and not is_factory(v):
+            raise ValueError(
+                f"{v!r} is neither a built-in ({', '.join(BUILTIN_OBJECTIVES)}) nor "
+                "'package.module:factory'"
+            )
+        return v
+
+    @property
+    def builtin(self) -> bool:
+        return self.name in BUILTIN_OBJECTIVES
+
+    @property
+    def targets(self) -> str:
+        """What the data's targets must be: classes, values, tokens, or any (the DAG
+        author's own objective)."""
+        return OBJECTIVE_TARGETS.get(self.name, "any")
+
+    def metrics(self) -> dict[str, str] | None:
+        """A built-in's metrics and their directions (None for the author's own: known
+        once its code is imported, on the workers)."""
+        return OBJECTIVE_METRICS.get(self.name)
 
 
 class TrainingConfig(Section):
@@ -381,6 +462,7 @@ class RunSections(Section):
     """The sections a pipeline shares with every rank of its training runs."""
 
     model: ModelConfig = Field(default_factory=ModelConfig)
+    objective: ObjectiveConfig = Field(default_factory=ObjectiveConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
@@ -474,7 +556,17 @@ class TrainConfig(RunSections):
         0.2, ge=0.0, lt=1.0, description="without eval_data: held out of 'data' for testing"
     )
     normalize: bool = Field(
-        True, description="without eval_data: standardise with statistics of train only"
+        True,
+        description="without eval_data: standardise floating inputs with statistics of train only",
+    )
+    sequence_length: int | None = Field(
+        None,
+        ge=1,
+        le=1_000_000,
+        description="data.sequence_length: a text or token source cut into windows of it",
+    )
+    vocab_size: int | None = Field(
+        None, ge=2, le=2**31 - 1, description="data.vocab_size: of a token source"
     )
     data_workers: int = Field(
         0, ge=0, le=64, description="data.workers: DataLoader workers reading a Dataset's items"
@@ -515,6 +607,8 @@ class TrainConfig(RunSections):
         if not isinstance(data, dict):
             return data
         data = dict(data)
+        if isinstance(data.get("objective"), str):
+            data["objective"] = {"name": data["objective"]}
         if isinstance(data.get("model"), str) or "model_args" in data:
             model = data.get("model", {})
             model = {"name": model} if isinstance(model, str) else _as_dict(model)
@@ -530,10 +624,14 @@ class TrainConfig(RunSections):
         return data
 
 
+# the kinds of file data.source may be: arrays, text and token ids
+DATA_SUFFIXES = (".npz", ".npy", ".csv", ".parquet", ".txt", ".bin")
+
+
 def is_factory(spec: str) -> bool:
     """``package.module:function``: a factory's import path, not a file or a URL."""
     mod, sep, attr = spec.partition(":")
-    if spec.lower().endswith((".npz", ".npy", ".csv", ".parquet")):  # a file, its name with :
+    if spec.lower().endswith(DATA_SUFFIXES):  # a file, its name with :
         return False
     return bool(sep) and all(p.isidentifier() for p in (*mod.split("."), *attr.split(".")))
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from dagtrain.config import PipelineConfig
+from dagtrain.config import BUILTIN_SOURCES, PipelineConfig
 from dagtrain.errors import InputError
 from dagtrain.records.layout import (
     ArtifactLayout,
@@ -51,11 +51,18 @@ _NOT_IN_VERSION = {"source", "workers", "connection"}
 
 def _source_digest(cfg: PipelineConfig) -> str:
     src = check_source(cfg)
-    if src == "digits":
+    if src in BUILTIN_SOURCES:
         from importlib.metadata import version
 
-        return f"sklearn-digits-{version('scikit-learn')}"  # not imported: ~2 s
+        return f"sklearn-{src}-{version('scikit-learn')}"  # not imported: ~2 s
     return sha256_file(Path(src))
+
+
+def _targets_key(cfg: PipelineConfig) -> dict[str, str]:
+    """What the objective makes of the targets, where it is not classes (a regression
+    reads them as floats: another version of the same source)."""
+    targets = cfg.objective.targets
+    return {} if targets == "classes" else {"targets": targets}
 
 
 def _split(n: int, d: Any) -> dict[str, np.ndarray]:
@@ -74,14 +81,14 @@ class _Scanned:
     training statistics; ``digest`` hashes what it holds."""
 
     def __init__(self, cfg: PipelineConfig) -> None:
-        from dagtrain.training.rank.data import checked_arrays, open_source
+        from dagtrain.training.rank.data import checked_arrays, data_form, open_source
 
         spec, d = cfg.data.source, cfg.data
         src = open_source(spec, (cfg.base_dir,))
         self.dataset: Any = None
         h = hashlib.sha256()
         if isinstance(src, tuple):
-            self.arrays = checked_arrays(spec, *src, None, 0)
+            self.arrays = checked_arrays(spec, *src, None, 0, data_form(cfg.train_config()))
             for a in self.arrays[:2]:
                 h.update(np.ascontiguousarray(a).tobytes())
             h.update(repr(self.arrays[2]).encode())
@@ -112,7 +119,7 @@ class _Scanned:
 
 def prepare(cfg: PipelineConfig, shards: int = 0) -> dict[str, Any]:
     """Write train/val/test (and ``shards`` training shards); return the manifest."""
-    from dagtrain.training.rank.data import read_arrays, standardization
+    from dagtrain.training.rank.data import data_form, read_arrays, standardization
 
     d = cfg.data
     layout = ArtifactLayout.of(cfg)
@@ -129,7 +136,9 @@ def prepare(cfg: PipelineConfig, shards: int = 0) -> dict[str, Any]:
     # what changes the prepared files: the source's bytes and the split's settings (not
     # how they are read: data.workers, data.connection)
     key = json.dumps(
-        {"source": digest, **d.model_dump(exclude=_NOT_IN_VERSION), "shards": shards},
+        {"source": digest, **d.model_dump(exclude=_NOT_IN_VERSION, exclude_none=True)}
+        | {"shards": shards}
+        | _targets_key(cfg),
         sort_keys=True,
     )
     version = hashlib.sha256(key.encode()).hexdigest()[:16]
@@ -158,20 +167,27 @@ def prepare(cfg: PipelineConfig, shards: int = 0) -> dict[str, Any]:
             atomic_write(path, _npz_bytes(index=idx.astype(np.int64), **meta))
             return path
     else:
-        x, y, shape, classes = scanned.arrays if scanned else read_arrays(local)
+        form = data_form(cfg.train_config())
+        x, y, shape, classes = scanned.arrays if scanned else read_arrays(local, form)
         parts = _split(len(x), d)
-        if d.normalize:
+        floating = x.dtype.kind == "f"  # token ids and other integers stay as they are
+        if d.normalize and floating:
             mean, std = standardization(x[np.sort(parts["train"])])
         else:
             mean, std = _identity(x.shape[1:])
         meta = {"in_shape": np.array(shape, np.int64), "classes": np.array(classes, np.int64)}
 
         def write(name: str, idx: np.ndarray) -> Path:
-            xs = ((x[idx] - mean) / std).astype(np.float32)
+            xs = ((x[idx] - mean) / std).astype(np.float32) if floating else x[idx]
             path = files_of.split(name)
             atomic_write(path, _npz_bytes(x=xs, y=y[idx], **meta))
             return path
 
+    if scanned is not None and scanned.dataset is not None:
+        form = {"in_dtype": "float32", "target_shape": [], "target_dtype": "int64"}
+    else:  # what the model factory learns of the data (DataInfo), kept with it
+        form = {"in_dtype": str(x.dtype), "target_shape": list(y.shape[1:])}
+        form["target_dtype"] = str(y.dtype)
     if len(parts["train"]) < shards:
         raise InputError(f"data: {len(parts['train'])} training samples for {shards} shards")
 
@@ -195,6 +211,7 @@ def prepare(cfg: PipelineConfig, shards: int = 0) -> dict[str, Any]:
         "settings": d.model_dump() | {"source": cfg.shown()["data"]["source"]},
         "in_shape": list(shape),
         "classes": classes,
+        **form,
         "shards": shards,
         "files": files,
         "stats": {"path": files_of.stats.name, "sha256": sha256_file(files_of.stats)},

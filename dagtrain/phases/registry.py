@@ -81,21 +81,42 @@ def evaluate_checkpoint(
     cfg: PipelineConfig, manifest: dict[str, Any], ckpt: str, split: str = "test"
 ) -> dict[str, float]:
     """Metrics of the model in checkpoint ``ckpt`` on a prepared split (``test`` or
-    ``val``), named after it: ``test_accuracy``, ``test_loss``, ``test_correct``,
-    ``test_samples``."""
+    ``val``) by the pipeline's objective, named after the split: ``test_accuracy``,
+    ``test_loss``, ... and the sums they come from (``test_correct``, ``test_units``,
+    ``test_samples``)."""
+    return _evaluated(cfg, manifest, ckpt, split)[0]
+
+
+def directions_of(cfg: PipelineConfig) -> dict[str, str]:
+    """Which way each of the objective's metrics is better: a built-in's from the
+    config, the author's own from its code (imported: torch is loaded here anyway)."""
+    known = cfg.objective.metrics()
+    if known is not None:
+        return known
+    from dagtrain.training.rank.objective import objective_of
+
+    return dict(objective_of(cfg.objective).metrics)
+
+
+def _evaluated(
+    cfg: PipelineConfig, manifest: dict[str, Any], ckpt: str, split: str = "test"
+) -> tuple[dict[str, float], dict[str, str]]:
+    """(:func:`evaluate_checkpoint`'s metrics, the objective's metrics' directions)."""
     from dagtrain.training.rank import checkpoint
-    from dagtrain.training.rank.data import load_dataset
-    from dagtrain.training.rank.models import build_model, evaluate_samples
+    from dagtrain.training.rank.data import DataForm, load_dataset
+    from dagtrain.training.rank.models import DataInfo, build_model, evaluate_samples
+    from dagtrain.training.rank.objective import objective_of
 
     from .prep import data_file
 
+    objective = objective_of(cfg.objective)
+    form = DataForm(cfg.objective.targets, objective=cfg.objective.name)
     # a Dataset's split is read EVAL_BATCH samples at a time, never whole
-    test = load_dataset(data_file(manifest, split), 0.0, 0, normalize=False)
-    model = build_model(
-        cfg.model.name, tuple(manifest["in_shape"]), manifest["classes"], **cfg.model.args
-    )
+    test = load_dataset(data_file(manifest, split), 0.0, 0, False, form)
+    info = DataInfo.of(manifest, cfg.objective.name)
+    model = build_model(cfg.model.name, info.in_shape, info.classes, info, **cfg.model.args)
     model.load_state_dict(checkpoint.load(ckpt)["model"])
-    return evaluate_samples(model, test.train, split)
+    return evaluate_samples(model, test.train, split, objective), dict(objective.metrics)
 
 
 def evaluate_phase(
@@ -121,9 +142,9 @@ def evaluate_phase(
     # a task's output names a checkpoint of this run; a path the DAG's author wrote, one
     # of the pipeline's (a registered model, say)
     ckpt = own_file(cfg, ckpt, "model", run_id if isinstance(model, dict) else None)
-    metrics = evaluate_checkpoint(cfg, manifest, ckpt)
+    metrics, directions = _evaluated(cfg, manifest, ckpt)
     champ = champion(cfg)
-    ok, why = better(cfg, metrics, champ)
+    ok, why = better(cfg, metrics, champ, directions)
     if log is not None:
         log.info("challenger %s: %s; %s", ckpt, metrics, why)
     evaluation = Evaluation(
@@ -257,7 +278,7 @@ def promote(
     torch.save(state, buf)
     data = buf.getvalue()
     with _locked(cfg) as reg:
-        ok, why = better(cfg, metrics, reg.champion_entry())
+        ok, why = better(cfg, metrics, reg.champion_entry(), directions_of(cfg))
         version = reg.next_version()
         model = _layout(cfg).model(version)
         atomic_write(model, data)

@@ -48,12 +48,11 @@ class ShardError(InputError):
 def initial_model(cfg: PipelineConfig, manifest: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    from dagtrain.training.rank.models import build_model
+    from dagtrain.training.rank.models import DataInfo, build_model
 
     torch.manual_seed(cfg.training.seed)  # as the trainer does before building
-    model = build_model(
-        cfg.model.name, tuple(manifest["in_shape"]), manifest["classes"], **cfg.model.args
-    )
+    info = DataInfo.of(manifest, cfg.objective.name)
+    model = build_model(cfg.model.name, info.in_shape, info.classes, info, **cfg.model.args)
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 

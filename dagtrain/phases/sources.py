@@ -23,7 +23,7 @@ from typing import Any
 
 from dagtrain import redact
 from dagtrain.atomic import atomic_write
-from dagtrain.config import PipelineConfig, is_factory
+from dagtrain.config import BUILTIN_SOURCES, DATA_SUFFIXES, PipelineConfig, is_factory
 from dagtrain.errors import InputError, MissingDependency
 
 __all__ = ["SUFFIXES", "check_source", "fetch_url", "source_kind"]
@@ -36,10 +36,11 @@ def _src(cfg: PipelineConfig) -> str:
     return _hide(cfg.data.source)
 
 
-SUFFIXES = (".npz", ".npy", ".csv", ".parquet")
+SUFFIXES = DATA_SUFFIXES
 _HOW = (
-    "give 'digits', a .npz/.npy/.csv/.parquet file (a relative path is relative to the "
-    "config file), an object-storage URL (s3://bucket/key.npz) or 'package.module:factory'"
+    "give 'digits' or 'diabetes', a .npz/.npy/.csv/.parquet file, a text (.txt) or token "
+    "ids (.bin, .npy) (a relative path is relative to the config file), an "
+    "object-storage URL (s3://bucket/key.npz) or 'package.module:factory'"
 )
 
 
@@ -62,9 +63,10 @@ _CONN_TYPES = {
 
 
 def source_kind(cfg: PipelineConfig) -> str:
-    """``digits``, ``factory``, ``url`` or ``file``."""
+    """``digits`` (a built-in source: digits or diabetes), ``factory``, ``url`` or
+    ``file``."""
     s = cfg.data.source
-    if s == "digits":
+    if s in BUILTIN_SOURCES:
         return "digits"
     if is_factory(s):
         return "factory"

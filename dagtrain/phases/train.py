@@ -170,7 +170,7 @@ def train_phase(
     if tcfg.parallel.stages > 1:  # a split the model cannot have: refused before the ranks
         from dagtrain.training.rank.split import check_stages
 
-        check_stages(tcfg, manifest["in_shape"], manifest["classes"])
+        check_stages(tcfg, manifest)
     if log is not None:
         p = tcfg.parallel
         log.info(

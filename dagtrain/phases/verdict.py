@@ -1,7 +1,9 @@
 """Champion / challenger: whether a model is promoted, decided exactly, said truly.
 
-Accuracy is a fraction of integer counts (``test_correct`` of ``test_samples``), and is
-compared as that fraction: 27 right of 30 is 9/10, so it meets ``min_accuracy: 0.9``.
+The metric and its direction are the objective's (``evaluation.metric``, ``mode``).
+Accuracy is a fraction of integer counts (``test_correct`` of ``test_units``, the
+samples or tokens), and is compared as that fraction: 27 right of 30 is 9/10, so it
+meets ``threshold: 0.9``.
 The config's thresholds are compared as the decimals they were written as
 (``Fraction("0.9")``), a loss as the exact value of its float. A verdict's message shows
 each number with as many digits as the decision needs (four at least), so what it says
@@ -16,9 +18,10 @@ from fractions import Fraction
 from typing import Any
 
 from dagtrain.config import PipelineConfig
+from dagtrain.errors import InputError
 from dagtrain.records.registry import RegistryEntry
 
-__all__ = ["better", "exact", "shown"]
+__all__ = ["better", "direction", "exact", "shown"]
 
 _MIN_DIGITS, _MAX_DIGITS = 4, 17
 
@@ -30,8 +33,9 @@ def exact(metrics: dict[str, Any], name: str) -> Fraction:
     as its float's exact value."""
     value = metrics[name]
     split, _, kind = name.partition("_")
-    if kind == "accuracy":
-        correct, samples = metrics.get(f"{split}_correct"), metrics.get(f"{split}_samples")
+    if kind == "accuracy":  # of samples (classification) or of tokens (units)
+        correct = metrics.get(f"{split}_correct")
+        samples = metrics.get(f"{split}_units", metrics.get(f"{split}_samples"))
         if isinstance(correct, int) and isinstance(samples, int) and samples > 0:
             return Fraction(correct, samples)
         if isinstance(samples, int) and samples > 0:
@@ -55,40 +59,74 @@ def shown(values: Sequence[Fraction], holds: Callable[[Sequence[Fraction]], bool
     return [repr(float(v)) for v in values]
 
 
+def direction(cfg: PipelineConfig, directions: dict[str, str] | None = None) -> str:
+    """Whether the promotion metric is better higher (``max``) or lower (``min``):
+    ``evaluation.mode``, or where it is ``auto`` the direction the objective declares
+    (``directions``: its metrics', the author's own objective's as its code says)."""
+    ev = cfg.evaluation
+    if ev.mode != "auto":
+        return ev.mode
+    metric = cfg.promotion_metric.removeprefix("test_")
+    known = directions or cfg.objective.metrics() or {}
+    return known.get(metric, "max" if metric in ("accuracy", "r2") else "min")
+
+
 def better(
-    cfg: PipelineConfig, challenger: dict[str, Any], champ: RegistryEntry | None
+    cfg: PipelineConfig,
+    challenger: dict[str, Any],
+    champ: RegistryEntry | None,
+    directions: dict[str, str] | None = None,
 ) -> tuple[bool, str]:
     """(promote?, why) for a challenger's metrics against the champion's registry entry:
-    at least ``evaluation.min_accuracy``, and better than the champion's
-    ``evaluation.metric`` by more than ``evaluation.min_improvement``."""
-    ev = cfg.evaluation
-    acc = exact(challenger, "test_accuracy") if "test_accuracy" in challenger else Fraction(0)
-    floor = _decimal(ev.min_accuracy)
-    if acc < floor:
-        (a,) = shown([acc], lambda v: v[0] < floor)
-        counts = _counts(challenger)
-        return (
-            False,
-            f"test accuracy {a}{counts} is below evaluation.min_accuracy {ev.min_accuracy}",
+    no worse than ``evaluation.threshold`` and better than the champion's
+    ``evaluation.metric`` by more than ``evaluation.min_improvement``, in the metric's
+    direction (:func:`direction`)."""
+    ev, metric = cfg.evaluation, cfg.promotion_metric
+    way = direction(cfg, directions)
+    higher = way == "max"
+    said = "higher is better" if higher else "lower is better"
+    name = metric.replace("_", " ")
+    if metric not in challenger:
+        have = ", ".join(k for k in challenger if k.startswith("test_"))
+        raise InputError(
+            f"evaluation.metric {metric!r}: the evaluation did not report it (it reports "
+            f"{have}); name one of those"
         )
+    mine = exact(challenger, metric)
+    if ev.threshold is not None:
+        bound = _decimal(ev.threshold)
+        if (mine < bound) if higher else (mine > bound):
+            (a,) = shown([mine], lambda v: (v[0] < bound) if higher else (v[0] > bound))
+            where = "below" if higher else "above"
+            return (
+                False,
+                f"{name} {a}{_counts(challenger, metric)} is {where} evaluation.threshold "
+                f"{ev.threshold} ({said})",
+            )
     if champ is None:
         return True, "the first model: no champion yet"
-    mine, theirs = exact(challenger, ev.metric), exact(champ.metrics, ev.metric)
+    if metric not in champ.metrics:
+        return True, f"the champion v{champ.version} has no {name}: the challenger replaces it"
+    theirs = exact(champ.metrics, metric)
     margin = _decimal(ev.min_improvement)
 
     def wins(v: Sequence[Fraction]) -> bool:
-        gain = v[0] - v[1] if ev.metric == "test_accuracy" else v[1] - v[0]
+        gain = v[0] - v[1] if higher else v[1] - v[0]
         return gain > margin
 
     a, b = shown([mine, theirs], wins)
-    name = ev.metric.replace("_", " ")
     who = f"the champion v{champ.version}'s {b}"
     if wins([mine, theirs]):
         by = f" by more than {ev.min_improvement}" if margin else ""
-        return True, f"{name} {a} beats {who}{by}"
-    return False, f"{name} {a} does not beat {who} by more than {ev.min_improvement}"
+        return True, f"{name} {a} beats {who}{by} ({said})"
+    return False, f"{name} {a} does not beat {who} by more than {ev.min_improvement} ({said})"
 
 
-def _counts(metrics: dict[str, Any]) -> str:
-    correct, samples = metrics.get("test_correct"), metrics.get("test_samples")
-    return f" ({correct}/{samples})" if isinstance(correct, int) and samples else ""
+def _counts(metrics: dict[str, Any], metric: str) -> str:
+    """``" (27/30)"``: an accuracy's counts, shown beside it."""
+    if not metric.endswith("_accuracy"):
+        return ""
+    split = metric.partition("_")[0]
+    correct = metrics.get(f"{split}_correct")
+    units = metrics.get(f"{split}_units", metrics.get(f"{split}_samples"))
+    return f" ({correct}/{units})" if isinstance(correct, int) and units else ""

@@ -329,8 +329,8 @@ def test_the_pipeline_parallel_example_trains_evaluates_and_promotes(tmp_path):
     # the example's own file, shortened: 2 stages x 1 replica, 4 microbatches a step
     text = (REPO / "dags" / "transformer_pipeline.yaml").read_text()
     # two epochs reach about 0.5; evaluation is the file's alone (a conf may not lower it)
-    assert "min_accuracy: 0.8" in text
-    text = text.replace("min_accuracy: 0.8", "min_accuracy: 0.3")
+    assert "threshold: 0.8" in text
+    text = text.replace("threshold: 0.8", "threshold: 0.3")
     cfg = stage(tmp_path, "transformer_pipeline", text)
     r = dagtrain_run(tmp_path, cfg, "training.epochs=2")
     assert r.returncode == 0, r.stdout + r.stderr

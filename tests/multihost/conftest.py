@@ -564,7 +564,7 @@ def elastic_yaml(artifacts: Path) -> str:
         {"epochs": 14, "batch_size": 30, "checkpoint_every": 0, "retry_delay_seconds": 20}
     )
     cfg["distributed"].update({"ranks": 3, "min_ranks": 2})
-    cfg["evaluation"]["min_accuracy"] = 0.0
+    cfg["evaluation"]["threshold"] = 0.0
     return yaml.safe_dump(cfg, sort_keys=False)
 
 

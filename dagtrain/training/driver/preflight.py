@@ -28,10 +28,11 @@ def check(spec: dict[str, Any]) -> dict[str, Any]:
     """The checks; raises InputError or MissingDependency naming the field."""
     import torch
 
-    from dagtrain.config import ModelConfig, is_factory
+    from dagtrain.config import ModelConfig, ObjectiveConfig, TrainConfig, is_factory
     from dagtrain.errors import InputError
-    from dagtrain.training.rank.data import read_arrays
-    from dagtrain.training.rank.models import build_model, check_parameters
+    from dagtrain.training.rank.data import data_form, read_arrays
+    from dagtrain.training.rank.models import DataInfo, build_model, check_parameters
+    from dagtrain.training.rank.objective import checked_loss, objective_of
 
     device = spec.get("device", "cpu")
     if device == "cuda" and not torch.cuda.is_available():
@@ -41,16 +42,44 @@ def check(spec: dict[str, Any]) -> dict[str, Any]:
             "set distributed.device to cpu, or auto (CUDA where a host has it)"
         )
     model_spec = spec["model"]
+    objective_spec = ObjectiveConfig.model_validate(spec.get("objective") or {})
+    objective = objective_of(objective_spec)
+    metric = spec.get("metric")
+    if metric and metric.removeprefix("test_") not in objective.metrics:
+        names = ", ".join(f"test_{m}" for m in objective.metrics)
+        raise InputError(
+            f"evaluation.metric {metric!r}: objective {objective_spec.name!r} does not "
+            f"report it; it reports {names}"
+        )
+    form = data_form(
+        TrainConfig(
+            objective=objective_spec,
+            sequence_length=spec.get("sequence_length"),
+            vocab_size=spec.get("vocab_size"),
+        )
+    )
+    sample: Any = None  # two samples (inputs, targets) of the data, where it is arrays
     if is_factory(spec["data"]):  # the DAG author's code: imported and checked here
-        in_shape, classes = _factory_shape(spec["data"], spec.get("data_workers", 0))
+        in_shape, classes = _factory_shape(spec["data"], spec.get("data_workers", 0), form)
     else:
         try:
-            _, _, in_shape, classes = read_arrays(spec["data"])
-        except InputError:  # the data's own faults are prepare_data's to name, in the run
+            x, y, in_shape, classes = read_arrays(spec["data"], form)
+        except InputError as e:
+            if e.args and str(e.args[0]).startswith(("data.sequence_length", "objective.")):
+                raise  # the fields of the config, not faults of the data
+            # the data's own faults are prepare_data's to name, in the run
             return _signature(model_spec)
+        sample = (torch.from_numpy(x[:2]), torch.from_numpy(y[:2]))
+    info = None
+    if sample is not None:
+        x2, y2 = sample
+        dtype = lambda t: str(t.dtype).removeprefix("torch.")  # noqa: E731
+        info = DataInfo(
+            tuple(in_shape), classes, dtype(x2), tuple(y2.shape[1:]), dtype(y2), objective_spec.name
+        )
     args = model_spec.get("args", {})
     with torch.device("meta"):
-        model = build_model(model_spec["name"], in_shape, classes or 2, **args)
+        model = build_model(model_spec["name"], in_shape, classes or 2, info, **args)
     check_parameters(model, ModelConfig.model_validate(model_spec))
     # The batch passes through the model on the CPU where it is small (its weights a few
     # MB: built in milliseconds, and the meta device's kernels would cost more, importing
@@ -59,10 +88,14 @@ def check(spec: dict[str, Any]) -> dict[str, Any]:
     with torch.device(device), torch.no_grad():
         try:
             if device == "cpu":
-                model = build_model(model_spec["name"], in_shape, classes or 2, **args)
+                model = build_model(model_spec["name"], in_shape, classes or 2, info, **args)
             # samples like data's (standardised), not zeros: a model whose ops need
-            # varied input (a norm of the batch, an inverse) takes them as it will data
-            if device == "cpu":
+            # varied input (a norm of the batch, an inverse) takes them as it will data;
+            # token ids (integers) as they are
+            tokens = info is not None and info.tokens
+            if tokens:
+                batch = sample[0].to(device)
+            elif device == "cpu":
                 batch = torch.randn(2, *in_shape, generator=torch.Generator().manual_seed(0))
             else:
                 batch = torch.empty(2, *in_shape)  # shapes only
@@ -82,11 +115,27 @@ def check(spec: dict[str, Any]) -> dict[str, Any]:
         from dagtrain.training.rank.split import check_blocks
 
         check_blocks(model, parallel["stages"], parallel.get("split", "auto"))
-    if out is not None and classes is not None and tuple(out.shape) != (2, classes):
+    if (
+        out is not None
+        and classes is not None
+        and objective_spec.name == "classification"
+        and tuple(out.shape) != (2, classes)
+    ):
         raise InputError(
             f"model.name {model_spec['name']!r}: the model gives {tuple(out.shape[1:])} per "
             f"sample, not one logit per class ({classes} classes in data)"
         )
+    if out is not None and sample is not None and out.device.type == "cpu":
+        try:  # the objective's loss of the model's output: a scalar to start backward from
+            checked_loss(objective, out.float().requires_grad_(), sample[1], objective_spec.name)
+        except InputError:
+            raise
+        except Exception as e:
+            raise InputError(
+                f"objective.name {objective_spec.name!r}: its loss of the model's output "
+                f"{tuple(out.shape)} on targets {tuple(sample[1].shape)} failed: "
+                f"{type(e).__name__}: {e}"
+            ) from e
     return {
         "ok": True,
         "in_shape": list(in_shape),
@@ -102,7 +151,9 @@ def _numel(model: Any) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def _factory_shape(spec: str, workers: int = 0) -> tuple[tuple[int, ...], int | None]:
+def _factory_shape(
+    spec: str, workers: int = 0, form: Any = None
+) -> tuple[tuple[int, ...], int | None]:
     """A factory's samples' shape and, for arrays, classes: a Dataset's first item is
     read and checked (its classes are counted by the data-prep stage, which reads them
     all); with ``workers``, that it pickles, as its worker processes receive it."""
@@ -111,7 +162,7 @@ def _factory_shape(spec: str, workers: int = 0) -> tuple[tuple[int, ...], int | 
 
     src = open_source(spec)
     if isinstance(src, tuple):
-        _, _, in_shape, classes = read_arrays(spec)
+        _, _, in_shape, classes = read_arrays(spec, form)
         return in_shape, classes
     x, _ = item_arrays(spec, 0, src[0])  # type: ignore[index]
     if workers:

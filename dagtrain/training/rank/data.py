@@ -5,14 +5,16 @@ sharding of each global batch over the ranks."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from dagtrain.config import TrainConfig
 from dagtrain.errors import InputError
 
+from .models import DataInfo
 from .samples import (
     ArraySamples,
     DatasetSamples,
@@ -26,7 +28,9 @@ from .samples import (
 )
 
 __all__ = [
+    "DataForm",
     "Dataset",
+    "data_form",
     "check_classes",
     "checked_arrays",
     "load_dataset",
@@ -35,6 +39,23 @@ __all__ = [
     "shard_batches",
     "standardization",
 ]
+
+
+@dataclass(frozen=True)
+class DataForm:
+    """What the run's objective makes of a source: its targets (``classes``, real
+    ``values``, ``tokens``, or ``any`` for the author's own objective), and how a text
+    or token source is cut (``data.sequence_length``, ``data.vocab_size``)."""
+
+    targets: str = "classes"
+    sequence_length: int | None = None
+    vocab_size: int | None = None
+    objective: str = "classification"
+
+
+def data_form(cfg: TrainConfig) -> DataForm:
+    """The run's :class:`DataForm`."""
+    return DataForm(cfg.objective.targets, cfg.sequence_length, cfg.vocab_size, cfg.objective.name)
 
 
 @dataclass
@@ -46,6 +67,20 @@ class Dataset:
     test: Samples
     in_shape: tuple[int, ...]
     classes: int
+    form: DataForm = field(default_factory=DataForm)
+
+    @property
+    def info(self) -> DataInfo:
+        """What the model factory learns of the data (:class:`.models.DataInfo`)."""
+        x, y = self.train.batch(torch.arange(min(1, len(self.train))))
+        return DataInfo(
+            tuple(self.in_shape),
+            self.classes,
+            str(x.dtype).removeprefix("torch."),
+            tuple(y.shape[1:]),
+            str(y.dtype).removeprefix("torch."),
+            self.form.objective,
+        )
 
     # whole splits as tensors (a Dataset's read in full): for code that wants arrays
     @property
@@ -108,11 +143,33 @@ def _digits() -> tuple[np.ndarray, np.ndarray]:
     return data[:, :-1], data[:, -1].astype(int, copy=False)
 
 
-def read_arrays(spec: str) -> tuple[np.ndarray, np.ndarray, tuple[int, ...], int]:
-    """(features, labels, sample shape, number of classes)."""
+def _diabetes() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's diabetes data: 442 patients' 10 features (unscaled) and a
+    measure of the disease's progression a year later (a real number)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("sklearn")
+    origin = Path(spec.origin).parent / "datasets" / "data" if spec and spec.origin else None
+    if origin is None or not (origin / "diabetes_target.csv.gz").is_file():
+        from sklearn.datasets import load_diabetes
+
+        d = load_diabetes(scaled=False)
+        return d.data, d.target.astype(np.float64)
+    x = np.loadtxt(origin / "diabetes_data_raw.csv.gz")
+    return x, np.loadtxt(origin / "diabetes_target.csv.gz")
+
+
+def read_arrays(
+    spec: str, form: DataForm | None = None
+) -> tuple[np.ndarray, np.ndarray, tuple[int, ...], int]:
+    """(inputs, targets, an input's shape, the number of outputs: classes, the
+    vocabulary, or a target's size), read as ``form`` says (default: classification)."""
+    form = form or DataForm()
     if spec == "digits":
         x, y = _digits()
-        return x.astype(np.float32), y.astype(np.int64), (1, 8, 8), 10
+        return checked_arrays(spec, x, y, (1, 8, 8), 0, form)
+    if spec == "diabetes":
+        return checked_arrays(spec, *_diabetes(), None, 0, form)
     shape: tuple[int, ...] | None = None
     classes = 0
     if is_factory(spec):
@@ -122,11 +179,14 @@ def read_arrays(spec: str) -> tuple[np.ndarray, np.ndarray, tuple[int, ...], int
                 f"data.source {spec!r}: the factory returned a Dataset, read a batch at a "
                 "time, not a pair of arrays"
             )
-        return checked_arrays(spec, *pair, None, 0)
+        return checked_arrays(spec, *pair, None, 0, form)
     path = Path(spec)
     if not path.exists():
-        raise InputError(f"data {spec!r}: no such file (or use 'digits')")
+        raise InputError(f"data {spec!r}: no such file (or use 'digits' or 'diabetes')")
     suffix = path.suffix.lower()
+    tokens = _tokens(spec, path, suffix)
+    if tokens is not None:
+        return _windows(spec, tokens, form, 256 if suffix == ".txt" else 0)
     if suffix == ".npz":
         with np.load(path, allow_pickle=False) as z:
             keys = set(z.files)
@@ -159,37 +219,159 @@ def read_arrays(spec: str) -> tuple[np.ndarray, np.ndarray, tuple[int, ...], int
         y = df[label].to_numpy()
         x = df.drop(columns=[label]).to_numpy()
     else:
-        raise InputError(f"data {spec!r}: use .npz, .npy, .csv or .parquet")
-    return checked_arrays(spec, x, y, shape, classes)
+        raise InputError(
+            f"data {spec!r}: use .npz, .npy, .csv or .parquet, or a text (.txt) or token "
+            "ids (.bin, .npy) with data.sequence_length"
+        )
+    return checked_arrays(spec, x, y, shape, classes, form)
+
+
+def _tokens(spec: str, path: Path, suffix: str) -> np.ndarray | None:
+    """A text's bytes or a token file's ids, as one sequence; None for other files."""
+    if suffix == ".txt":
+        text = path.read_bytes()
+        try:
+            text.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise InputError(
+                f"data {spec!r}: not UTF-8 text ({e}); save it as UTF-8, or give its token "
+                "ids as a .bin of uint16 or an .npy"
+            ) from e
+        return np.frombuffer(text, np.uint8).astype(np.int64)
+    if suffix == ".bin":
+        if path.stat().st_size % 2:
+            raise InputError(
+                f"data {spec!r}: {path.stat().st_size} bytes, not a whole number of uint16 "
+                "token ids (a .bin holds them as nanoGPT writes them)"
+            )
+        return np.fromfile(path, np.uint16).astype(np.int64)
+    if suffix == ".npy":
+        a = np.load(path, allow_pickle=False, mmap_mode="r")
+        if a.ndim == 1:
+            if a.dtype.kind not in "iu":
+                raise InputError(
+                    f"data {spec!r}: a 1-D .npy is token ids and must be integers, not {a.dtype}"
+                )
+            return np.asarray(a, np.int64)
+    return None
+
+
+def _windows(
+    spec: str, tokens: np.ndarray, form: DataForm, vocab: int
+) -> tuple[np.ndarray, np.ndarray, tuple[int, ...], int]:
+    """A token sequence cut into windows of ``data.sequence_length``, each window's
+    target the same window shifted by one token."""
+    n = form.sequence_length
+    if n is None:
+        raise InputError(
+            f"data.sequence_length: data {spec!r} is a text or token ids; set "
+            "data.sequence_length to cut it into windows (e.g. 64)"
+        )
+    if len(tokens) < n + 1:
+        raise InputError(
+            f"data.sequence_length {n} is longer than data {spec!r}, which holds "
+            f"{len(tokens)} tokens: a window and its target need {n + 1}; lower it"
+        )
+    if form.targets not in ("tokens", "any"):
+        raise InputError(
+            f"objective.name: data {spec!r} is a text or token ids, whose targets are the "
+            "next tokens; use objective.name: language_model"
+        )
+    if len(tokens) and tokens.min() < 0:
+        raise InputError(f"data {spec!r}: negative token ids")
+    count = (len(tokens) - 1) // n
+    x = tokens[: count * n].reshape(count, n)
+    y = tokens[1 : count * n + 1].reshape(count, n)
+    return checked_arrays(spec, x, y, (n,), vocab, form)
 
 
 def checked_arrays(
-    spec: str, x: np.ndarray, y: np.ndarray, shape: tuple[int, ...] | None, classes: int
+    spec: str,
+    x: np.ndarray,
+    y: np.ndarray,
+    shape: tuple[int, ...] | None,
+    classes: int,
+    form: DataForm | None = None,
 ) -> tuple[np.ndarray, np.ndarray, tuple[int, ...], int]:
-    """Features and labels as the trainer takes them (float32 features, int64 labels,
-    the sample shape, the number of classes), or InputError naming ``spec`` and what is
-    wrong: shapes, non-numbers, NaN, labels that are not classes."""
+    """Inputs and targets as the trainer takes them, or InputError naming ``spec`` and
+    what is wrong: shapes, non-numbers, NaN, targets that do not fit the objective.
+
+    Floating inputs become float32, integer ones (token ids) int64. Targets: classes
+    are int64 labels 0..C-1 (``classes``: C); values float32 of any shape per sample
+    (``classes``: a target's size); tokens int64 ids under the vocabulary (``classes``:
+    ``data.vocab_size``, else the given one, else the largest id + 1)."""
+    form = form or DataForm()
     x, y = np.asarray(x), np.asarray(y)
-    if x.ndim < 1 or y.ndim != 1:
+    if x.ndim < 1 or y.ndim < 1:
         raise InputError(
-            f"{_named(spec)}: features of shape {x.shape} and labels of shape {y.shape}; give "
-            "features (samples, ...) and labels (samples,)"
+            f"{_named(spec)}: inputs of shape {x.shape} and targets of shape {y.shape}; give "
+            "inputs (samples, ...) and targets (samples, ...)"
         )
     if x.dtype.kind not in "biuf" or y.dtype.kind not in "biuf":
-        raise InputError(f"{_named(spec)}: features and labels must be numbers")
+        raise InputError(f"{_named(spec)}: inputs and targets must be numbers")
     if len(x) != len(y) or len(x) == 0:
-        raise InputError(f"{_named(spec)}: {len(x)} rows of features but {len(y)} labels")
-    if not np.all(np.isfinite(x)):
-        raise InputError(f"{_named(spec)}: features contain NaN or infinity")
-    yi = y.astype(np.int64)
-    if not np.array_equal(yi, y) or yi.min() < 0:
-        raise InputError(f"{_named(spec)}: labels must be integers 0..C-1")
-    if not classes:  # a source (not a prepared split, which may lack a class): 0..C-1
-        check_classes(spec, yi)
+        raise InputError(f"{_named(spec)}: {len(x)} rows of inputs but {len(y)} targets")
+    if x.dtype.kind == "f" and not np.all(np.isfinite(x)):
+        raise InputError(f"{_named(spec)}: inputs contain NaN or infinity")
     if shape is not None and math.prod(shape) != math.prod(x.shape[1:]):
         raise InputError(f"{_named(spec)}: in_shape {shape} does not fit samples of {x.shape[1:]}")
+    x = x.astype(np.float32 if x.dtype.kind == "f" else np.int64, copy=False)
+    shape = shape or tuple(x.shape[1:])
+    targets = form.targets
+    if targets == "any":
+        targets = "values" if y.dtype.kind == "f" else "classes" if y.ndim == 1 else "tokens"
+    if targets == "values":
+        if y.dtype.kind != "f":
+            raise InputError(
+                f"{_named(spec)}: the targets are integers ({y.dtype}), which regression "
+                "would fit as real values; use objective.name: classification for classes, "
+                "or store the targets as floats"
+            )
+        if not np.all(np.isfinite(y)):
+            raise InputError(f"{_named(spec)}: targets contain NaN or infinity")
+        return x, y.astype(np.float32, copy=False), shape, math.prod(y.shape[1:])
+    if targets == "tokens":
+        return x, _ids(spec, x, y, classes, form), shape, _vocab(spec, x, y, classes, form)
+    if y.ndim != 1:
+        raise InputError(
+            f"{_named(spec)}: targets of shape {y.shape}; classification takes one class per "
+            "sample (samples,); use objective.name: regression for targets of other shapes"
+        )
+    yi = y.astype(np.int64)
+    if not np.array_equal(yi, y) or yi.min() < 0:
+        raise InputError(
+            f"{_named(spec)}: the targets are not the classes 0..C-1 (found e.g. "
+            f"{y[~np.equal(yi, y) | (yi < 0)][:3].tolist()}): classification takes integer "
+            "labels; for real-valued targets use objective.name: regression"
+        )
+    if not classes:  # a source (not a prepared split, which may lack a class): 0..C-1
+        check_classes(spec, yi)
     classes = max(classes, int(yi.max()) + 1)
-    return x.astype(np.float32), yi, shape or tuple(x.shape[1:]), classes
+    return x, yi, shape, classes
+
+
+def _vocab(spec: str, x: np.ndarray, y: np.ndarray, given: int, form: DataForm) -> int:
+    if form.vocab_size:
+        return form.vocab_size
+    return given or int(max(x.max(initial=0), y.max(initial=0))) + 1
+
+
+def _ids(spec: str, x: np.ndarray, y: np.ndarray, given: int, form: DataForm) -> np.ndarray:
+    """The target token ids as int64, inputs and targets checked against the vocabulary."""
+    if x.dtype.kind not in "iu" or y.dtype.kind not in "biu":
+        raise InputError(
+            f"{_named(spec)}: a language model reads token ids (integers), not inputs of "
+            f"{x.dtype} and targets of {y.dtype}"
+        )
+    vocab = _vocab(spec, x, y, given, form)
+    top = int(max(x.max(initial=0), y.max(initial=0)))
+    if top >= vocab or min(x.min(initial=0), y.min(initial=0)) < 0:
+        field = "data.vocab_size" if form.vocab_size else "the vocabulary"
+        raise InputError(
+            f"{_named(spec)}: token id {top} is at or above {field} ({vocab}); raise "
+            "data.vocab_size above the largest id, or fix the ids"
+        )
+    return y.astype(np.int64, copy=False)
 
 
 def check_classes(spec: str, y: np.ndarray) -> None:
@@ -253,29 +435,39 @@ def _read_csv(path: Path, spec: str) -> tuple[np.ndarray, np.ndarray]:
     return a[:, :-1], a[:, -1]
 
 
-def load_dataset(spec: str, test_fraction: float, seed: int, normalize: bool = True) -> Dataset:
+def load_dataset(
+    spec: str,
+    test_fraction: float,
+    seed: int,
+    normalize: bool = True,
+    form: DataForm | None = None,
+) -> Dataset:
     """Load, split (seeded), and standardise with statistics of the training part only.
 
     ``spec``: 'digits', a file, a factory (``package.module:function``), or a split the
     data-prep stage wrote of a factory's Dataset (its indices, read here as samples)."""
+    form = form or DataForm()
     split = _prepared_split(spec)
     if split is not None:  # a split of a Dataset's: its positions shuffled as rows are
         samples, shape, classes = split
         order = np.random.default_rng(seed).permutation(len(samples))
         n_test = round(len(samples) * test_fraction)
         part = {"train": order[n_test:], "test": order[:n_test]}
-        return Dataset(*(samples.subset(part[k]) for k in ("train", "test")), shape, classes)
+        parts = (samples.subset(part[k]) for k in ("train", "test"))
+        return Dataset(*parts, shape, classes, form)
     if is_factory(spec):
         src = open_source(spec)
         if not isinstance(src, tuple):
-            return _dataset_of(spec, src, test_fraction, seed, normalize)
-    x, y, shape, classes = read_arrays(spec)
+            ds = _dataset_of(spec, src, test_fraction, seed, normalize)
+            ds.form = form
+            return ds
+    x, y, shape, classes = read_arrays(spec, form)
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(x))
     n_test = round(len(x) * test_fraction)
     test, train = order[:n_test], order[n_test:]
     xtr, xte = x[train], x[test]
-    if normalize:
+    if normalize and x.dtype.kind == "f":  # token ids stay ids
         mean, std = standardization(x[np.sort(train)])
         xtr, xte = (xtr - mean) / std, (xte - mean) / std
     return Dataset(
@@ -283,6 +475,7 @@ def load_dataset(spec: str, test_fraction: float, seed: int, normalize: bool = T
         ArraySamples(torch.from_numpy(np.ascontiguousarray(xte)), torch.from_numpy(y[test])),
         shape,
         classes,
+        form,
     )
 
 

@@ -1,19 +1,21 @@
 """Models: a registry of built-ins, and user models by a factory's import path.
 
-Built-ins take the input shape and the number of classes: ``mlp`` (hidden layers),
-``cnn`` (two conv layers), ``rescnn`` (a small residual CNN), ``transformer`` (a
-small transformer encoder classifier over rows of the input). A user model is
-``"package.module:function"``; the function gets ``in_shape``, ``classes`` and the
-config's ``model_args`` and returns a ``torch.nn.Module``, or a list of modules run in
-sequence (an ``nn.Sequential`` of them, which a pipeline can split).
+Built-ins take the input shape and the number of outputs (``classes``: the classes, a
+regression target's size, or the vocabulary): ``mlp`` (hidden layers), ``cnn`` (two
+conv layers), ``rescnn`` (a small residual CNN), ``transformer`` (a small transformer
+encoder over rows of the input; over token ids, a causal language model). A user model
+is ``"package.module:function"``; the function gets ``in_shape``, ``classes``, the
+config's ``model.args`` and, if it has a parameter named ``data``, a :class:`DataInfo`,
+and returns a ``torch.nn.Module``, or a list of modules run in sequence (an
+``nn.Sequential`` of them, which a pipeline can split).
 """
 
 from __future__ import annotations
 
-import importlib
+import inspect
 import math
-import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, get_args
 
 import torch
@@ -22,7 +24,10 @@ from torch import nn
 from dagtrain.config import BuiltinModel, ModelConfig
 from dagtrain.errors import InputError
 
-__all__ = ["MODELS", "build_model", "evaluate", "factory_of"]
+from .factories import import_factory
+from .objective import Classification, Objective
+
+__all__ = ["MODELS", "DataInfo", "build_model", "evaluate", "factory_of"]
 
 
 def mlp(
@@ -142,9 +147,81 @@ class _Pool(nn.Module):
         return self.head(t.mean(dim=1))
 
 
+class _CausalLM(nn.Module):
+    """A causal language model: (N, L) token ids -> (N, L, vocab) logits of each next
+    token. Token embedding and learned positions, pre-norm self-attention blocks that
+    see only earlier positions, a final norm and a head to the vocabulary."""
+
+    def __init__(self, vocab: int, length: int, dim: int, heads: int, layers: int) -> None:
+        super().__init__()
+        self.length = length
+        self.embed = nn.Embedding(vocab, dim)
+        self.pos = nn.Parameter(torch.zeros(1, length, dim))
+        nn.init.normal_(self.pos, std=0.02)
+        layer = nn.TransformerEncoderLayer(
+            dim, heads, dim * 4, dropout=0.0, batch_first=True, norm_first=True
+        )
+        self.layers = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False).layers
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks():
+            x = block(x)
+        return x
+
+    def blocks(self) -> list[nn.Module]:
+        """The embedding, each attention block, the head: a pipeline's blocks, sharing
+        this model's parameters."""
+        return [
+            _TokenEmbed(self.embed, self.pos),
+            *(_Causal(layer) for layer in self.layers),
+            _Head(self.norm, self.head),
+        ]
+
+
+class _TokenEmbed(nn.Module):
+    def __init__(self, embed: nn.Embedding, pos: nn.Parameter) -> None:
+        super().__init__()
+        self.embed, self.pos = embed, pos
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.embed(x) + self.pos[:, : x.shape[1]]
+
+
+class _Causal(nn.Module):
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        n = t.shape[1]
+        mask = torch.triu(torch.full((n, n), float("-inf"), device=t.device), diagonal=1)
+        return self.layer(t, src_mask=mask, is_causal=True)
+
+
+class _Head(nn.Module):
+    def __init__(self, norm: nn.LayerNorm, head: nn.Linear) -> None:
+        super().__init__()
+        self.norm, self.head = norm, head
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(t))
+
+
 def transformer(
-    in_shape: Sequence[int], classes: int, dim: int = 64, heads: int = 4, layers: int = 2
+    in_shape: Sequence[int],
+    classes: int,
+    dim: int = 64,
+    heads: int = 4,
+    layers: int = 2,
+    data: DataInfo | None = None,
 ) -> nn.Module:
+    """Over token ids (``data.tokens``): a causal language model with a vocabulary of
+    ``classes``. Over features: an encoder classifier (or regressor) reading the rows
+    of each sample as its tokens."""
+    if data is not None and data.tokens:
+        return _CausalLM(classes, in_shape[-1], dim, heads, layers)
     if len(in_shape) >= 2:
         rows, cols = in_shape[-2], in_shape[-1]
     else:
@@ -159,48 +236,59 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
 }
 
 
-def _code_path() -> list[str]:
-    from dagtrain.rank_env import CODE_PATH
-
-    return [f for f in os.environ.get(CODE_PATH, "").split(os.pathsep) if f]
-
-
 def factory_of(name: str) -> Callable[..., nn.Module]:
     """The model factory ``name`` names: a built-in, or ``"pkg.module:factory"``
     imported; InputError naming ``model.name`` and where it looked otherwise."""
     if name in MODELS:
         return MODELS[name]
     if ":" in name:
-        mod, _, attr = name.partition(":")
-        try:
-            return getattr(importlib.import_module(mod), attr)
-        except (ImportError, AttributeError) as e:
-            if isinstance(e, AttributeError):
-                why = f"module {mod!r} has no {attr!r}"
-            elif isinstance(e, ModuleNotFoundError) and e.name == mod.partition(".")[0]:
-                why = f"no module {mod!r} can be imported here ({e})"
-            else:
-                why = f"importing {mod!r} failed here: {type(e).__name__}: {e}"
-            where = os.pathsep.join(
-                [*os.environ.get("PYTHONPATH", "").split(os.pathsep), *_code_path()]
-            ).strip(os.pathsep)
-            raise InputError(
-                f"model.name {name!r}: cannot import {attr!r} from {mod!r} ({why}); "
-                f"looked in the installed packages, the current folder ({os.getcwd()})"
-                f"{' and ' + where if where else ''}. "
-                "Put the module next to "
-                "the config or DAG file (or in Airflow's plugins folder), or install it "
-                "where the ranks run"
-            ) from e
+        return import_factory(name, "model.name")
     raise InputError(
         f"model {name!r} is neither a built-in ({', '.join(MODELS)}) "
         "nor an import path 'package.module:factory'"
     )
 
 
-def build_model(name: str, in_shape: Sequence[int], classes: int, **args) -> nn.Module:
-    """A built-in by name, or ``"pkg.module:factory"``; errors say what is allowed."""
+@dataclass(frozen=True)
+class DataInfo:
+    """What a model factory may learn of the data besides ``(in_shape, classes)``: a
+    factory with a parameter named ``data`` gets it. ``classes``: the classes, the
+    vocabulary (token inputs) or the size of a sample's target (regression)."""
+
+    in_shape: tuple[int, ...]
+    classes: int
+    in_dtype: str = "float32"
+    target_shape: tuple[int, ...] = ()
+    target_dtype: str = "int64"
+    objective: str = "classification"
+
+    @classmethod
+    def of(cls, manifest: dict[str, Any], objective: str) -> DataInfo:
+        """From a data-prep manifest (one written before these fields: float features,
+        integer classes)."""
+        return cls(
+            tuple(manifest["in_shape"]),
+            int(manifest["classes"]),
+            manifest.get("in_dtype", "float32"),
+            tuple(manifest.get("target_shape", ())),
+            manifest.get("target_dtype", "int64"),
+            objective,
+        )
+
+    @property
+    def tokens(self) -> bool:
+        """Whether the inputs are token ids (integers), not features."""
+        return self.in_dtype.startswith(("int", "uint"))
+
+
+def build_model(
+    name: str, in_shape: Sequence[int], classes: int, data: DataInfo | None = None, **args
+) -> nn.Module:
+    """A built-in by name, or ``"pkg.module:factory"``; errors say what is allowed.
+    ``data`` reaches a factory that has a parameter named ``data``."""
     factory = factory_of(name)
+    if data is not None and _takes_data(factory):
+        args = {**args, "data": data}
     try:
         model = factory(in_shape, classes, **args)
     except (TypeError, ValueError, RuntimeError) as e:  # torch: "negative dimension -8"
@@ -214,21 +302,30 @@ def build_model(name: str, in_shape: Sequence[int], classes: int, **args) -> nn.
     return model
 
 
-def bounded_model(spec: ModelConfig, in_shape: Sequence[int], classes: int) -> nn.Module:
+def _takes_data(factory: Callable[..., Any]) -> bool:
+    try:
+        return "data" in inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # a builtin or C callable: none
+        return False
+
+
+def bounded_model(
+    spec: ModelConfig, in_shape: Sequence[int], classes: int, data: DataInfo | None = None
+) -> nn.Module:
     """The model ``spec`` describes, refused (InputError naming ``model.args``) before
     any memory is spent if it has more than ``model.max_parameters`` parameters: it is
     built first on the meta device (no memory, no weights) and counted. A factory that
     cannot build on the meta device is counted once built."""
     try:  # (the generators' state kept: the real build draws what it did without this)
         with torch.random.fork_rng(devices=[]), torch.device("meta"):
-            sized = build_model(spec.name, in_shape, classes, **spec.args)
+            sized = build_model(spec.name, in_shape, classes, data, **spec.args)
     except InputError:
         raise
     except Exception:  # a factory that needs real tensors: counted after
         sized = None
     if sized is not None:
         check_parameters(sized, spec)
-    model = build_model(spec.name, in_shape, classes, **spec.args)
+    model = build_model(spec.name, in_shape, classes, data, **spec.args)
     if sized is None:
         check_parameters(model, spec)
     return model
@@ -248,49 +345,67 @@ def check_parameters(model: nn.Module, spec: ModelConfig) -> int:
 
 
 def evaluate(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, split: str = "test"
+    model: nn.Module, x: Any, y: Any, split: str = "test", objective: Objective | None = None
 ) -> dict[str, float]:
-    """``{split}_loss`` (cross-entropy), ``{split}_accuracy``, ``{split}_correct`` and
-    ``{split}_samples`` of ``model`` on ``(x, y)``, in eval mode; ``split`` names the
-    data (``val`` or ``test``). The accuracy is the exact fraction of the counts
-    (correct / samples, in float64): 27 right of 30 is 0.9, not float32's 0.89999998."""
+    """The objective's metrics of ``model`` on ``(x, y)`` (default: classification's),
+    in eval mode, each named ``{split}_<metric>``; ``split`` names the data (``val`` or
+    ``test``). Beside them, the sums they come from: ``{split}_<tally>`` (``_correct``:
+    an int), ``{split}_units`` and ``{split}_samples``. An accuracy is the exact
+    fraction of the counts (correct / units, in float64): 27 right of 30 is 0.9, not
+    float32's 0.89999998."""
+    return _metrics(_sums(model, x, y, objective or Classification()), split, objective)
+
+
+def _sums(model: nn.Module, x: Any, y: Any, objective: Objective) -> dict[str, float]:
+    """The objective's sums of ``model`` on one batch, and its samples."""
+    from .batches import to_device
+
     model.eval()
     first = next(model.parameters(), None)
-    if first is not None and first.device != x.device:  # a GPU model, host data
-        x, y = x.to(first.device), y.to(first.device)
+    if first is not None and first.device.type != "cpu":  # a GPU model, host data
+        x, y = to_device(x, first.device), to_device(y, first.device)
     with torch.no_grad():
         out = model(x)
-        loss = torch.nn.functional.cross_entropy(out, y).item()
-        correct = int((out.argmax(dim=1) == y).sum().item())
-    samples = len(y)
-    return {
-        f"{split}_loss": loss,
-        f"{split}_accuracy": correct / samples if samples else 0.0,
-        f"{split}_correct": correct,
-        f"{split}_samples": samples,
-    }
+        sums = {"loss": objective.loss(out, y).item()}
+        sums.update(zip(objective.tallies, objective.tally(out, y)))
+    return sums | {"units": objective.units(y), "samples": len(y)}
+
+
+def _metrics(sums: dict[str, float], split: str, objective: Objective | None) -> dict[str, float]:
+    objective = objective or Classification()
+    out = {f"{split}_{k}": v for k, v in objective.compute(sums).items()}
+    for k in (*objective.tallies, "units", "samples"):
+        v = sums[k]
+        out[f"{split}_{k}"] = int(v) if float(v).is_integer() else v
+    return out
 
 
 # the most samples evaluated in one forward pass: a larger split is summed over batches
 EVAL_BATCH = 4096
 
 
-def evaluate_samples(model: nn.Module, samples: Any, split: str = "test") -> dict[str, float]:
-    """:func:`evaluate` on a split's samples (:mod:`.samples`): arrays at once; a
-    Dataset's read ``EVAL_BATCH`` at a time (one pass when it holds no more, so the same
-    samples give the same figures either way)."""
+def evaluate_samples(
+    model: nn.Module, samples: Any, split: str = "test", objective: Objective | None = None
+) -> dict[str, float]:
+    """:func:`evaluate` on a split's samples (:mod:`.samples`), read ``EVAL_BATCH`` at
+    a time (one pass when it holds no more) and the sums added up: the same samples
+    give the same figures however they are batched, up to the float sum's rounding."""
     from .samples import ArraySamples, evaluate_batches
 
+    objective = objective or Classification()
+    if isinstance(samples, ArraySamples) and len(samples) <= EVAL_BATCH:
+        return evaluate(model, samples.x, samples.y, split, objective)
     if isinstance(samples, ArraySamples):
-        return evaluate(model, samples.x, samples.y, split)
-    parts = [evaluate(model, x, y, split) for x, y in evaluate_batches(samples, EVAL_BATCH)]
-    if len(parts) == 1:
-        return parts[0]
-    n = sum(p[f"{split}_samples"] for p in parts)
-    correct = sum(p[f"{split}_correct"] for p in parts)
-    return {
-        f"{split}_loss": sum(p[f"{split}_loss"] * p[f"{split}_samples"] for p in parts) / max(n, 1),
-        f"{split}_accuracy": correct / n if n else 0.0,
-        f"{split}_correct": correct,
-        f"{split}_samples": n,
-    }
+        n = len(samples)
+        parts = [
+            samples.batch(torch.arange(a, min(a + EVAL_BATCH, n))) for a in range(0, n, EVAL_BATCH)
+        ]
+    else:
+        parts = evaluate_batches(samples, EVAL_BATCH)
+    total: dict[str, float] = {}
+    for x, y in parts:
+        for k, v in _sums(model, x, y, objective).items():
+            total[k] = total.get(k, 0) + v
+    if not total:
+        total = dict.fromkeys(("loss", *objective.tallies, "units", "samples"), 0)
+    return _metrics(total, split, objective)

@@ -52,10 +52,12 @@ from dagtrain.sync import Backend
 from dagtrain.taskgraph import Event, Ref, TaskGraph, TraceFile
 
 from .activations import ActivationBytes
+from .batches import cut, length, to_device
 from .buckets import StageBucket, stage_buckets
+from .objective import Objective, objective_of
 from .split import agreed_split, blocks_of, boundary_shapes
 from .split_backward import input_grad, weight_grads
-from .step import NonFiniteGradients, make_optimizer, step_seed
+from .step import NonFiniteGradients, make_optimizer, scaled_loss, step_seed
 from .transfers import Transfers
 
 __all__ = ["StageStep"]
@@ -68,7 +70,7 @@ SWITCH_INTERVAL = 0.0005
 
 class StageStep:
     """One rank's pipeline step (a :class:`~.protocol.TrainStep`):
-    ``run(batch, snapshot, trace)`` -> (loss sum / world, correct, samples here).
+    ``run(batch, snapshot, trace)`` -> the objective's sums (the last stage's).
 
     Every rank holds the whole model (built from the same seed), trains its stage's
     blocks, and :meth:`gather` brings the other stages' parameters, buffers and optimizer
@@ -82,8 +84,10 @@ class StageStep:
         backend: Backend,
         sample: torch.Tensor,
         snapshot: Callable[..., None] | None = None,
+        objective: Objective | None = None,
     ) -> None:
         p = cfg.parallel
+        self.objective = objective or objective_of(cfg.objective)
         self.cfg, self.model, self.backend = cfg, model, backend
         self.S, self.M = p.stages, p.microbatches
         self.D = backend.size // self.S
@@ -151,12 +155,12 @@ class StageStep:
             )
             if needed
         }
-        self.loss_fn = nn.CrossEntropyLoss(reduction="sum")
+        self.none = (0.0,) * len(self.objective.sum_names)
         self.step = 0
         self.completed = 0  # as StepGraph's (elastic runs are data-parallel only)
         self.guard = threading.Lock()
         self.skipped = 0
-        self.out = (0.0, 0, 0)
+        self.out = self.none
         self.fetch: Callable[[], Any] = lambda: None
         self.prefetched = None
         self.snapshot = snapshot
@@ -309,9 +313,9 @@ class StageStep:
     def _forward(self, m: int, inp: torch.Tensor | None) -> tuple:
         a, b = self._mb(m)
         if self.first:
-            inp = self.x[a:b]
+            inp = cut(self.x, a, b)
             if self.device.type != "cpu":
-                inp = inp.to(self.device, non_blocking=True)
+                inp = to_device(inp, self.device)
         else:
             inp.requires_grad_(inp.is_floating_point())
         if b == a:
@@ -325,13 +329,10 @@ class StageStep:
         with hooks:
             out = self.module(inp)
             if self.last:
-                y = self.y[a:b].to(out.device)
-                loss = self.loss_fn(out, y) * (self.D / self.count)
-                correct = int((out.argmax(dim=1) == y).sum())
-                self.sums[0] += loss.item() * self.count / self.D  # the sum of the losses
-                self.sums[1] += correct
-                self.sums[2] += b - a
-                out = loss
+                y = to_device(cut(self.y, a, b), out.device)
+                out, sums = scaled_loss(self.objective, out, y, self.count, self.D)
+                for i, v in enumerate(sums):
+                    self.sums[i] += v
         return (inp, out, self.activations.held(seen))
 
     def _backward(self, m: int, act: tuple, dout: torch.Tensor | None) -> torch.Tensor | None:
@@ -421,15 +422,16 @@ class StageStep:
         batch: tuple[torch.Tensor, torch.Tensor, int],
         snapshot: bool = False,
         trace: str | None = None,
-    ) -> tuple[float, int, int]:
-        """Run one step on ``batch`` (this replica's share of the global batch)."""
+    ) -> tuple[float, ...]:
+        """Run one step on ``batch`` (this replica's share of the global batch); the
+        last stage returns its sums (as the data-parallel step's), the others zeros."""
         self.x, self.y, self.count = batch
-        n = len(self.x)
+        n = length(self.y)
         sizes = [len(c) for c in torch.tensor_split(torch.arange(n), self.M)]
         self.cuts = [0]
         for k in sizes:
             self.cuts.append(self.cuts[-1] + k)
-        self.sums = [0.0, 0, 0]
+        self.sums = [0.0, *(0,) * (len(self.none) - 1)]
         self._pending_w: dict[int, Any] = {}
         self._counting = trace is not None or not self._counted
         self._counted = True
@@ -454,7 +456,7 @@ class StageStep:
             self.gather()
             if self.snapshot is not None:
                 self.snapshot(self.step)
-        return (self.sums[0], self.sums[1], self.sums[2]) if self.last else (0.0, 0, 0)
+        return tuple(self.sums) if self.last else self.none
 
     def _bubble(self) -> float | None:
         """The last run's bubble (:func:`dagtrain.records.trace.bubble`)."""

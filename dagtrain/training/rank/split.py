@@ -208,18 +208,19 @@ def choose_split(
     return Split(bounds, n, "auto", costs)
 
 
-def check_stages(cfg, in_shape: Sequence[int], classes: int) -> int | None:
+def check_stages(cfg, manifest: dict) -> int | None:
     """Refuse, before any rank starts, a pipeline the model cannot be split into (more
     stages than blocks, a boundary past the last block, a model with no blocks): the
     model built on the meta device (no memory, no time). A user factory is left to the
     ranks (it may import only where they run). Returns the model's block count."""
-    from .models import MODELS, build_model
+    from .models import MODELS, DataInfo, build_model
 
     p = cfg.parallel
     if p.stages == 1 or cfg.model.name not in MODELS:
         return None
+    info = DataInfo.of(manifest, cfg.objective.name)
     with torch.device("meta"):
-        model = build_model(cfg.model.name, in_shape, classes, **cfg.model.args)
+        model = build_model(cfg.model.name, info.in_shape, info.classes, info, **cfg.model.args)
     return check_blocks(model, p.stages, p.split)
 
 

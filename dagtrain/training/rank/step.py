@@ -47,10 +47,19 @@ from dagtrain.config import TrainConfig
 from dagtrain.sync import Backend
 from dagtrain.taskgraph import TaskGraph, TraceFile
 
+from .batches import to_device
 from .buckets import Bucket, make_buckets
+from .objective import Objective, objective_of
 from .overlap import OverlapChoice
 
-__all__ = ["Bucket", "NonFiniteGradients", "OverlapChoice", "StepGraph", "step_seed"]
+__all__ = [
+    "Bucket",
+    "NonFiniteGradients",
+    "OverlapChoice",
+    "StepGraph",
+    "scaled_loss",
+    "step_seed",
+]
 
 log = logging.getLogger(__name__)
 
@@ -80,9 +89,26 @@ def make_optimizer(cfg: TrainConfig, params: list[nn.Parameter]) -> torch.optim.
     return torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
 
 
+def scaled_loss(
+    objective: Objective, out: torch.Tensor, y: Any, count: int, world: int
+) -> tuple[torch.Tensor, tuple[float, ...]]:
+    """(the loss to start backward from, the sums of this batch): the objective's loss
+    of ``out`` on ``y`` divided by the global batch's units (``count`` samples with the
+    same units each) over ``world`` (the replicas that average their gradients):
+    averaged over them, it is the mean loss of the whole global batch, however unevenly
+    its last part was split. The sums: the loss, the tallies, the units."""
+    n = len(y)
+    units = objective.units(y)
+    total = count * (units // n) if units % n == 0 else count * units / n
+    loss = objective.loss(out, y) * (world / total)
+    tallies = objective.tally(out.detach(), y)
+    return loss, (loss.item() * total / world, *tallies, units)
+
+
 class StepGraph:
     """One rank's data-parallel step (a :class:`~.protocol.TrainStep`):
-    ``run((x, y, global_count))`` -> (loss sum / world, correct, samples).
+    ``run((x, y, global_count))`` -> this rank's sums (the loss, the objective's
+    tallies, the units).
 
     ``next_batch`` is a callable the prefetch task calls for the following step.
     """
@@ -93,9 +119,11 @@ class StepGraph:
         model: nn.Module,
         backend: Backend,
         snapshot: Callable[..., None] | None = None,
+        objective: Objective | None = None,
     ) -> None:
         self.cfg = cfg
         self.model = model
+        self.objective = objective or objective_of(cfg.objective)
         self.backend = backend
         # each rank is a replica of its own, reading its share of each batch
         self.replica, self.replicas = backend.rank, backend.size
@@ -106,7 +134,6 @@ class StepGraph:
             # one optimizer per bucket: SGD, Adam and AdamW are elementwise, so this is
             # the same update as one optimizer over all parameters
             b.optimizer = make_optimizer(cfg, [b.param])
-        self.loss_fn = nn.CrossEntropyLoss(reduction="sum")
         self.step = 0
         self.batch: tuple[torch.Tensor, torch.Tensor, int] | None = None
         self.fetch: Callable[[], tuple[torch.Tensor, torch.Tensor, int] | None] = lambda: None
@@ -115,7 +142,8 @@ class StepGraph:
         self.want_snapshot = False
         self.finite = True
         self.skipped = 0
-        self.out = (0.0, 0, 0)
+        self.none = (0.0,) * len(self.objective.sum_names)  # a rank with no samples
+        self.out = self.none
         # the steps whose updates are applied (set as the last update ends), and the lock
         # the updates hold (an elastic run's rescue takes it to copy a whole step)
         self.completed = 0
@@ -214,7 +242,7 @@ class StepGraph:
     def _forward_backward(self) -> None:
         x, y, count = self.batch
         if self.device.type != "cpu":  # batches are cut on the host
-            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            x, y = to_device(x, self.device), to_device(y, self.device)
         for b in self.buckets:
             if not b.copied:  # every gradient is added into the bucket: zero it
                 b.flat.zero_()
@@ -232,16 +260,12 @@ class StepGraph:
         torch.default_generator.manual_seed(seed)
         if self.device.type == "cuda":  # dropout on a GPU draws from its own generator
             torch.cuda.manual_seed(seed)
-        if len(x):
+        if len(y):
             out = self.model(x)
-            # sum / global count * world: averaged over the ranks, this is the mean loss
-            # of the whole global batch, however unevenly its last part was split
-            loss = self.loss_fn(out, y) * (self.backend.size / count)
+            loss, self.out = scaled_loss(self.objective, out, y, count, self.backend.size)
             loss.backward()
-            correct = int((out.argmax(dim=1) == y).sum())
-            self.out = (loss.item() * count / self.backend.size, correct, len(x))
         else:
-            self.out = (0.0, 0, 0)
+            self.out = self.none
         for b in self.buckets:
             for i in b.copied:  # a parameter unused here got no gradient
                 p = b.params[i]
@@ -289,12 +313,13 @@ class StepGraph:
     # ------------------------------------------------------------------ driving
     def run(
         self,
-        batch: tuple[torch.Tensor, torch.Tensor, int],
+        batch: tuple[Any, Any, int],
         snapshot: bool = False,
         trace: str | None = None,
-    ) -> tuple[float, int, int]:
-        """Run one step on ``batch``; returns (loss sum over the global batch / world,
-        correct predictions here, samples here)."""
+    ) -> tuple[float, ...]:
+        """Run one step on ``batch`` (input, target, samples in the global batch);
+        returns this rank's sums, named by the objective's ``sum_names`` (the loss, the
+        tallies, the units)."""
         self.batch = batch
         self.want_snapshot = snapshot
         self.finite = True

@@ -31,9 +31,10 @@ from dagtrain.records.result import TrainResult
 from dagtrain.sync import Backend, get_backend
 
 from . import checkpoint
-from .data import Dataset, load_dataset, shard_batches
+from .data import Dataset, data_form, load_dataset, shard_batches
 from .device import choose_device
 from .models import bounded_model, evaluate_samples
+from .objective import objective_of
 from .pipelining import StageStep
 from .progress import Progress, RankStatus
 from .protocol import TrainStep
@@ -127,9 +128,10 @@ class RankRun:
                 "start the ranks with dagtrain.training.run_training (or the launcher "
                 "distributed.launcher names), as many as distributed.ranks"
             )
+        self.objective = objective_of(cfg.objective)
         self.ds = _dataset(cfg)
         torch.manual_seed(cfg.training.seed)
-        self.model = bounded_model(cfg.model, self.ds.in_shape, self.ds.classes)
+        self.model = bounded_model(cfg.model, self.ds.in_shape, self.ds.classes, self.ds.info)
         self.model.to(backend.device)
         if cfg.init_from:
             self.model.load_state_dict(checkpoint.load(cfg.init_from)["model"])
@@ -141,16 +143,20 @@ class RankRun:
         )
         self.pending: list[Future] = []  # rank 0's checkpoint write in flight
         self.staged: list[dict[str, Any]] = []  # a snapshot not yet handed to the writer
-        self.figures = Figures()
+        self.figures = Figures(sums=self.zeros(), carried=self.zeros())
         self.rescue: Rescue | None = None  # an elastic run's, once armed
         snap = self.snapshot if cfg.checkpoint_dir else None
         if cfg.parallel.stages > 1:
             # a stage's ranks of one replica read the same share of each batch
             n = min(len(self.ds.train), cfg.training.batch_size)
             first = self.ds.train.batch(torch.arange(n))[0]
-            self.sg: TrainStep = StageStep(cfg, self.model, backend, first, snap)
+            self.sg: TrainStep = StageStep(cfg, self.model, backend, first, snap, self.objective)
         else:
-            self.sg = StepGraph(cfg, self.model, backend, snap)
+            self.sg = StepGraph(cfg, self.model, backend, snap, self.objective)
+
+    def zeros(self) -> list[float]:
+        """The running sums at an epoch's start: the loss, the tallies, the units."""
+        return [0.0, *(0,) * len(self.objective.tallies), 0]
 
     # ------------------------------------------------------------------ checkpoints
     def snapshot(self, step: int) -> None:
@@ -252,23 +258,17 @@ class RankRun:
         """The epoch's row (the world's training figures, rank 0's evaluation), added
         to the closed epochs; the running figures start again."""
         cfg, backend, f = self.cfg, self.backend, self.figures
-        sums = f.sums
-        t = torch.tensor([sums[0], float(sums[1]), float(sums[2])], dtype=torch.float64)
+        t = torch.tensor([float(v) for v in f.sums], dtype=torch.float64)
         backend.allreduce(t, "epoch-metrics")
         t = t * backend.size + torch.tensor(f.carried, dtype=torch.float64)
-        row = {
-            "epoch": epoch,
-            "train_loss": float(t[0] / max(t[2], 1)),
-            "train_accuracy": float(t[1] / max(t[2], 1)),
-        }
+        row = {"epoch": epoch, **self.objective.figures(t.tolist(), "train")}
         if backend.rank == 0 and len(self.ds.test):
-            row.update(
-                evaluate_samples(self.model, self.ds.test, "val" if cfg.eval_data else "test")
-            )
+            split = "val" if cfg.eval_data else "test"
+            row.update(evaluate_samples(self.model, self.ds.test, split, self.objective))
         with self.sg.guard:  # a rescue sees the epoch closed, or its figures still running
             f.epochs.append(row)
-            f.sums[:] = [0.0, 0, 0]
-            f.carried = [0.0, 0, 0]
+            f.sums[:] = self.zeros()
+            f.carried = self.zeros()
         log.info("epoch %d: %s", epoch, row)
         return row
 
@@ -374,10 +374,11 @@ def _dataset(cfg: TrainConfig) -> Dataset:
     """The run's samples: its data split here (train and test), or, with ``eval_data``,
     both files already prepared (neither split nor normalised here)."""
     t = cfg.training
+    form = data_form(cfg)
     if not cfg.eval_data:
-        return load_dataset(cfg.data, cfg.test_fraction, t.seed, cfg.normalize)
-    ds = load_dataset(cfg.data, 0.0, t.seed, normalize=False)
-    held = load_dataset(cfg.eval_data, 0.0, t.seed, normalize=False)
+        return load_dataset(cfg.data, cfg.test_fraction, t.seed, cfg.normalize, form)
+    ds = load_dataset(cfg.data, 0.0, t.seed, False, form)
+    held = load_dataset(cfg.eval_data, 0.0, t.seed, False, form)
     if held.in_shape != ds.in_shape:
         raise InputError(
             f"eval_data {cfg.eval_data!r} has samples of shape {held.in_shape}, "

@@ -26,13 +26,13 @@ def test_validate_names_a_missing_data_file_and_exits_2(tmp_path):
 @pytest.mark.parametrize(
     ("text", "needle"),
     [
-        ("data: {source: x.txt}\n", "unknown kind of file"),
+        ("data: {source: x.dat}\n", "unknown kind of file"),
         ("model: {name: 'no_such_pkg.models:build'}\n", "no module 'no_such_pkg.models'"),
         ("data: {val_fraction: 0.5, test_fraction: 0.45}\n", "leave under 10% for training"),
     ],
 )
 def test_validate_refuses_what_a_run_would_fail_on_at_once(tmp_path, text, needle):
-    (tmp_path / "x.txt").write_text("1,2\n")
+    (tmp_path / "x.dat").write_text("1,2\n")
     cfg = tmp_path / "p.yaml"
     cfg.write_text(text)
     r = runner.invoke(app, ["validate", str(cfg)])
@@ -76,7 +76,8 @@ def test_closing_lines_when_not_better_than_the_champion(tmp_path):
     ev = {"metrics": {**METRICS, "test_accuracy": 0.9612}, "champion": 1, "better": ok}
     last = outcome_lines(None, {**ev, "reason": why}, None)[-1]
     assert last == (
-        "not promoted: test accuracy 0.9612 does not beat the champion v1's 0.9694 by more than 0.0"
+        "not promoted: test accuracy 0.9612 does not beat the champion v1's 0.9694 by more "
+        "than 0.0 (higher is better)"
     )
 
 
@@ -85,11 +86,14 @@ def test_closing_lines_when_below_the_floor(tmp_path):
     from dagtrain.phases.registry import better
 
     cfg = tmp_path / "p.yaml"
-    cfg.write_text("evaluation: {min_accuracy: 0.9}\n")
+    cfg.write_text("evaluation: {threshold: 0.9}\n")
     ok, why = better(load_config(cfg), {"test_accuracy": 0.7354}, None)
     ev = {"metrics": {**METRICS, "test_accuracy": 0.7354}, "champion": None, "better": ok}
     last = outcome_lines(None, {**ev, "reason": why}, None)[-1]
-    assert last == "not promoted: test accuracy 0.7354 is below evaluation.min_accuracy 0.9"
+    assert (
+        last
+        == "not promoted: test accuracy 0.7354 is below evaluation.threshold 0.9 (higher is better)"
+    )
     assert not re.search("champion", last)
 
 

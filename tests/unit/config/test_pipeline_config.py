@@ -69,7 +69,7 @@ def test_conf_merges_into_the_file_and_keeps_what_it_does_not_name(tmp_path):
         ({"bogus": {}}, "unknown section 'bogus'"),
         ({"training": {"epochs": -1}}, "training.epochs"),
         # what decides promotion: a conf could otherwise make any model the champion
-        ({"evaluation": {"min_accuracy": 0.0}}, "evaluation"),
+        ({"evaluation": {"threshold": 0.0}}, "evaluation"),
         ({"evaluation": {"metric": "test_loss"}}, "evaluation"),
         ({"data": {"test_fraction": 0.01}}, "data.test_fraction"),
         # the bound on what model.args (which a conf may change) ask of the workers
@@ -77,15 +77,15 @@ def test_conf_merges_into_the_file_and_keeps_what_it_does_not_name(tmp_path):
     ],
 )
 def test_a_runs_conf_cannot_name_code_or_places(tmp_path, conf, needle):
-    cfg = load_config(write(tmp_path, "model: {name: mlp}\nevaluation: {min_accuracy: 0.8}\n"))
+    cfg = load_config(write(tmp_path, "model: {name: mlp}\nevaluation: {threshold: 0.8}\n"))
     with pytest.raises(ConfigError) as info:
         merge_conf(cfg, conf)
     assert needle in str(info.value)
 
 
 def test_a_conf_may_repeat_the_files_evaluation_and_test_split(tmp_path):
-    cfg = load_config(write(tmp_path, "evaluation: {min_accuracy: 0.8}\n"))
-    run = merge_conf(cfg, {"evaluation": {"min_accuracy": 0.8}, "data": {"test_fraction": 0.2}})
+    cfg = load_config(write(tmp_path, "evaluation: {threshold: 0.8}\n"))
+    run = merge_conf(cfg, {"evaluation": {"threshold": 0.8}, "data": {"test_fraction": 0.2}})
     assert run.evaluation == cfg.evaluation and run.data.test_fraction == 0.2
 
 

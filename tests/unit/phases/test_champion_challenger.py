@@ -28,7 +28,7 @@ def run_folder(cfg) -> Path:
 
 
 def test_better_follows_the_metric_its_direction_and_the_margins(tmp_path):
-    acc = cfg_with(tmp_path, "min_improvement: 0.01, min_accuracy: 0.5")
+    acc = cfg_with(tmp_path, "min_improvement: 0.01, threshold: 0.5")
     champ = RegistryEntry(1, "", metrics={"test_accuracy": 0.90, "test_loss": 0.3})
     assert better(acc, {"test_accuracy": 0.92, "test_loss": 0.5}, champ)[0]
     assert not better(acc, {"test_accuracy": 0.905, "test_loss": 0.1}, champ)[0]

@@ -16,36 +16,47 @@ def cfg(**evaluation) -> PipelineConfig:
     return PipelineConfig.model_validate({"evaluation": evaluation})
 
 
-def test_27_right_of_30_meets_a_min_accuracy_of_0_9():
+def test_27_right_of_30_meets_a_threshold_of_0_9():
     metrics = {"test_accuracy": 27 / 30, "test_correct": 27, "test_samples": 30}
-    assert better(cfg(min_accuracy=0.9), metrics, None) == (
+    assert better(cfg(threshold=0.9), metrics, None) == (
         True,
         "the first model: no champion yet",
     )
     # what float32 made of it before counts were kept: still 9/10 with its denominator
     old = {"test_accuracy": 0.8999999761581421, "test_samples": 30}
     assert exact(old, "test_accuracy") == Fraction(9, 10)
-    assert better(cfg(min_accuracy=0.9), old, None)[0]
+    assert better(cfg(threshold=0.9), old, None)[0]
 
 
 def test_below_the_floor_names_the_counts_and_never_rounds_up_to_the_floor():
     ok, why = better(
-        cfg(min_accuracy=0.9),
+        cfg(threshold=0.9),
         {"test_accuracy": 26 / 30, "test_correct": 26, "test_samples": 30},
         None,
     )
-    assert not ok and why == "test accuracy 0.8667 (26/30) is below evaluation.min_accuracy 0.9"
-    ok, why = better(cfg(min_accuracy=0.9), {"test_accuracy": 0.89999}, None)
-    assert not ok and why == "test accuracy 0.89999 is below evaluation.min_accuracy 0.9"
+    assert (
+        not ok
+        and why
+        == "test accuracy 0.8667 (26/30) is below evaluation.threshold 0.9 (higher is better)"
+    )
+    ok, why = better(cfg(threshold=0.9), {"test_accuracy": 0.89999}, None)
+    assert (
+        not ok
+        and why == "test accuracy 0.89999 is below evaluation.threshold 0.9 (higher is better)"
+    )
 
 
 def test_a_verdict_names_the_champion_and_shows_the_digits_that_decide():
     champ = RegistryEntry(1, "", metrics={"test_accuracy": 0.9694})
     ok, why = better(cfg(), {"test_accuracy": 0.9694}, champ)
     assert not ok
-    assert why == "test accuracy 0.9694 does not beat the champion v1's 0.9694 by more than 0.0"
+    assert (
+        why
+        == "test accuracy 0.9694 does not beat the champion v1's 0.9694 by more than 0.0 "
+        "(higher is better)"
+    )
     ok, why = better(cfg(), {"test_accuracy": 0.96944}, champ)
-    assert ok and why == "test accuracy 0.96944 beats the champion v1's 0.96940"
+    assert ok and why == "test accuracy 0.96944 beats the champion v1's 0.96940 (higher is better)"
 
 
 @pytest.mark.parametrize(
@@ -63,7 +74,7 @@ def test_min_improvement_is_compared_on_exact_fractions(mine, theirs, promoted):
 def test_lower_loss_wins_when_the_metric_is_the_loss():
     champ = RegistryEntry(2, "", metrics={"test_accuracy": 0.9, "test_loss": 0.2})
     ok, why = better(cfg(metric="test_loss"), {"test_accuracy": 0.9, "test_loss": 0.1}, champ)
-    assert ok and why == "test loss 0.1000 beats the champion v2's 0.2000"
+    assert ok and why == "test loss 0.1000 beats the champion v2's 0.2000 (lower is better)"
 
 
 def test_shown_adds_digits_until_the_printed_numbers_decide_as_the_exact_ones():
@@ -74,3 +85,49 @@ def test_shown_adds_digits_until_the_printed_numbers_decide_as_the_exact_ones():
 
 def _acc(correct: int, samples: int) -> dict:
     return {"test_accuracy": correct / samples, "test_correct": correct, "test_samples": samples}
+
+
+def objective_cfg(objective: str, **evaluation) -> PipelineConfig:
+    return PipelineConfig.model_validate(
+        {"objective": {"name": objective}, "evaluation": evaluation}
+    )
+
+
+def test_a_language_model_is_promoted_on_lower_perplexity_by_default():
+    c = objective_cfg("language_model")
+    assert c.promotion_metric == "test_perplexity"
+    champ = RegistryEntry(2, "", metrics={"test_perplexity": 5.48})
+    ok, why = better(c, {"test_perplexity": 5.21}, champ)
+    assert ok and why == "test perplexity 5.2100 beats the champion v2's 5.4800 (lower is better)"
+    ok, why = better(c, {"test_perplexity": 5.5}, champ)
+    assert not ok and why.endswith("by more than 0.0 (lower is better)")
+
+
+def test_a_threshold_bounds_the_metric_in_its_direction_and_mode_overrides_it():
+    c = objective_cfg("regression", threshold=3000.0)
+    assert c.promotion_metric == "test_mse"
+    ok, why = better(c, {"test_mse": 3100.0}, None)
+    assert (
+        not ok
+        and why == "test mse 3100.0000 is above evaluation.threshold 3000.0 (lower is better)"
+    )
+    assert better(c, {"test_mse": 2900.0}, None) == (True, "the first model: no champion yet")
+    r2 = objective_cfg("regression", metric="test_r2", threshold=0.4)
+    assert not better(r2, {"test_r2": 0.3}, None)[0]
+    flipped = objective_cfg("regression", metric="test_r2", mode="min")
+    champ = RegistryEntry(1, "", metrics={"test_r2": 0.5})
+    assert better(flipped, {"test_r2": 0.4}, champ)[0]
+
+
+def test_the_old_field_and_a_metric_the_objective_does_not_report_are_refused_by_name():
+    with pytest.raises(
+        ValueError, match=r"evaluation.min_accuracy is gone: write evaluation.threshold: 0.9"
+    ):
+        cfg(min_accuracy=0.9)
+    with pytest.raises(ValueError, match=r"does not report it; it reports test_mse, test_mae"):
+        objective_cfg("regression", metric="test_accuracy")
+
+
+def test_a_token_accuracy_is_exact_over_the_tokens():
+    metrics = {"test_accuracy": 0.9, "test_correct": 27, "test_units": 30, "test_samples": 3}
+    assert exact(metrics, "test_accuracy") == Fraction(9, 10)

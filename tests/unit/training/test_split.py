@@ -68,13 +68,13 @@ def test_auto_splits_by_measured_cost_and_says_so():
 def test_a_model_that_cannot_be_split_is_refused_naming_the_field():
     tiny = TrainConfig(model="transformer", backend="torch", ranks=8, parallel={"stages": 8})
     with pytest.raises(InputError, match=r"parallel\.stages is 8 but the model has 4 blocks"):
-        check_stages(tiny, (64,), 10)
+        check_stages(tiny, {"in_shape": [64], "classes": 10})
     past = TrainConfig(
         model="mlp", model_args={"hidden": [8]}, backend="torch", ranks=2,
         parallel={"stages": 2, "split": [4]},
     )  # fmt: skip
     with pytest.raises(InputError, match=r"parallel\.split \[4\]: the model has 4 blocks"):
-        check_stages(past, (64,), 10)
+        check_stages(past, {"in_shape": [64], "classes": 10})
     with pytest.raises(InputError, match=r"parallel\.stages needs a model whose blocks"):
         blocks_of(build_model("tests.unit.training.factory:slow", (64,), 10))
 
