@@ -10,9 +10,9 @@ Two sources, both JSON lines appended by the processes that know:
 
 Nothing here reads Airflow's tables or its log text. ``Display.poll()`` reads what is
 new and turns it into lines (each task as it starts and ends, with its duration; each
-epoch with its loss, validation accuracy, samples/s and ETA; a retry as such), printed
-as plain lines — in a terminal, above a live table of the tasks (``table()``); piped,
-with no ANSI codes at all.
+epoch with its loss, the objective's validation metrics, samples/s and ETA; a retry as
+such), printed as plain lines — in a terminal, above a live table of the tasks
+(``table()``); piped, with no ANSI codes at all.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from rich.text import Text
 
 from dagtrain.changes import change_line, change_parts
 from dagtrain.records.metrics import Tries, TryEvent
+from dagtrain.records.result import metric_names
 
 __all__ = ["Display", "TaskProgress", "dag_order", "label_of"]
 
@@ -118,6 +119,35 @@ def _headline(error: str | None) -> str | None:
         return error
     first, _, rest = error.strip().partition("\n")
     return f"{first} (more in the task's log)" if rest.strip() else first
+
+
+# the metrics' names in an epoch line made short to fit a terminal's width
+_SHORT = {"accuracy": "acc", "perplexity": "ppl"}
+
+
+def _figure(value: Any) -> str:
+    """A metric as an epoch line shows it: four decimals (``0.9667``), one from 1000 up
+    (a regression's squared error, ``3120.4``); ``inf``, ``nan`` as such."""
+    v = float(value)
+    return f"{v:.1f}" if math.isfinite(v) and abs(v) >= 1000 else f"{v:.4f}"
+
+
+def _held_parts(held: list[tuple[str, str, str]], short: bool, every: bool) -> list[str]:
+    """``val accuracy 0.9``, ``val mse 31.2``, ...: each (split, metric, value) of
+    ``held``; ``short``: each name shortened (``acc``) and the split said once per split
+    (``val mse 31.2, mae 4.1``); not ``every``: the first metric of each split only."""
+    out: list[str] = []
+    said = ""
+    for split, name, value in held:
+        if not every and split == said:
+            continue
+        if short:
+            name = _SHORT.get(name, name)
+            out.append(f"{name} {value}" if split == said else f"{split} {name} {value}")
+        else:
+            out.append(f"{split} {name} {value}")
+        said = split
+    return out
 
 
 def _duration(seconds: float) -> str:
@@ -264,18 +294,25 @@ class Display:
     def _epoch_line(
         label: str, info: dict[str, Any], m: dict[str, Any], width: int | None = None
     ) -> str:
-        """``train epoch 3/8: loss 0.1, val accuracy 0.9, 6322 samples/s, ETA 1.4 s``;
-        in a terminal of ``width`` columns, shortened to fit where it must (``val acc``,
-        then without samples/s), so that the terminal never cuts it mid-word."""
+        """``train epoch 3/8: loss 0.1, val accuracy 0.9, 6322 samples/s, ETA 1.4 s``: the
+        training loss, then each of the objective's metrics on the validation (or test)
+        split but its loss, in the objective's order (``val mse 31.2, val mae 4.1, val r2
+        0.52``; :func:`metric_names`). In a terminal of ``width`` columns, shortened to
+        fit where it must (``val acc``, ``val mse 31.2, mae 4.1``; then without samples/s;
+        then the first metric only; then without the ETA), so that the terminal never
+        cuts it mid-word."""
         per = max(int(info.get("steps_per_epoch") or m.get("steps_per_epoch") or 1), 1)
         total = int(m.get("total_steps") or 0)
         epochs = math.ceil(total / per) if total else "?"
         head = f"{label} epoch {int(m.get('epoch', 0)) + 1}/{epochs}: "
-        loss = [f"loss {m['train_loss']:.4f}"] if "train_loss" in m else []
-        accuracy = [
-            (f"{split} accuracy", f"{split} acc", f"{m[f'{split}_accuracy']:.4f}")
+        loss = [f"loss {_figure(m['train_loss'])}"] if "train_loss" in m else []
+        names = metric_names(m)
+        shown = [n for n in names if n != "loss"] or names  # the loss alone: shown as such
+        held = [  # (split, metric, value) of each split the row has
+            (split, n, _figure(m[f"{split}_{n}"]))
             for split in ("val", "test")
-            if f"{split}_accuracy" in m
+            for n in shown
+            if f"{split}_{n}" in m
         ]
         rate = []
         if m.get("samples_per_second"):
@@ -287,11 +324,15 @@ class Display:
         if total and step > first and elapsed > 0:
             eta = [f"ETA {_duration(elapsed / (step - first) * (total - step))}"]
         line = ""
-        for short, keep_rate in ((False, True), (True, True), (True, False)):
-            acc = [f"{s if short else name} {v}" for name, s, v in accuracy]
-            line = head + ", ".join([*loss, *acc, *(rate if keep_rate else []), *eta])
+        forms = ((False, True, True), (True, True, True), (True, False, True))
+        forms += ((True, False, False),) if len(shown) > 1 else ()  # the first metric only
+        for short, keep_rate, every in forms:
+            parts = [*loss, *_held_parts(held, short, every), *(rate if keep_rate else [])]
+            line = head + ", ".join([*parts, *eta])
             if width is None or len(line) < width:
                 break
+        else:  # still too wide: the ETA goes too
+            line = head + ", ".join([*loss, *_held_parts(held, True, False)])
         return line
 
     def settle(self, states: dict[str, tuple[str, int]]) -> None:

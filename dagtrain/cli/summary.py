@@ -4,46 +4,133 @@
 Their inputs are what the phases returned (their XComs): the training task's summary,
 the evaluation's metrics and verdict, and the promotion's registry entry (None when it
 did not promote).
+
+The metrics are the objective's (``classification``: accuracy and loss; ``regression``:
+mse, mae, r2; ``language_model``: perplexity, accuracy; the author's own): the
+validation line shows each but the loss, the test line leads with the metric promotion
+compared (``evaluation.metric``, by default the objective's first) and names it where it
+is not accuracy.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from dagtrain.config import OBJECTIVE_METRICS
 from dagtrain.phases.verdict import exact, shown
+from dagtrain.records.result import metric_names
 
-__all__ = ["outcome_lines"]
+__all__ = ["outcome_lines", "promotion_metric_of"]
 
 
 def outcome_lines(
-    train: dict[str, Any] | None, evaluation: dict[str, Any] | None, promoted: dict | None
+    train: dict[str, Any] | None,
+    evaluation: dict[str, Any] | None,
+    promoted: dict | None,
+    metric: str | None = None,
 ) -> list[str]:
+    """The closing lines; ``metric``: the promotion metric (``PipelineConfig.
+    promotion_metric``), where the caller knows it (else :func:`promotion_metric_of`)."""
     lines = []
-    if train and train.get("val_accuracy") is not None:
-        epochs = len(train.get("epochs") or [])
-        lines.append(f"validation accuracy {train['val_accuracy']:.4f} (after {epochs} epoch(s))")
+    names = _names(train, (evaluation or {}).get("metrics"))
+    last = ((train or {}).get("epochs") or [{}])[-1]
+    held = [n for n in names if n != "loss"] or names
+    val = [(n, last[f"val_{n}"]) for n in held if isinstance(last.get(f"val_{n}"), int | float)]
+    if train and not val and train.get("val_accuracy") is not None:
+        val = [("accuracy", train["val_accuracy"])]  # a summary without its epoch rows
+    if val:
+        epochs = len(train.get("epochs") or []) if train else 0
+        figures = ", ".join(f"{n} {v:.4f}" for n, v in val)
+        lines.append(f"validation {figures} (after {epochs} epoch(s))")
     if not evaluation:
         return lines
     m = evaluation["metrics"]
-    lines.append(
-        f"test accuracy {m['test_accuracy']:.4f} (test loss {m['test_loss']:.4f}, "
-        f"{m['test_samples']} test samples)"
-    )
+    metric = metric or promotion_metric_of(evaluation, train)
+    # the promotion metric first, then the objective's others (the loss last), each test_
+    others = [f"test_{n}" for n in names or _BUILTIN_NAMES if f"test_{n}" != metric]
+    others = [k for k in others if isinstance(m.get(k), int | float)]
+    if "test_loss" in others:  # the loss last, as classification has always shown it
+        others = [k for k in others if k != "test_loss"] + ["test_loss"]
+    besides = [f"{_said(k)} {m[k]:.4f}" for k in others]
+    if m.get("test_samples") is not None:
+        besides.append(f"{m['test_samples']} test samples")
+    if metric in m:
+        also = f" ({', '.join(besides)})" if besides else ""
+        lines.append(f"{_said(metric)} {m[metric]:.4f}{also}")
     champ, champ_metrics = evaluation.get("champion"), evaluation.get("champion_metrics")
-    if promoted:
-        if champ is not None and champ_metrics:
+    # an accuracy goes unnamed, as it always has; any other metric is named
+    named = "" if metric == "test_accuracy" else f"{_said(metric)} "
+    if promoted and metric in m:
+        if champ is not None and champ_metrics and metric in champ_metrics:
             # as many digits as it takes to show the two apart (a promotion is a change)
             new, old = shown(
-                [exact(m, "test_accuracy"), exact(champ_metrics, "test_accuracy")],
+                [exact(m, metric), exact(champ_metrics, metric)],
                 lambda v: v[0] != v[1],
             )
-            lines.append(f"promoted v{promoted['version']} ({new}), was v{champ} ({old})")
+            lines.append(f"promoted v{promoted['version']} ({named}{new}), was v{champ} ({old})")
+        elif champ is not None:
+            lines.append(f"promoted v{promoted['version']} ({named}{m[metric]:.4f}), over v{champ}")
         else:
             lines.append(
-                f"promoted v{promoted['version']} ({m['test_accuracy']:.4f}), the first champion"
+                f"promoted v{promoted['version']} ({named}{m[metric]:.4f}), the first champion"
             )
+    elif promoted:
+        lines.append(f"promoted v{promoted['version']}: {evaluation.get('reason')}")
     elif evaluation.get("better"):
         lines.append("not promoted: the promote task did not succeed")
     else:
         lines.append(f"not promoted: {evaluation.get('reason')}")
     return lines
+
+
+# the metrics a test line may show when the training task's summary is not at hand
+_BUILTIN_NAMES = list(dict.fromkeys(n for ms in OBJECTIVE_METRICS.values() for n in ms))
+
+
+def _said(key: str) -> str:
+    """``test_mse`` as a line says it: ``test mse``."""
+    return key.replace("_", " ")
+
+
+def _names(train: dict[str, Any] | None, tested: dict[str, Any] | None = None) -> list[str]:
+    """The objective's metrics, from the training's last epoch row, else from the
+    objective its config names (a built-in's), else the built-in objective with the most
+    metrics whose every metric ``tested`` (an evaluation's metrics) holds; none where
+    nothing says."""
+    epochs = (train or {}).get("epochs") or []
+    names = metric_names(epochs[-1]) if epochs and isinstance(epochs[-1], dict) else []
+    if names:
+        return names
+    objective = ((train or {}).get("config") or {}).get("objective")
+    name = objective.get("name") if isinstance(objective, dict) else objective
+    known = OBJECTIVE_METRICS.get(str(name or ""))
+    if known is None and tested:
+        fits = [ms for ms in OBJECTIVE_METRICS.values() if all(f"test_{n}" in tested for n in ms)]
+        known = max(fits, key=len, default=None)
+    known = known or {}
+    return [n for n in known if n != "loss"] + (["loss"] if "loss" in known else [])
+
+
+def promotion_metric_of(evaluation: dict[str, Any], train: dict[str, Any] | None = None) -> str:
+    """The metric promotion compared, told from what the phases returned: the one the
+    evaluation's ``reason`` names (``test perplexity 5.2100 beats ...``; the verdict
+    names it in every reason but a first model's), else the objective's first (from the
+    training's summary, else the built-in whose metrics the evaluation holds), else
+    ``test_accuracy`` where the evaluation has it, else ``test_loss``
+    (``PipelineConfig.promotion_metric``'s rule). A first model's reason names no
+    metric: where ``evaluation.metric`` is not the objective's first, only the caller's
+    config knows it (``outcome_lines``'s ``metric``)."""
+    m = evaluation.get("metrics") or {}
+    reason = str(evaluation.get("reason") or "")
+    said = [
+        k
+        for k in m
+        if k.startswith("test_")
+        and (reason.startswith(f"{_said(k)} ") or f" has no {_said(k)}:" in reason)
+    ]
+    if said:
+        return max(said, key=len)  # test mae, not test ma (an author's names may nest)
+    first = next(iter(_names(train, m)), None)
+    if first is not None and f"test_{first}" in m:
+        return f"test_{first}"
+    return "test_accuracy" if "test_accuracy" in m else "test_loss"

@@ -32,11 +32,25 @@ __all__ = [
     "TrainFigures",
     "TrainResult",
     "TrainSummary",
+    "metric_names",
     "read_failure",
     "read_summary",
     "write_failure",
     "write_summary",
 ]
+
+
+def metric_names(row: dict[str, Any]) -> list[str]:
+    """The objective's metrics an epoch row reports, in the objective's order: the names
+    of its ``train_<m>`` keys (exactly the objective's metrics; the ``val_`` and ``test_``
+    keys also hold sums such as ``val_correct``), ``loss`` last, as every built-in lists
+    it (rank 0 writes it first). A row from before objectives had no ``train_accuracy``:
+    its ``val_``/``test_`` accuracy and loss count too."""
+    names = [k.removeprefix("train_") for k in row if k.startswith("train_")]
+    for old in ("accuracy", "loss"):
+        if old not in names and (f"val_{old}" in row or f"test_{old}" in row):
+            names.append(old)
+    return [n for n in names if n != "loss"] + (["loss"] if "loss" in names else [])
 
 
 @dataclass
@@ -69,15 +83,28 @@ class TrainFigures:
     world_changes: list[dict[str, Any]] = field(default_factory=list)
 
     @property
+    def objective_metrics(self) -> list[str]:
+        """The objective's metrics, as the last epoch reports them (:func:`metric_names`);
+        none before an epoch ended."""
+        return metric_names(self.epochs[-1]) if self.epochs else []
+
+    def held_out(self, metric: str, split: str = "val") -> float | None:
+        """The last epoch's ``metric`` (``accuracy``, ``mse``, ``perplexity``, ...) on
+        ``split``: ``val``, ``eval_data`` (the validation split), or ``test``, the
+        held-out test split of a run without ``eval_data``; None where it has none."""
+        return self.epochs[-1].get(f"{split}_{metric}") if self.epochs else None
+
+    @property
     def test_accuracy(self) -> float | None:
         """The last epoch's accuracy on the held-out test split (a run without
-        ``eval_data``), or None."""
-        return self.epochs[-1].get("test_accuracy") if self.epochs else None
+        ``eval_data``), or None (a classification's; :meth:`held_out` for any metric)."""
+        return self.held_out("accuracy", "test")
 
     @property
     def val_accuracy(self) -> float | None:
-        """The last epoch's accuracy on ``eval_data`` (the validation split), or None."""
-        return self.epochs[-1].get("val_accuracy") if self.epochs else None
+        """The last epoch's accuracy on ``eval_data`` (the validation split), or None (a
+        classification's; :meth:`held_out` for any metric)."""
+        return self.held_out("accuracy")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

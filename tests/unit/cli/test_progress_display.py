@@ -100,6 +100,77 @@ def test_an_epoch_line_fits_an_80_column_terminal():
     assert len(narrow) < 80 and "val acc 0.9667" in narrow, narrow
 
 
+# rank 0's epoch rows of a regression and of a language model: the objective's metrics
+# (train_<m>) and, on the validation or test split, each metric and the sums it comes from
+REGRESSION = {
+    "kind": "epoch",
+    "epoch": 1,
+    **{"train_loss": 6697.6459, "train_mse": 6697.6459, "train_mae": 62.7104, "train_r2": -0.13},
+    **{"val_loss": 5260.1246, "val_mse": 5260.1246, "val_mae": 56.8119, "val_r2": 0.1148},
+    **{"val_abs_error": 4999.45, "val_target_sum": 13631, "val_target_squares": 2634331},
+    **{"val_units": 88, "val_samples": 88, "samples_per_second": 6322.0},
+    **{"step": 40, "total_steps": 160, "elapsed": 3.0},
+}
+LANGUAGE_MODEL = {
+    "kind": "epoch",
+    "epoch": 1,
+    **{"train_loss": 2.1, "train_perplexity": 8.1662, "train_accuracy": 0.41},
+    **{"test_loss": 2.3, "test_perplexity": 9.9742, "test_accuracy": 0.3846},
+    **{"test_correct": 100, "test_units": 260, "test_samples": 10},
+    **{"samples_per_second": 6322.0, "step": 40, "total_steps": 160, "elapsed": 3.0},
+}
+
+
+def test_a_regression_epoch_line_shows_its_metrics_in_the_objectives_order_not_its_sums():
+    info = {"steps_per_epoch": 20, "step": 0}
+    wide = Display._epoch_line("train", info, REGRESSION)
+    assert wide == (
+        "train epoch 2/8: loss 6697.6, val mse 5260.1, val mae 56.8119, val r2 0.1148, "
+        "6322 samples/s, ETA 9.0 s"
+    )
+    assert "abs_error" not in wide and "target" not in wide and "units" not in wide
+    narrow = Display._epoch_line("train", info, REGRESSION, width=80)
+    assert (
+        narrow == "train epoch 2/8: loss 6697.6, val mse 5260.1, mae 56.8119, r2 0.1148, ETA 9.0 s"
+    )
+    # a round's shard has a longer label: the first metric is kept, and the ETA
+    shard = Display._epoch_line("round_12_train[3]", info, REGRESSION, width=80)
+    assert shard == "round_12_train[3] epoch 2/8: loss 6697.6, val mse 5260.1, ETA 9.0 s"
+    assert len(Display._epoch_line("round_12_train[3]", info, REGRESSION, width=50)) < 60
+
+
+def test_a_language_models_epoch_line_shows_perplexity_then_accuracy_of_the_test_split():
+    info = {"steps_per_epoch": 20, "step": 0}
+    wide = Display._epoch_line("train", info, LANGUAGE_MODEL)
+    assert wide == (
+        "train epoch 2/8: loss 2.1000, test perplexity 9.9742, test accuracy 0.3846, "
+        "6322 samples/s, ETA 9.0 s"
+    )
+    narrow = Display._epoch_line("train", info, LANGUAGE_MODEL, width=80)
+    assert narrow == "train epoch 2/8: loss 2.1000, test ppl 9.9742, acc 0.3846, ETA 9.0 s"
+    assert len(narrow) < 80
+
+
+def test_a_classification_row_of_today_prints_as_it_always_has():
+    row = {
+        **{"kind": "epoch", "epoch": 0, "train_loss": 0.5, "train_accuracy": 0.8},
+        **{"val_loss": 0.4, "val_accuracy": 0.85, "val_correct": 85, "val_samples": 100},
+        **{"samples_per_second": 812.0, "step": 20, "total_steps": 40, "elapsed": 2.0},
+    }
+    line = Display._epoch_line("train", {"steps_per_epoch": 20, "step": 0}, row)
+    assert line == "train epoch 1/2: loss 0.5000, val accuracy 0.8500, 812 samples/s, ETA 2.0 s"
+
+
+def test_piped_a_regressions_epoch_line_stays_whole():
+    buf = io.StringIO()
+    console = Console(file=buf, width=80, force_terminal=False, markup=False, highlight=False)
+    p = Display(console, "t", None, None, ["train"])
+    p.feed([], [("train", {**REGRESSION, "time": 2.0})])
+    (line,) = buf.getvalue().splitlines()
+    assert line.endswith("val mae 56.8119, val r2 0.1148, 6322 samples/s, ETA 9.0 s"), line
+    assert "\x1b" not in buf.getvalue()
+
+
 def test_the_stages_are_in_the_dags_order_and_a_shards_metrics_named_by_its_task():
     tasks = [
         {"task_id": "promote", "downstream_task_ids": []},

@@ -97,6 +97,65 @@ def test_closing_lines_when_below_the_floor(tmp_path):
     assert not re.search("champion", last)
 
 
+REGRESSION_ROW = {
+    **{"epoch": 2, "train_loss": 6697.6, "train_mse": 6697.6, "train_mae": 62.7, "train_r2": -0.1},
+    **{"val_loss": 5260.12, "val_mse": 5260.12, "val_mae": 56.81, "val_r2": 0.1148},
+    **{"val_abs_error": 4999.45, "val_target_sum": 13631, "val_units": 88, "val_samples": 88},
+}
+REGRESSION_TEST = {
+    **{"test_loss": 5000.5, "test_mse": 5000.5, "test_mae": 55.25, "test_r2": 0.2},
+    **{"test_abs_error": 4917.25, "test_target_sum": 13631, "test_target_squares": 2634331},
+    **{"test_units": 89, "test_samples": 89},
+}
+
+
+def test_closing_lines_of_a_regression_name_the_metric_that_promoted_it(tmp_path):
+    from dagtrain.config import load_config
+    from dagtrain.phases.registry import better
+
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text("objective: {name: regression}\ndata: {source: diabetes}\n")
+    champ = RegistryEntry(1, "", metrics={**REGRESSION_TEST, "test_mse": 5100.0})
+    ok, why = better(load_config(cfg), REGRESSION_TEST, champ)
+    assert ok and why.startswith("test mse 5000.5000 beats the champion v1's 5100.0000")
+    ev = {"metrics": REGRESSION_TEST, "champion": 1, "better": ok, "reason": why}
+    ev["champion_metrics"] = champ.metrics
+    train = {"val_accuracy": None, "epochs": [{}, {}, REGRESSION_ROW]}
+    assert outcome_lines(train, ev, {"version": 2}) == [
+        "validation mse 5260.1200, mae 56.8100, r2 0.1148 (after 3 epoch(s))",
+        "test mse 5000.5000 (test mae 55.2500, test r2 0.2000, test loss 5000.5000, "
+        "89 test samples)",
+        "promoted v2 (test mse 5000.5000), was v1 (5100.0000)",
+    ]
+    # the caller's evaluation.metric wins over what the evaluation's reason says
+    first = {**ev, "champion": None, "champion_metrics": None, "reason": "the first model"}
+    lines = outcome_lines(train, first, {"version": 1}, metric="test_r2")
+    assert lines[1:] == [
+        "test r2 0.2000 (test mse 5000.5000, test mae 55.2500, test loss 5000.5000, "
+        "89 test samples)",
+        "promoted v1 (test r2 0.2000), the first champion",
+    ]
+
+
+def test_closing_lines_of_a_language_model_lead_with_perplexity(tmp_path):
+    from dagtrain.config import load_config
+    from dagtrain.phases.registry import better
+
+    tested = {"test_loss": 2.3, "test_perplexity": 9.9742, "test_accuracy": 0.3846}
+    tested |= {"test_correct": 100, "test_units": 260, "test_samples": 10}
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text("objective: {name: language_model}\nevaluation: {min_improvement: 0.0}\n")
+    champ = RegistryEntry(1, "", metrics={**tested, "test_perplexity": 9.5})
+    ok, why = better(load_config(cfg), tested, champ)
+    ev = {"metrics": tested, "champion": 1, "champion_metrics": champ.metrics}
+    # no training summary (trigger --wait without the train task's XCom): the reason says
+    assert outcome_lines(None, {**ev, "better": ok, "reason": why}, None) == [
+        "test perplexity 9.9742 (test accuracy 0.3846, test loss 2.3000, 10 test samples)",
+        "not promoted: test perplexity 9.9742 does not beat the champion v1's 9.5000 by "
+        "more than 0.0 (lower is better)",
+    ]
+
+
 MODELS = """
 import math
 from dagtrain.records.registry import RegistryEntry
