@@ -354,3 +354,43 @@ def test_the_pipeline_parallel_example_trains_evaluates_and_promotes(tmp_path):
     ev = json.loads((run / "eval.json").read_text())
     assert ev["metrics"]["test_accuracy"] > 0.3
     every_file_is_named_by_the_layout(tmp_path / "art" / "transformer_pipeline", r.stdout)
+
+
+def test_the_language_model_example_trains_on_two_stages_and_promotes_on_perplexity(tmp_path):
+    # the example's own file and text, one epoch: next-token loss on 2 pipeline stages
+    cfg = stage(tmp_path, "language_model", (REPO / "dags" / "language_model.yaml").read_text())
+    (cfg.parent / "data").mkdir()
+    shutil.copy(REPO / "dags" / "data" / "corpus.txt", cfg.parent / "data" / "corpus.txt")
+    r = dagtrain_run(tmp_path, cfg, "training.epochs=1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.search(r"^promoted v1 \(.*\), the first champion$", r.stdout, re.M), r.stdout
+    run = run_artifacts(tmp_path, "language_model")
+    result = json.loads((run / "train" / "result.json").read_text())
+    assert result["pipeline"]["stages"] == 2
+    (epoch,) = result["epochs"]
+    assert {"train_loss", "train_perplexity", "val_perplexity", "val_accuracy"} <= set(epoch)
+    ev = json.loads((run / "eval.json").read_text())
+    m = ev["metrics"]
+    # bytes of the text: a perplexity under 20 after one epoch (256 for a uniform guess)
+    assert 1 < m["test_perplexity"] < 20 and m["test_units"] == 64 * m["test_samples"], m
+    assert ev["better"] and "threshold" not in ev["reason"], ev
+
+
+def test_the_regression_example_trains_and_promotes_on_test_mse(tmp_path):
+    text = (REPO / "dags" / "diabetes_regression.yaml").read_text()
+    cfg = stage(tmp_path, "diabetes_regression", text)
+    r = dagtrain_run(tmp_path, cfg)
+    assert r.returncode == 0, r.stdout + r.stderr
+    run = run_artifacts(tmp_path, "diabetes")
+    ev = json.loads((run / "eval.json").read_text())
+    m = ev["metrics"]
+    assert {"test_mse", "test_mae", "test_r2", "test_loss"} <= set(m), m
+    assert m["test_r2"] > 0.3 and ev["better"], m  # diabetes: a linear fit reaches ~0.45
+    # a second run's challenger is judged on test MSE, lower better, and says so
+    r = dagtrain_run(tmp_path, cfg)
+    assert r.returncode == 0, r.stdout + r.stderr
+    runs = sorted((tmp_path / "art" / "diabetes" / "runs" / "dagtrain_diabetes").iterdir())
+    second = [json.loads((d / "eval.json").read_text()) for d in runs if d != run]
+    (ev2,) = second
+    assert ev2["champion"] == 1 and ev2["reason"].endswith("(lower is better)"), ev2
+    assert "test mse" in ev2["reason"], ev2
