@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dagtrain.changes import change_line
-from dagtrain.config import dotted
+from dagtrain.config import OBJECTIVE_METRICS, dotted
 from dagtrain.records import metrics
 from dagtrain.records.layout import (
     TRAIN_TASK,
@@ -28,6 +28,7 @@ from dagtrain.records.layout import (
     round_train_task,
 )
 from dagtrain.records.metrics import Tries, TryEvent
+from dagtrain.records.result import metric_names
 from dagtrain.records.status import RankRecord, State
 
 from . import tracking_links
@@ -63,8 +64,10 @@ __all__ = [
     "critical_path",
     "curves_of",
     "merged_trace",
+    "metrics_of",
     "pipeline_of",
     "progress_of",
+    "promotion_metric",
     "registry_of",
     "run_dir_of",
     "run_report",
@@ -281,32 +284,89 @@ def tries_of(
     return [rows[n] for n in sorted(rows)]
 
 
+def metrics_of(epochs: list[dict[str, Any]]) -> list[str]:
+    """The objective's metrics the epoch rows report (their ``train_<m>`` keys:
+    :func:`dagtrain.records.result.metric_names`), the loss first, as the page draws
+    their curves; a metric that only an earlier row reports (an objective changed
+    between tries) after the newest row's."""
+    names: list[str] = []
+    for row in reversed(epochs):
+        names += [n for n in metric_names(row) if n not in names]
+    return sorted(names, key=lambda n: n != "loss")  # stable: the objective's order kept
+
+
+def promotion_metric(
+    values: dict[str, Any] | None,
+    tested: dict[str, Any] | None = None,
+    reported: list[str] | None = None,
+) -> str:
+    """The metric a pipeline promotes on, as ``PipelineConfig.promotion_metric`` says it,
+    from a config's values (a DAG's Params, a registry entry's lineage
+    ``config_values``, a run's config: each section a dict): ``evaluation.metric``,
+    else the built-in objective's first on the test split (``test_mse``), else
+    ``test_loss`` (the author's own objective). Without values: the first but the loss
+    of ``reported`` (the objective's metrics, as epoch rows report them), else
+    ``test_accuracy`` where ``tested`` (a version's metrics) has it, else ``test_loss``."""
+    if isinstance(values, dict):
+        evaluation = values.get("evaluation")
+        chosen = evaluation.get("metric") if isinstance(evaluation, dict) else None
+        if isinstance(chosen, str) and chosen:
+            return chosen
+        objective = values.get("objective")
+        name = objective.get("name") if isinstance(objective, dict) else None
+        known = OBJECTIVE_METRICS.get(name or "classification")
+        return f"test_{next(iter(known))}" if known else "test_loss"
+    first = next((m for m in reported or [] if m != "loss"), None)
+    if first is not None:
+        return f"test_{first}"
+    return "test_accuracy" if "test_accuracy" in (tested or {}) else "test_loss"
+
+
 def registry_of(root: Path) -> dict[str, Any]:
+    """The registry, with ``metric``: the metric the pipeline promotes on (its newest
+    entry's config's, :func:`promotion_metric`), and ``columns``: the metrics the page's
+    table shows of each version (that one, then the test loss)."""
     reg = read_json(root, ArtifactLayout(root).registry_file)
     reg = reg if isinstance(reg, dict) else {"champion": None, "versions": []}
-    return reg | {"mlflow": tracking_links.version_links(root)}
+    versions = [v for v in reg.get("versions") or [] if isinstance(v, dict)]
+    newest = versions[-1] if versions else {}
+    lineage = newest.get("lineage") if isinstance(newest.get("lineage"), dict) else {}
+    metric = promotion_metric(lineage.get("config_values"), newest.get("metrics"))
+    columns = list(dict.fromkeys([metric, "test_loss"]))
+    return reg | {
+        "metric": metric,
+        "columns": columns,
+        "mlflow": tracking_links.version_links(root),
+    }
 
 
 def curves_of(root: Path, dag_id: str, run_ids: list[str]) -> list[dict[str, Any]]:
-    """Each run's per-epoch metrics (runs without any left out), for overlaid curves."""
+    """Each run's per-epoch metrics (runs without any left out), for overlaid curves,
+    with ``metrics``: the objective's metrics its rows report (:func:`metrics_of`)."""
     out = []
     for run_id in run_ids:
         epochs = metrics.epochs(read_lines(root, run_layout(root, dag_id, run_id).train.metrics))
         if epochs:
-            out.append({"run_id": run_id, "epochs": epochs})
+            out.append({"run_id": run_id, "epochs": epochs, "metrics": metrics_of(epochs)})
     return out
 
 
 def _rounds(root: Path, run: Any, tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Round-based pipelines: per round, each shard's contribution and the global
-    model the round produced (its validation metrics)."""
+    model the round produced (its validation metrics); ``metric``: the objective's
+    first metric (``accuracy``, ``mse``, ``perplexity``), each shard's ``val`` its
+    last epoch's, on the validation split (``val_accuracy`` kept, a classification's)."""
     state = {(s["task_id"], s.get("map_index", -1)): s.get("state") for s in tasks}
     out = []
     for r in run.round_numbers():
         shards = []
+        metric = "accuracy"
         for k, sd in run.shards_of(r).items():
             res = read_json(root, sd.result) or {}
             epochs = metrics.epochs(read_lines(root, sd.metrics))
+            last = epochs[-1] if epochs else {}
+            names = metrics_of(epochs)  # the loss first: the objective's first after it
+            metric = next(iter(names[1:] or names), metric)
             shards.append(
                 {
                     "shard": k,
@@ -314,14 +374,15 @@ def _rounds(root: Path, run: Any, tasks: list[dict[str, Any]]) -> list[dict[str,
                     "contributed": inside(root, sd.delta_sidecar).exists(),
                     "steps": res.get("steps"),
                     "samples_per_second": res.get("samples_per_second"),
-                    "val_accuracy": res.get("val_accuracy")
-                    or (epochs[-1].get("val_accuracy") if epochs else None),
+                    "val_accuracy": res.get("val_accuracy") or last.get("val_accuracy"),
+                    "val": last.get(f"val_{metric}"),
                 }
             )
         out.append(
             {
                 "round": r,
                 "sync_state": state.get((round_sync_task(r), -1)),
+                "metric": metric,
                 "shards": shards,
                 "global": read_json(root, run.round_result(r)),
             }
@@ -363,10 +424,17 @@ def run_report(
         tries[-1]["world_changes"] = [_change_row(n, c) for c in told if isinstance(c, dict)]
     hidden = {r: hidden_share(evs) for r, evs in last.items()}
     statuses = rank_records(root, train)
+    epochs = metrics.epochs(lines)
+    names = metrics_of(epochs)
+    evaluation = read_json(root, run.evaluation)
+    evaluated = evaluation.get("metrics") if isinstance(evaluation, dict) else None
     return {
         "run_id": run_id,
         "stages": tasks,
-        "epochs": metrics.epochs(lines),
+        "epochs": epochs,
+        "metrics": names,
+        # the file's evaluation.metric, else the objective the ranks received
+        "promotion_metric": promotion_metric(file_config or config, evaluated, names),
         "config": config,
         "config_vs_file": config_diff(config or {}, file_config),
         "config_vs_champion": config_diff(config or {}, champ_config),
@@ -377,7 +445,7 @@ def run_report(
         "result": None
         if result is None
         else {k: v for k, v in result.items() if k not in ("config", "epochs")},
-        "evaluation": read_json(root, run.evaluation),
+        "evaluation": evaluation,
         "sync": sync_figures(last.get(0, []), result) if last or result else None,
         "sync_by_rank": [
             {"rank": r, "allreduce_ms": ms, "hidden_share": share}

@@ -17,6 +17,19 @@ const link = (p) => `?${new URLSearchParams(p)}`;
 const bytes = (b) => (b >= 2 ** 20 ? `${(b / 2 ** 20).toFixed(1)} MB` : `${(b / 1024).toFixed(1)} KB`);
 const stateCls = (s) => (s === "failed" || s === "upstream_failed" ? "bad" : s === "success" || s === "done" ? "good" : "");
 const howOf = (how) => String(how ?? "").replace(/^rank \d+ /, "");  // "rank 1 was killed by SIGKILL"
+const said = (key) => String(key).replace(/_/g, " ");  // test_mse: "test mse"
+// The objective's metrics an epoch row reports (its train_<m> keys), as the server's
+// report.metrics_of: the loss first; a row from before objectives: its accuracy, loss.
+function metricsOf(epochs) {
+  const names = [];
+  for (const e of epochs.slice().reverse()) {
+    for (const k of Object.keys(e)) if (k.startsWith("train_") && !names.includes(k.slice(6))) names.push(k.slice(6));
+    for (const m of ["accuracy", "loss"]) if (!names.includes(m) && (`val_${m}` in e || `test_${m}` in e)) names.push(m);
+  }
+  return [...names.filter((m) => m === "loss"), ...names.filter((m) => m !== "loss")];
+}
+// The held-out split of the rows: val (eval_data's), else test (a run without it).
+const heldOf = (epochs) => (epochs.some((e) => Object.keys(e).some((k) => k.startsWith("val_"))) ? "val" : "test");
 const COLOURS = ["#0b69a3", "#c8571e", "#0e7c3a", "#7b3fbf", "#b8860b", "#52606d"];
 
 async function get(path) {
@@ -75,11 +88,13 @@ function registry(reg) {
     ...["model", "training", "distributed"].filter((s) => l.config_values?.[s]).map((s) => [s, html`<code>${JSON.stringify(l.config_values[s])}</code>`]),
   ])}</details>` : "";
   const mv = (v) => { const m = reg.mlflow?.[String(v.version)]; return m ? html` <a class="mlflow" href="${m.url}" target="_blank" rel="noopener">MLflow ${m.name} v${m.version}</a>` : ""; };
+  // the server's columns: the metric the pipeline promotes on, then the test loss
+  const columns = reg.columns ?? ["test_accuracy", "test_loss"];
   return html`<h2 id="registry">Model registry</h2>${reg.versions.length ? table(
-    ["version", "test accuracy", "test loss", "promoted", "why", "lineage"],
+    ["version", ...columns.map(said), "promoted", "why", "lineage"],
     reg.versions.slice().reverse().map((v) => [
       html`v${v.version} ${v.version === reg.champion ? html`<span class="badge">champion</span>` : ""}${mv(v)}`,
-      html`<span class="num">${num(v.metrics?.test_accuracy)}</span>`, html`<span class="num">${num(v.metrics?.test_loss)}</span>`,
+      ...columns.map((c) => html`<span class="num">${num(v.metrics?.[c])}</span>`),
       v.promoted ? html`<span class="good">yes</span>` : html`<span class="bad">no</span>`, v.reason, lineage(v.lineage),
     ]), "registry") : html`<p class="muted">No model registered yet.</p>`}`;
 }
@@ -218,12 +233,14 @@ function pipelineSummary(p) {
     typeof p.peak_activation_bytes === "number" ? ` · peak activations ${bytes(p.peak_activation_bytes)}${p.stage != null ? ` (stage ${p.stage})` : ""}` : ""}</p>`;
 }
 
+// Each round's shards and global model, by the objective's first metric (r.metric:
+// accuracy, mse, perplexity, ...) on the validation split.
 function roundsView(rounds) {
-  return rounds.map((r) => html`<h3>Round ${r.round} <span class="muted">sync: ${r.sync_state ?? "not yet"}</span></h3>${
-    table(["shard", "task", "contribution", "steps", "samples/s", "validation accuracy"], r.shards.map((s) => [
+  return rounds.map((r) => { const m = r.metric ?? "accuracy"; return html`<h3>Round ${r.round} <span class="muted">sync: ${r.sync_state ?? "not yet"}</span></h3>${
+    table(["shard", "task", "contribution", "steps", "samples/s", `validation ${said(m)}`], r.shards.map((s) => [
       s.shard, html`<span class="${stateCls(s.state)}">${s.state}</span>`, s.contributed ? html`<span class="good">written</span>` : html`<span class="muted">none</span>`,
-      s.steps, html`<span class="num">${num(s.samples_per_second, 0)}</span>`, html`<span class="num">${num(s.val_accuracy)}</span>`]))}${
-    r.global ? html`<p>global model after round ${r.round}: validation accuracy <b>${num(r.global.metrics?.val_accuracy)}</b>, loss ${num(r.global.metrics?.val_loss)}, |pseudo-gradient| ${num(r.global.pseudo_gradient_norm)}</p>` : ""}`);
+      s.steps, html`<span class="num">${num(s.samples_per_second, 0)}</span>`, html`<span class="num">${num(s.val ?? s.val_accuracy)}</span>`]))}${
+    r.global ? html`<p>global model after round ${r.round}: validation ${said(m)} <b>${num(r.global.metrics?.[`val_${m}`])}</b>${m !== "loss" ? `, loss ${num(r.global.metrics?.val_loss)}` : ""}, |pseudo-gradient| ${num(r.global.pseudo_gradient_norm)}</p>` : ""}`; });
 }
 
 async function run(dagId, runId) {
@@ -232,6 +249,9 @@ async function run(dagId, runId) {
   const traceUrl = `${base}/trace${step ? `?step=${encodeURIComponent(step)}` : ""}`;
   const [r, reg, trace, curves] = await Promise.all([get(base), get(`${d}/registry`), get(traceUrl).catch(() => ({ traceEvents: [] })), get(`${d}/curves`).catch(() => [])]);
   const ev = r.evaluation, res = r.result;
+  // the objective's metrics (the loss first), its first but the loss, the promotion metric
+  const metrics = r.metrics ?? metricsOf(r.epochs), first = metrics.find((m) => m !== "loss") ?? "loss";
+  const promo = r.promotion_metric ?? "test_accuracy", lastRow = r.epochs.at(-1) ?? {};
   const failed = r.ranks.filter((k) => k.status === "failed");
   const changes = r.world_changes ?? [];
   const steps = r.trace_steps.map((s) => html`<option value="${s.step ?? ""}"${String(s.step ?? "") === (step ?? "") ? html` selected` : ""}>${s.label}</option>`);
@@ -242,7 +262,7 @@ async function run(dagId, runId) {
     <h2>Stages</h2>${table(["stage", "state", "try", "seconds"], r.stages.map((s) => [s.task_id + (s.map_index >= 0 ? `[${s.map_index}]` : ""), html`<span class="${stateCls(s.state)}">${s.state}</span>`, s.try_number, html`<span class="num">${num(s.duration, 1)}</span>`]))}
     <h2>Curves</h2><div class="charts" id="charts"></div>
     ${r.epochs.length ? (curves.length > 1 ? html`<p class="muted">dashed: validation of the pipeline's ${curves.length - 1} other newest run(s), for comparison</p>` : "") : html`<p class="muted">No epoch has ended yet.</p>`}
-    <h2>Result</h2>${res ? table(["validation accuracy", "test accuracy", "samples/s", "median step (s)", "skipped steps"], [[num(res.val_accuracy), num(ev?.metrics?.test_accuracy), num(res.samples_per_second, 0), num(res.median_step_seconds, 4), res.skipped_steps]]) : html`<p class="muted">No result yet.</p>`}
+    <h2>Result</h2>${res ? table([`validation ${said(first)}`, said(promo), "samples/s", "median step (s)", "skipped steps"], [[num(lastRow[`val_${first}`] ?? (first === "accuracy" ? res.val_accuracy : null)), num(ev?.metrics?.[promo]), num(res.samples_per_second, 0), num(res.median_step_seconds, 4), res.skipped_steps]]) : html`<p class="muted">No result yet.</p>`}
     ${pipelineSummary(res?.pipeline)}
     ${ev ? html`<p class="verdict">${ev.better ? "promoted" : "not promoted"}: ${ev.reason}</p>` : ""}
     ${r.mlflow ? html`<p class="mlflow">MLflow: <a href="${r.mlflow.url}" target="_blank" rel="noopener">run ${r.mlflow.run_id}</a> in experiment ${r.mlflow.experiment}${r.mlflow.pending ? html` <span class="bad">(some logging is waiting for the server)</span>` : ""}</p>` : ""}
@@ -272,12 +292,15 @@ async function run(dagId, runId) {
   });
   const charts = document.getElementById("charts");
   window.dagtrainCharts = [];
+  // a chart per metric of the objective (the loss first): train, and the held-out split
+  // (validation, or test without eval_data); the other runs' held-out curves dashed
   const others = curves.filter((c) => c.run_id !== runId);
-  for (const [title, keys] of [["loss", ["train_loss", "val_loss"]], ["accuracy", ["train_accuracy", "val_accuracy"]]]) {
-    const el = document.createElement("div"); el.className = "chart"; charts.appendChild(el);
-    chart(el, title, [
-      ["train", r.epochs, keys[0], {}], ["validation", r.epochs, keys[1], {}],
-      ...others.map((c) => [`${c.run_id.slice(0, 28)} (val)`, c.epochs, keys[1], { dash: [6, 4], width: 1 }]),
+  const held = heldOf(r.epochs), heldName = held === "val" ? "validation" : "test";
+  for (const m of metrics) {
+    const el = document.createElement("div"); el.className = "chart"; el.dataset.metric = m; charts.appendChild(el);
+    chart(el, said(m), [
+      ["train", r.epochs, `train_${m}`, {}], [heldName, r.epochs, `${held}_${m}`, {}],
+      ...others.map((c) => { const h = heldOf(c.epochs); return [`${c.run_id.slice(0, 28)} (${h})`, c.epochs, `${h}_${m}`, { dash: [6, 4], width: 1 }]; }),
     ]);
   }
   if (r.stages.some((s) => ["running", "queued", "scheduled", "up_for_retry", "restarting"].includes(s.state))) setTimeout(() => run(dagId, runId), 3000);

@@ -243,3 +243,45 @@ def test_values_written_as_html_show_as_text_and_never_run(chromium, tmp_path):
         assert errors == []
     finally:
         page.close()
+
+
+def test_a_regression_runs_page_draws_a_chart_per_metric_and_shows_test_mse(chromium, tmp_path):
+    from .test_page_report import REGRESSION_ROWS, objective_run, registered
+
+    root, data = objective_run(tmp_path, REGRESSION_ROWS)
+    tested = {"test_loss": 940.0, "test_mse": 940.0, "test_mae": 24.0, "test_r2": 0.2}
+    registered(root, "regression", tested | {"test_samples": 89})
+    train = report.run_dir_of(root, DAG, "manual__obj") / "train"
+    (train / "result.json").write_text(json.dumps({"world": 2, "samples_per_second": 900.0}))
+    (train.parent / "eval.json").write_text(
+        json.dumps({"checkpoint": "c.pt", "metrics": tested, "better": True, "reason": "first"})
+    )
+    page = chromium.new_page(viewport={"width": 1280, "height": 900})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    browser.serve(page, root, data, "manual__obj")
+    page.goto(browser.page_url("manual__obj"))
+    try:
+        page.wait_for_selector("#registry", timeout=15_000)
+        charts = page.locator("#charts .chart")
+        assert [charts.nth(i).get_attribute("data-metric") for i in range(4)] == [
+            "loss",
+            "mse",
+            "mae",
+            "r2",
+        ]
+        assert texts(page, "#charts .u-title") == ["loss", "mse", "mae", "r2"]
+        assert texts(page, "#charts .chart:nth-child(2) .u-legend th")[1:] == [
+            "train",
+            "validation",
+        ]
+        heads = texts(page, "h2:has-text('Result') + div table th")
+        assert heads[:2] == ["validation mse", "test mse"], heads
+        result = texts(page, "h2:has-text('Result') + div table td")
+        assert result[:2] == ["948.0000", "940.0000"], result  # the last epoch's val_mse
+        assert texts(page, "table.registry th")[1:3] == ["test mse", "test loss"]
+        assert texts(page, "table.registry td")[1:3] == ["940.0000", "940.0000"]
+        page.screenshot(path=str(tmp_path / "regression.png"), full_page=True)
+        assert errors == []
+    finally:
+        page.close()

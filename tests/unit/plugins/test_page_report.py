@@ -249,3 +249,88 @@ def test_a_rank_whose_try_ended_without_its_record_saying_so_shows_as_stopped(tm
     assert (
         report.run_report(root, DAG, "manual__1", stages, None, data)["ranks"][0]["status"] == left
     )
+
+
+# rank 0's epoch rows of a regression (validation split) and of a language model (test
+# split: no eval_data): the objective's metrics, and the sums they come from
+REGRESSION_ROWS = [
+    {
+        **{"kind": "epoch", "epoch": e, "train_loss": 900.0 - e, "train_mse": 900.0 - e},
+        **{"train_mae": 25.0 - e, "train_r2": 0.1 * e, "val_loss": 950.0 - e},
+        **{"val_mse": 950.0 - e, "val_mae": 26.0 - e, "val_r2": 0.1 * e - 0.05},
+        **{"val_abs_error": 2300.0, "val_target_sum": 13631, "val_target_squares": 2634331},
+        **{"val_units": 88, "val_samples": 88, "step": 10 * (e + 1), "total_steps": 30},
+    }
+    for e in range(3)
+]
+LANGUAGE_MODEL_ROWS = [
+    {
+        **{"kind": "epoch", "epoch": e, "train_loss": 3.0 - e, "train_perplexity": 20.0 - e},
+        **{"train_accuracy": 0.2 + e / 10, "test_loss": 3.1 - e, "test_perplexity": 22.0 - e},
+        **{"test_accuracy": 0.18 + e / 10, "test_correct": 47 + e, "test_units": 260},
+        **{"test_samples": 10},
+    }
+    for e in range(2)
+]
+
+
+def objective_run(tmp_path, rows, run_id="manual__obj"):
+    """A run folder whose training wrote ``rows``, with no trace or rank record."""
+    root = tmp_path / "art" / "p"
+    (root / "data" / "v1").mkdir(parents=True, exist_ok=True)
+    train = report.run_dir_of(root, DAG, run_id) / "train"
+    train.mkdir(parents=True)
+    start = {"kind": "start", "step": 0, "total_steps": 30, "steps_per_epoch": 10}
+    (train / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in [start, *rows]))
+    return root, {"dir": str(root / "data" / "v1"), "version": "v1", "rows": {"train": 9}}
+
+
+def registered(root, objective, metrics, evaluation=None):
+    """A registry of one promoted version whose lineage keeps the config's values."""
+    values = {"objective": {"name": objective, "args": {}}, "evaluation": evaluation or {}}
+    entry = {"version": 1, "path": "m.pt", "metrics": metrics, "promoted": True}
+    entry["lineage"] = {"run_id": "manual__obj", "config_values": values}
+    (root / "registry").mkdir(exist_ok=True)
+    (root / "registry" / "registry.json").write_text(
+        json.dumps({"champion": 1, "versions": [entry]})
+    )
+
+
+def test_a_regression_runs_report_has_a_series_per_metric_and_promotes_on_test_mse(tmp_path):
+    root, data = objective_run(tmp_path, REGRESSION_ROWS)
+    tested = {"test_loss": 940.0, "test_mse": 940.0, "test_mae": 24.0, "test_r2": 0.2}
+    registered(root, "regression", tested | {"test_units": 89, "test_samples": 89})
+    params = {"objective": {"name": "regression"}, "evaluation": {"metric": None}}
+    r = report.run_report(root, DAG, "manual__obj", [], params, data)
+    assert r["metrics"] == ["loss", "mse", "mae", "r2"]  # the sums are no metric
+    assert r["promotion_metric"] == "test_mse"
+    for m in r["metrics"]:  # each chart's train and validation series, an epoch a point
+        assert [e[f"train_{m}"] for e in r["epochs"]] == [x[f"train_{m}"] for x in REGRESSION_ROWS]
+        assert [e[f"val_{m}"] for e in r["epochs"]] == [x[f"val_{m}"] for x in REGRESSION_ROWS]
+    (curve,) = report.curves_of(root, DAG, ["manual__obj"])
+    assert curve["metrics"] == ["loss", "mse", "mae", "r2"] and len(curve["epochs"]) == 3
+    reg = report.registry_of(root)
+    assert reg["metric"] == "test_mse" and reg["columns"] == ["test_mse", "test_loss"]
+
+
+def test_a_language_models_report_promotes_on_perplexity_unless_the_config_says(tmp_path):
+    root, data = objective_run(tmp_path, LANGUAGE_MODEL_ROWS)
+    tested = {"test_loss": 2.1, "test_perplexity": 8.2, "test_accuracy": 0.3}
+    registered(root, "language_model", tested, {"metric": "test_accuracy"})
+    r = report.run_report(root, DAG, "manual__obj", [], None, data)
+    assert r["metrics"] == ["loss", "perplexity", "accuracy"]
+    # no Params, no config: the objective's first metric, as the epoch rows report it
+    assert r["promotion_metric"] == "test_perplexity"
+    params = {"objective": {"name": "language_model"}, "evaluation": {"metric": "test_loss"}}
+    assert report.run_report(root, DAG, "manual__obj", [], params, data)["promotion_metric"] == (
+        "test_loss"
+    )
+    # ... and the registry's newest entry names evaluation.metric: the table shows it
+    assert report.registry_of(root)["columns"] == ["test_accuracy", "test_loss"]
+
+
+def test_a_registry_from_before_configs_were_kept_shows_accuracy_or_the_loss(tmp_path):
+    assert report.promotion_metric(None, {"test_accuracy": 0.9}) == "test_accuracy"
+    assert report.promotion_metric(None, {"test_mse": 3.0}) == "test_loss"
+    assert report.promotion_metric({"objective": {"name": "pkg.mod:mine"}}) == "test_loss"
+    assert report.registry_of(tmp_path)["columns"] == ["test_loss"]  # no registry: no entry
