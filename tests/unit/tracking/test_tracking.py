@@ -168,3 +168,66 @@ def test_a_tracking_uri_with_a_password_is_never_recorded_or_reported(monkeypatc
     assert warning.startswith("MLflow tracking: connection 'mlflow_secret'") and (
         "failed in start" in warning
     ), warning
+
+
+class _Client:
+    """MLflow's client as the tracker calls it, keeping what is logged."""
+
+    def __init__(self):
+        from types import SimpleNamespace
+
+        self.ns = SimpleNamespace
+        self.metrics: list = []
+
+    def get_experiment_by_name(self, name):
+        return self.ns(experiment_id="1")
+
+    def search_runs(self, *a, **k):
+        return []
+
+    def create_run(self, *a, **k):
+        return self.ns(info=self.ns(run_id="r1"))
+
+    def get_run(self, run):
+        return self.ns(data=self.ns(params={}))
+
+    def get_metric_history(self, run, key):
+        return []
+
+    def log_batch(self, run, metrics=(), params=(), tags=()):
+        self.metrics += list(metrics or ())
+
+    def log_artifact(self, *a, **k):
+        pass
+
+    log_artifacts = log_artifact
+
+
+def test_every_metric_of_an_objective_reaches_mlflow(monkeypatch, tmp_path):
+    """A regression's epoch rows and a language model's evaluation: each metric and sum
+    is logged (mse, mae, r2, perplexity: no name is singled out), an epoch's at its step."""
+    pytest.importorskip("mlflow")
+    from dagtrain.tracking import Tracker
+
+    monkeypatch.setenv("AIRFLOW_CONN_MLFLOW_FAKE", "http://127.0.0.1:9")
+    t = Tracker(tracked(connection="mlflow_fake"), tmp_path / "run", tmp_path / "reg")
+    t._client = client = _Client()
+    train = tmp_path / "run" / "train"
+    train.mkdir(parents=True)
+    row = {"kind": "epoch", "epoch": 0, "step": 10, "total_steps": 10, "time": 1.0}
+    row |= {"train_loss": 900.0, "train_mse": 900.0, "train_mae": 25.0, "train_r2": 0.1}
+    row |= {"val_loss": 950.0, "val_mse": 950.0, "val_mae": 26.0, "val_r2": 0.05}
+    row |= {"val_abs_error": 2288.0, "val_target_sum": 13631, "val_units": 88}
+    (train / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+    assert t.do("train", train_dir=str(train)) is True
+    logged = {m.key: (m.value, m.step) for m in client.metrics}
+    for k in ("train_mse", "train_mae", "train_r2", "val_mse", "val_mae", "val_r2", "val_units"):
+        assert logged[k] == (float(row[k]), 10), k
+    assert not {"kind", "time", "total_steps"} & set(logged)
+    tested = {"test_loss": 2.1, "test_perplexity": 8.17, "test_accuracy": 0.3}
+    tested |= {"test_correct": 78, "test_units": 260}
+    evaluation = tmp_path / "run" / "eval.json"
+    evaluation.write_text(json.dumps({"checkpoint": "c.pt", "metrics": tested, "reason": "x"}))
+    client.metrics = []
+    assert t.do("evaluate", evaluation=str(evaluation)) is True
+    assert {m.key: m.value for m in client.metrics} == {k: float(v) for k, v in tested.items()}
