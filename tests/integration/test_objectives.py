@@ -157,3 +157,13 @@ def test_an_elastic_world_that_shrinks_equals_the_smaller_worlds_run(tmp_path, o
     last = res.epochs[-1]
     for m in METRICS[objective]:
         assert math.isfinite(last[f"train_{m}"]) and f"test_{m}" in last, last
+
+
+def test_the_three_backends_train_a_language_model_bitwise_alike(tmp_path):
+    digests = {}
+    for backend in ("torch", "mpi", "horovod"):
+        cfg = config("language_model", tmp_path / backend, backend=backend, ranks=2, max_steps=6)
+        r = run_training(cfg, **QUIET)
+        assert (r.world, r.backend, r.steps) == (2, backend, 6)
+        digests[backend] = r.params_sha256
+    assert len(set(digests.values())) == 1, digests
