@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dagtrain.config import OBJECTIVE_METRICS
+
 from .jsonfile import read_object, write_json
 from .typed import from_doc, from_doc_or_none
 
@@ -41,15 +43,20 @@ __all__ = [
 
 
 def metric_names(row: dict[str, Any]) -> list[str]:
-    """The objective's metrics an epoch row reports, in the objective's order: the names
-    of its ``train_<m>`` keys (exactly the objective's metrics; the ``val_`` and ``test_``
-    keys also hold sums such as ``val_correct``), ``loss`` last, as every built-in lists
-    it (rank 0 writes it first). A row from before objectives had no ``train_accuracy``:
-    its ``val_``/``test_`` accuracy and loss count too."""
+    """The objective's metrics an epoch row reports, in the objective's order (``mse``,
+    ``mae``, ``r2``, ``loss``): the names of its ``train_<m>`` keys (exactly the
+    objective's metrics; the ``val_`` and ``test_`` keys also hold sums such as
+    ``val_correct``), ordered as the built-in objective with those metrics lists them
+    (a JSON file written with sorted keys has lost the order), an author's objective's
+    as the row has them, ``loss`` last. A row from before objectives had no
+    ``train_accuracy``: its ``val_``/``test_`` accuracy and loss count too."""
     names = [k.removeprefix("train_") for k in row if k.startswith("train_")]
     for old in ("accuracy", "loss"):
         if old not in names and (f"val_{old}" in row or f"test_{old}" in row):
             names.append(old)
+    builtin = next((list(m) for m in OBJECTIVE_METRICS.values() if set(m) == set(names)), None)
+    if builtin is not None:
+        names = builtin
     return [n for n in names if n != "loss"] + (["loss"] if "loss" in names else [])
 
 

@@ -137,6 +137,8 @@ def test_a_regression_epoch_line_shows_its_metrics_in_the_objectives_order_not_i
     shard = Display._epoch_line("round_12_train[3]", info, REGRESSION, width=80)
     assert shard == "round_12_train[3] epoch 2/8: loss 6697.6, val mse 5260.1, ETA 9.0 s"
     assert len(Display._epoch_line("round_12_train[3]", info, REGRESSION, width=50)) < 60
+    # keys in another order (a file written with sorted keys): the objective's order still
+    assert Display._epoch_line("train", info, dict(sorted(REGRESSION.items()))) == wide
 
 
 def test_a_language_models_epoch_line_shows_perplexity_then_accuracy_of_the_test_split():

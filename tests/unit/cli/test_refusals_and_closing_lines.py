@@ -120,7 +120,8 @@ def test_closing_lines_of_a_regression_name_the_metric_that_promoted_it(tmp_path
     assert ok and why.startswith("test mse 5000.5000 beats the champion v1's 5100.0000")
     ev = {"metrics": REGRESSION_TEST, "champion": 1, "better": ok, "reason": why}
     ev["champion_metrics"] = champ.metrics
-    train = {"val_accuracy": None, "epochs": [{}, {}, REGRESSION_ROW]}
+    # result.json's rows, as the train phase writes them: keys sorted (mae before mse)
+    train = {"val_accuracy": None, "epochs": [{}, {}, dict(sorted(REGRESSION_ROW.items()))]}
     assert outcome_lines(train, ev, {"version": 2}) == [
         "validation mse 5260.1200, mae 56.8100, r2 0.1148 (after 3 epoch(s))",
         "test mse 5000.5000 (test mae 55.2500, test r2 0.2000, test loss 5000.5000, "
