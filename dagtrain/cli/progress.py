@@ -126,10 +126,12 @@ _SHORT = {"accuracy": "acc", "perplexity": "ppl"}
 
 
 def _figure(value: Any) -> str:
-    """A metric as an epoch line shows it: four decimals (``0.9667``), one from 1000 up
-    (a regression's squared error, ``3120.4``); ``inf``, ``nan`` as such."""
+    """A metric as an epoch line shows it: four decimals (``0.9667``), two from 100 up
+    (a regression's absolute error, ``103.12``), one from 1000 (its squared error,
+    ``3120.4``); ``inf``, ``nan`` as such."""
     v = float(value)
-    return f"{v:.1f}" if math.isfinite(v) and abs(v) >= 1000 else f"{v:.4f}"
+    size = abs(v) if math.isfinite(v) else 0.0
+    return f"{v:.{1 if size >= 1000 else 2 if size >= 100 else 4}f}"
 
 
 def _held_parts(held: list[tuple[str, str, str]], short: bool, every: bool) -> list[str]:

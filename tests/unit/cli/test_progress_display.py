@@ -137,6 +137,10 @@ def test_a_regression_epoch_line_shows_its_metrics_in_the_objectives_order_not_i
     shard = Display._epoch_line("round_12_train[3]", info, REGRESSION, width=80)
     assert shard == "round_12_train[3] epoch 2/8: loss 6697.6, val mse 5260.1, ETA 9.0 s"
     assert len(Display._epoch_line("round_12_train[3]", info, REGRESSION, width=50)) < 60
+    # a first epoch's large errors: fewer decimals, so that every metric still fits
+    early = {**REGRESSION, "epoch": 0, "train_loss": 9514.43, "val_mae": 103.1234}
+    line = Display._epoch_line("train", info, early | {"val_r2": -0.0123, "elapsed": 0.2}, width=80)
+    assert line == "train epoch 1/8: loss 9514.4, val mse 5260.1, mae 103.12, r2 -0.0123, ETA 0.6 s"
     # keys in another order (a file written with sorted keys): the objective's order still
     assert Display._epoch_line("train", info, dict(sorted(REGRESSION.items()))) == wide
 
