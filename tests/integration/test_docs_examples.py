@@ -100,3 +100,58 @@ def test_the_guides_dataset_example_validates_prepares_and_trains(tmp_path, monk
     data = prepare_phase(cfg)
     result = train_phase(cfg, "docs", data, code_dirs=(str(tmp_path),))
     assert result["world"] == 2 and result["val_accuracy"] > 0.9, result
+
+
+def test_the_guides_own_objective_validates_trains_and_decides_promotion(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    from dagtrain.config import load_config
+    from dagtrain.phases.prep import prepare_phase
+    from dagtrain.phases.registry import evaluate_phase
+    from dagtrain.phases.train import train_phase
+
+    (tmp_path / "my_objective.py").write_text(_block("docs/guide.md", "# my_objective.py"))
+    cfg_file = tmp_path / "my_objective_pipeline.yaml"
+    cfg_file.write_text(_block("docs/guide.md", "# my_objective_pipeline.yaml"))
+    out = subprocess.run(
+        [sys.executable, "-m", "dagtrain", "validate", str(cfg_file)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    monkeypatch.setenv("DAGTRAIN_HOME", str(tmp_path / "home"))
+    monkeypatch.syspath_prepend(str(tmp_path))  # as the DAGs folder is for a task
+    cfg = load_config(cfg_file)
+    data = prepare_phase(cfg)
+    result = train_phase(cfg, "docs", data, code_dirs=(str(tmp_path),))
+    assert result["world"] == 2
+    last = result["epochs"][-1] if "epochs" in result else None
+    ev = evaluate_phase(cfg, "docs", data, result)
+    m = ev["metrics"]
+    assert {"test_within", "test_mae", "test_loss", "test_abs_error"} <= set(m), m
+    assert 0.5 < m["test_within"] <= 1 and m["test_units"] == m["test_samples"], (m, last)
+    assert ev["better"] and ev["reason"] == "the first model: no champion yet", ev
+    # a metric the objective does not report is refused before anything runs, named
+    bad = cfg_file.read_text().replace("metric: test_within", "metric: test_r2")
+    cfg_file.write_text(bad)
+    out = subprocess.run(
+        [sys.executable, "-m", "dagtrain", "validate", str(cfg_file)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2 and "evaluation.metric 'test_r2'" in out.stderr, out.stderr
+    assert "test_within, test_mae, test_loss" in out.stderr, out.stderr
+
+
+def test_the_language_model_example_of_training_md_runs(monkeypatch):
+    monkeypatch.chdir(ROOT)  # its text is the project's, dags/data/corpus.txt
+    code = _block("docs/training.md", "from dagtrain.training import TrainConfig, train")
+    ns: dict = {"__name__": "__example__"}
+    exec(compile(code, "docs/training.md", "exec"), ns)
+    row = ns["result"].epochs[-1]
+    assert 1 < row["test_perplexity"] < 30 and row["train_accuracy"] > 0.1, row

@@ -373,8 +373,11 @@ def _sums(model: nn.Module, x: Any, y: Any, objective: Objective) -> dict[str, f
 
 def _metrics(sums: dict[str, float], split: str, objective: Objective | None) -> dict[str, float]:
     objective = objective or Classification()
-    out = {f"{split}_{k}": v for k, v in objective.compute(sums).items()}
+    metrics = objective.compute(sums)
+    out = {f"{split}_{k}": v for k, v in metrics.items()}
     for k in (*objective.tallies, "units", "samples"):
+        if k in metrics:  # a sum named as a metric: the metric is what is reported
+            continue
         v = sums[k]
         out[f"{split}_{k}"] = int(v) if float(v).is_integer() else v
     return out

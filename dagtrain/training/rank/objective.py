@@ -16,7 +16,7 @@ object with the same attributes and methods)::
 
     class Huber(Objective):
         metrics = {"loss": "min", "within_10": "max"}
-        tallies = ("within_10",)
+        tallies = ("close",)  # named apart from the metrics
 
         def loss(self, output, target):
             return torch.nn.functional.huber_loss(
@@ -29,7 +29,7 @@ object with the same attributes and methods)::
 
         def compute(self, sums):
             return {"loss": sums["loss"] / sums["units"],
-                    "within_10": sums["within_10"] / sums["units"]}
+                    "within_10": sums["close"] / sums["units"]}
 
     def huber(**args):
         return Huber()
@@ -62,7 +62,8 @@ class Objective:
     """The base of every objective. ``metrics``: the metrics it reports (the first
     decides promotion unless ``evaluation.metric`` says otherwise), each ``"max"``
     (higher is better) or ``"min"``; ``tallies``: the names of what :meth:`tally` sums
-    besides the loss and the units."""
+    besides the loss and the units (named apart from the metrics: evaluation records
+    both, ``test_<name>``)."""
 
     name = "objective"
     metrics: ClassVar[dict[str, str]] = {"loss": "min"}
