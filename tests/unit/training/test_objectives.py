@@ -1,0 +1,186 @@
+"""Objectives: sums that add up however the batch is cut, the data each one takes, and
+what is refused before any work, naming the field."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+from dagtrain.config import ObjectiveConfig, TrainConfig
+from dagtrain.errors import InputError
+from dagtrain.training.driver.preflight import check
+from dagtrain.training.rank.data import DataForm, checked_arrays, load_dataset, read_arrays
+from dagtrain.training.rank.models import DataInfo, build_model, evaluate
+from dagtrain.training.rank.objective import (
+    Classification,
+    LanguageModel,
+    Regression,
+    checked_loss,
+    objective_of,
+)
+
+
+def sums_of(objective, out, y):
+    s = {"loss": float(objective.loss(out, y)), "units": objective.units(y)}
+    return s | dict(zip(objective.tallies, objective.tally(out, y)))
+
+
+@pytest.mark.parametrize(
+    ("objective", "out", "y"),
+    [
+        (Classification(), torch.randn(12, 5), torch.randint(0, 5, (12,))),
+        (Regression(), torch.randn(12, 3), torch.randn(12, 3)),
+        (LanguageModel(), torch.randn(12, 7, 11), torch.randint(0, 11, (12, 7))),
+    ],
+)
+def test_the_sums_of_parts_give_the_metrics_of_the_whole(objective, out, y):
+    whole = objective.compute(sums_of(objective, out, y))
+    parts = [sums_of(objective, out[a:b], y[a:b]) for a, b in ((0, 5), (5, 6), (6, 12))]
+    total = {k: sum(p[k] for p in parts) for k in parts[0]}
+    split = objective.compute(total)
+    assert set(whole) == set(objective.metrics)
+    for k, v in whole.items():
+        assert split[k] == pytest.approx(v, rel=1e-6), k
+
+
+def test_the_built_in_figures_are_what_they_say():
+    y = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    out = torch.tensor([[1.0, 2.0], [3.0, 6.0]])
+    m = Regression().compute(sums_of(Regression(), out, y))
+    assert m["mse"] == m["loss"] == pytest.approx(1.0) and m["mae"] == pytest.approx(0.5)
+    assert m["r2"] == pytest.approx(1 - 4.0 / 5.0)  # SST of 1,2,3,4 about 2.5: 5
+    logits = torch.zeros(1, 2, 4)  # uniform over 4 tokens: perplexity 4
+    lm = LanguageModel().compute(sums_of(LanguageModel(), logits, torch.tensor([[0, 3]])))
+    assert lm["perplexity"] == pytest.approx(4.0) and lm["loss"] == pytest.approx(np.log(4))
+
+
+def test_evaluation_records_the_metrics_and_the_counts_beside_them():
+    model = build_model("mlp", (4,), 3, hidden=[8])
+    x, y = torch.randn(10, 4), torch.randint(0, 3, (10,))
+    m = evaluate(model, x, y, "test")
+    assert set(m) == {"test_loss", "test_accuracy", "test_correct", "test_units", "test_samples"}
+    assert m["test_accuracy"] == m["test_correct"] / 10 and isinstance(m["test_correct"], int)
+
+
+def test_a_text_is_cut_into_windows_whose_targets_are_shifted_by_one(tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("abcdefghij", encoding="utf-8")
+    form = DataForm("tokens", sequence_length=4, objective="language_model")
+    x, y, shape, vocab = read_arrays(str(text), form)
+    assert x.dtype == y.dtype == np.int64 and shape == (4,) and vocab == 256
+    assert bytes(x[0].tolist()) == b"abcd" and bytes(y[0].tolist()) == b"bcde"
+    assert len(x) == 2  # 10 bytes: windows at 0 and 4 (the next needs byte 12)
+    ds = load_dataset(str(text), 0.0, 0, normalize=True, form=form)
+    assert ds.train.x.dtype == torch.int64  # token ids are not standardised
+    assert ds.info.tokens and DataInfo(**{**ds.info.__dict__}).classes == 256
+
+
+def test_token_files_and_their_vocabulary(tmp_path):
+    ids = np.arange(40, dtype=np.uint16) % 7
+    ids.tofile(tmp_path / "t.bin")
+    np.save(tmp_path / "t.npy", ids.astype(np.int32))
+    form = DataForm("tokens", sequence_length=8, objective="language_model")
+    for name in ("t.bin", "t.npy"):
+        x, y, _, vocab = read_arrays(str(tmp_path / name), form)
+        assert vocab == 7 and x.shape == (4, 8) and (y[:, :-1] == x[:, 1:]).all()
+    small = DataForm("tokens", sequence_length=8, vocab_size=5, objective="language_model")
+    with pytest.raises(InputError, match=r"token id 6 is at or above data.vocab_size \(5\)"):
+        read_arrays(str(tmp_path / "t.bin"), small)
+
+
+@pytest.mark.parametrize(
+    ("form", "match"),
+    [
+        (DataForm("tokens", objective="language_model"), r"^data.sequence_length: .* set data"),
+        (
+            DataForm("tokens", sequence_length=100, objective="language_model"),
+            r"data.sequence_length 100 is longer than data .* 40 tokens",
+        ),
+        (DataForm("classes", sequence_length=8), r"use objective.name: language_model"),
+    ],
+)
+def test_a_text_source_refuses_what_it_cannot_cut(tmp_path, form, match):
+    (tmp_path / "t.txt").write_text("x" * 40)
+    with pytest.raises(InputError, match=match):
+        read_arrays(str(tmp_path / "t.txt"), form)
+
+
+def test_targets_that_do_not_fit_the_objective_are_refused_naming_the_fix():
+    x = np.random.default_rng(0).normal(size=(6, 3))
+    with pytest.raises(InputError, match=r"not the classes 0..C-1.*use objective.name: regression"):
+        checked_arrays("d.npz", x, np.linspace(0, 1, 6), None, 0, DataForm("classes"))
+    with pytest.raises(InputError, match=r"targets are integers .*objective.name: classification"):
+        checked_arrays("d.npz", x, np.arange(6), None, 0, DataForm("values"))
+    _, y2, _, outputs = checked_arrays(
+        "d.npz", x, np.ones((6, 2), np.float64), None, 0, DataForm("values")
+    )
+    assert y2.dtype == np.float32 and outputs == 2
+
+
+def test_a_built_in_takes_no_args_and_an_unimportable_objective_is_named():
+    with pytest.raises(InputError, match=r"objective.args .* takes no arguments"):
+        objective_of(ObjectiveConfig(name="regression", args={"x": 1}))
+    with pytest.raises(InputError, match=r"^objective.name 'nowhere_at_all:obj': cannot import"):
+        objective_of(ObjectiveConfig(name="nowhere_at_all:obj"))
+
+
+OWN = """
+from dagtrain.training.rank.objective import Objective
+
+
+class PerSample(Objective):
+    metrics = {"loss": "min"}
+
+    def loss(self, output, target):
+        return ((output.squeeze(-1) - target) ** 2)  # one per sample: not a scalar
+
+    def compute(self, sums):
+        return {"loss": sums["loss"] / sums["units"]}
+
+
+def per_sample():
+    return PerSample()
+
+
+def not_an_objective():
+    return 42
+"""
+
+
+@pytest.fixture
+def own_module(tmp_path, monkeypatch):
+    (tmp_path / "own_objectives.py").write_text(textwrap.dedent(OWN))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "own_objectives"
+    sys.modules.pop("own_objectives", None)
+
+
+def test_an_own_objective_that_is_not_one_or_gives_no_scalar_is_refused(own_module):
+    with pytest.raises(InputError, match=r"returned a int, which has no loss"):
+        objective_of(ObjectiveConfig(name=f"{own_module}:not_an_objective"))
+    own = objective_of(ObjectiveConfig(name=f"{own_module}:per_sample"))
+    with pytest.raises(InputError, match=r"its loss of a batch is \(4,\), not a scalar tensor"):
+        checked_loss(own, torch.randn(4, 1), torch.randn(4), f"{own_module}:per_sample")
+
+
+def test_the_preflight_refuses_an_own_objective_and_a_metric_it_does_not_report(own_module):
+    spec = {
+        "model": {"name": "mlp", "args": {"hidden": [8]}},
+        "data": "diabetes",
+        "objective": {"name": f"{own_module}:per_sample"},
+    }
+    with pytest.raises(InputError, match=r"^objective.name .*not a scalar tensor"):
+        check(spec)
+    ok = check(spec | {"objective": {"name": "regression"}})
+    assert ok["ok"] and ok["classes"] == 1  # one value per sample
+    with pytest.raises(InputError, match=r"evaluation.metric 'test_accuracy': objective"):
+        check(spec | {"objective": {"name": "regression"}, "metric": "test_accuracy"})
+
+
+def test_a_trainconfig_names_its_objective_in_one_word():
+    cfg = TrainConfig(objective="language_model", sequence_length=32)
+    assert cfg.objective.name == "language_model" and cfg.objective.targets == "tokens"
