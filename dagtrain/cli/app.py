@@ -71,7 +71,9 @@ def validate(config: ConfigArg, sets: Sets = None, home: HomeOpt = Path(".dagtra
             ("ok", "green"),
             f" {config}: pipeline ",
             (eff.name, "bold"),
-            f" ({eff.pipeline}), model {eff.model.name}, {eff.distributed.ranks} "
+            f" ({eff.pipeline}), model {eff.model.name}"
+            + (f" ({eff.objective.name})" if eff.objective.name != "classification" else "")
+            + f", {eff.distributed.ranks} "
             f"{eff.distributed.backend} rank(s)"
             + (
                 f" ({eff.parallel.stages} pipeline stages x {eff.replicas} replica(s), "
