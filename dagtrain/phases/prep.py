@@ -77,44 +77,32 @@ def _split(n: int, d: Any) -> dict[str, np.ndarray]:
 
 
 class _Scanned:
-    """A factory's source read once: arrays, or a Dataset's checked labels and
-    training statistics; ``digest`` hashes what it holds."""
+    """A factory's source read once: arrays, or a Dataset's items checked against the
+    objective's :class:`~dagtrain.training.rank.data.DataForm`, with their training
+    statistics (:class:`~dagtrain.training.rank.samples.Scan`); ``digest`` hashes what
+    it holds."""
 
     def __init__(self, cfg: PipelineConfig) -> None:
         from dagtrain.training.rank.data import checked_arrays, data_form, open_source
 
         spec, d = cfg.data.source, cfg.data
         src = open_source(spec, (cfg.base_dir,))
+        form = data_form(cfg.train_config())
         self.dataset: Any = None
-        h = hashlib.sha256()
         if isinstance(src, tuple):
-            self.arrays = checked_arrays(spec, *src, None, 0, data_form(cfg.train_config()))
+            h = hashlib.sha256()
+            self.arrays = checked_arrays(spec, *src, None, 0, form)
             for a in self.arrays[:2]:
                 h.update(np.ascontiguousarray(a).tobytes())
             h.update(repr(self.arrays[2]).encode())
             self.digest = "arrays-" + h.hexdigest()
             return
-        from dagtrain.training.rank.data import check_classes
-        from dagtrain.training.rank.samples import RunningStats, read_items
+        from dagtrain.training.rank.samples import scan_items
 
         self.dataset, self.arrays = src, None
         self.parts = _split(len(src), d)
-        in_train = np.zeros(len(src), bool)
-        in_train[self.parts["train"]] = True
-        stats, labels, shape = RunningStats(), [], ()
-        for start, xs, ys in read_items(spec, src, d.workers):
-            shape = xs.shape[1:]
-            h.update(xs.tobytes())
-            h.update(ys.tobytes())
-            labels.append(ys)
-            if d.normalize:
-                stats.add(xs[in_train[start : start + len(xs)]])
-        y = np.concatenate(labels)
-        check_classes(spec, y)
-        self.shape, self.classes = tuple(shape), int(y.max()) + 1
-        h.update(repr(self.shape).encode())
-        self.stats = stats.result(shape)
-        self.digest = "dataset-" + h.hexdigest()
+        self.scan = scan_items(spec, src, form, self.parts["train"], d.normalize, d.workers)
+        self.digest = self.scan.digest
 
 
 def prepare(cfg: PipelineConfig, shards: int = 0) -> dict[str, Any]:
@@ -151,8 +139,9 @@ def prepare(cfg: PipelineConfig, shards: int = 0) -> dict[str, Any]:
             pass  # damaged: prepare again, over it
     files: dict[str, dict[str, Any]] = {}
     if scanned is not None and scanned.dataset is not None:
-        parts, shape, classes = scanned.parts, scanned.shape, scanned.classes
-        mean, std = scanned.stats if d.normalize else _identity(shape)
+        scan = scanned.scan
+        parts, shape, classes = scanned.parts, scan.in_shape, scan.classes
+        mean, std = scan.mean, scan.std  # identity unless normalised (one floating input)
         meta = {
             "mean": mean,
             "std": std,
@@ -183,9 +172,11 @@ def prepare(cfg: PipelineConfig, shards: int = 0) -> dict[str, Any]:
             atomic_write(path, _npz_bytes(x=xs, y=y[idx], **meta))
             return path
 
+    # what the model factory learns of the data (DataInfo), kept with it
     if scanned is not None and scanned.dataset is not None:
-        form = {"in_dtype": "float32", "target_shape": [], "target_dtype": "int64"}
-    else:  # what the model factory learns of the data (DataInfo), kept with it
+        form = {"in_dtype": scan.in_dtype, "target_shape": list(scan.target_shape)}
+        form["target_dtype"] = scan.target_dtype
+    else:
         form = {"in_dtype": str(x.dtype), "target_shape": list(y.shape[1:])}
         form["target_dtype"] = str(y.dtype)
     if len(parts["train"]) < shards:

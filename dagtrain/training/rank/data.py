@@ -22,10 +22,13 @@ from .samples import (
     Samples,
     as_dataset,
     call_factory,
+    check_classes,
     is_factory,
-    read_items,
+    leaves,
+    scan_items,
     whole,
 )
+from .samples import named as _named
 
 __all__ = [
     "DataForm",
@@ -73,10 +76,11 @@ class Dataset:
     def info(self) -> DataInfo:
         """What the model factory learns of the data (:class:`.models.DataInfo`)."""
         x, y = self.train.batch(torch.arange(min(1, len(self.train))))
+        first = leaves(x)[0][1]  # a tuple's or dict's input: its first tensor
         return DataInfo(
             tuple(self.in_shape),
             self.classes,
-            str(x.dtype).removeprefix("torch."),
+            str(first.dtype).removeprefix("torch."),
             tuple(y.shape[1:]),
             str(y.dtype).removeprefix("torch."),
             self.form.objective,
@@ -374,26 +378,6 @@ def _ids(spec: str, x: np.ndarray, y: np.ndarray, given: int, form: DataForm) ->
     return y.astype(np.int64, copy=False)
 
 
-def check_classes(spec: str, y: np.ndarray) -> None:
-    """Labels are the classes 0..C-1, each of them present: labels 1..3 would otherwise
-    train a model of 4 classes, one of which never appears."""
-    present = np.unique(y)
-    if len(present) == int(present[-1]) + 1:
-        return
-    missing = sorted(set(range(int(present[-1]) + 1)) - {int(v) for v in present})
-    shown = ", ".join(map(str, missing[:8])) + (", ..." if len(missing) > 8 else "")
-    labels = ", ".join(map(str, present[:8].tolist())) + (", ..." if len(present) > 8 else "")
-    raise InputError(
-        f"{_named(spec)}: labels must be the classes 0..C-1, each present; the labels are "
-        f"{labels} (missing: {shown}); relabel them 0..{len(present) - 1}"
-    )
-
-
-def _named(spec: str) -> str:
-    """How a message names the data: the field for a factory, else the file."""
-    return f"data.source {spec!r}" if is_factory(spec) else f"data {spec!r}"
-
-
 def standardization(x_train: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(mean, std) per feature of the training samples (given in the order of their
     index in the source), a constant feature's std 1: the one normalisation,
@@ -447,7 +431,7 @@ def load_dataset(
     ``spec``: 'digits', a file, a factory (``package.module:function``), or a split the
     data-prep stage wrote of a factory's Dataset (its indices, read here as samples)."""
     form = form or DataForm()
-    split = _prepared_split(spec)
+    split = _prepared_split(spec, form)
     if split is not None:  # a split of a Dataset's: its positions shuffled as rows are
         samples, shape, classes = split
         order = np.random.default_rng(seed).permutation(len(samples))
@@ -458,9 +442,7 @@ def load_dataset(
     if is_factory(spec):
         src = open_source(spec)
         if not isinstance(src, tuple):
-            ds = _dataset_of(spec, src, test_fraction, seed, normalize)
-            ds.form = form
-            return ds
+            return _dataset_of(spec, src, test_fraction, seed, normalize, form)
     x, y, shape, classes = read_arrays(spec, form)
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(x))
@@ -479,38 +461,32 @@ def load_dataset(
     )
 
 
-def _dataset_of(spec: str, ds: object, test_fraction: float, seed: int, normalize: bool) -> Dataset:
+def _dataset_of(
+    spec: str, ds: object, test_fraction: float, seed: int, normalize: bool, form: DataForm
+) -> Dataset:
     """A factory's Dataset used directly (a TrainConfig's ``data``, no data-prep stage):
-    split as arrays are, its items checked and the training part's statistics computed
-    in one pass (every rank makes it)."""
+    split as arrays are, its items checked against ``form`` and the training part's
+    statistics computed in one pass (:func:`.samples.scan_items`; every rank makes it)."""
     n = len(ds)  # type: ignore[arg-type]
     order = np.random.default_rng(seed).permutation(n)
     n_test = round(n * test_fraction)
     test, train = order[:n_test], order[n_test:]
-    in_train = np.zeros(n, bool)
-    in_train[train] = True
-    stats, labels, shape = RunningStats(), [], None
-    for start, xs, ys in read_items(spec, ds):
-        shape = xs.shape[1:]
-        labels.append(ys)
-        stats.add(xs[in_train[start : start + len(xs)]])
-    y = np.concatenate(labels)
-    check_classes(spec, y)
-    if normalize:
-        mean, std = stats.result(shape)
-    else:
-        mean, std = np.zeros(shape, np.float32), np.ones(shape, np.float32)
+    scan = scan_items(spec, ds, form, train, normalize)
     return Dataset(
-        DatasetSamples(ds, train, mean, std, spec),
-        DatasetSamples(ds, test, mean, std, spec),
-        tuple(shape),
-        int(y.max()) + 1,
+        DatasetSamples(ds, train, scan.mean, scan.std, spec, form.targets),
+        DatasetSamples(ds, test, scan.mean, scan.std, spec, form.targets),
+        scan.in_shape,
+        scan.classes,
+        form,
     )
 
 
-def _prepared_split(spec: str) -> tuple[DatasetSamples, tuple[int, ...], int] | None:
+def _prepared_split(
+    spec: str, form: DataForm
+) -> tuple[DatasetSamples, tuple[int, ...], int] | None:
     """A split file of a Dataset factory's (``index`` and the rest, see :mod:`.samples`)
-    as samples, or None for any other kind of data."""
+    as samples whose items are checked against ``form``, or None for any other kind of
+    data."""
     if is_factory(spec) or not spec.endswith(".npz") or not Path(spec).is_file():
         return None
     with np.load(spec, allow_pickle=False) as z:
@@ -525,7 +501,7 @@ def _prepared_split(spec: str) -> tuple[DatasetSamples, tuple[int, ...], int] | 
             f"data.source {factory!r}: the factory returned a Dataset when {spec} was "
             "prepared, and now a pair of arrays; prepare the data again"
         )
-    return DatasetSamples(ds, index, mean, std, factory), shape, classes
+    return DatasetSamples(ds, index, mean, std, factory, form.targets), shape, classes
 
 
 def shard_batches(

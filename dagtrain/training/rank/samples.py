@@ -3,25 +3,37 @@
 needs them.
 
 ``data.source: "package.module:factory"`` names a function of no arguments that returns
-a map-style Dataset of ``(features, label)`` pairs (or a pair of arrays, which is read
-like a file). The data-prep stage reads every item once: it checks them (a pair, numeric
-features of one shape, integer labels 0..C-1), splits their *indices* (seeded, as for
-arrays), and computes the training split's statistics with the one function arrays use,
-:class:`RunningStats`, over the same samples in the same order: a Dataset of the same
-arrays as an .npz therefore trains to the same parameters, bit for bit. A split's file is
-then a small .npz (``index``, ``mean``, ``std``, ``factory``, ``code_dir``,
-``in_shape``, ``classes``) that :func:`open_split` turns back into samples.
+a map-style Dataset of ``(input, target)`` pairs (or a pair of arrays, which is read
+like a file). An input is a tensor (or array) of any shape and dtype, or a tuple, list
+or dict of them; a target a tensor, array or number of any shape, checked against the
+objective (:func:`item_arrays`): an integer class, real values, token ids, or, for the
+author's own objective, numbers as they come. Floating arrays become float32, integer
+ones int64 (token ids stay ids); a batch stacks its items' arrays, a dict's per key and
+a tuple's per position, and is cut along the batch dimension of every tensor
+(:mod:`.batches`).
+
+The data-prep stage reads every item once (:func:`scan_items`): it checks them (a pair,
+every item of item 0's form, finite numbers, targets the objective takes), splits their
+*indices* (seeded, as for arrays), and computes the training split's statistics with
+the one function arrays use, :class:`RunningStats`, over the same samples in the same
+order: a Dataset of the same arrays as an .npz therefore trains to the same parameters,
+bit for bit. Only an input that is one floating tensor is standardised. A split's file
+is then a small .npz (``index``, ``mean``, ``std``, ``factory``, ``code_dir``,
+``in_shape``, ``classes``) that :func:`.data.load_dataset` turns back into samples.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib
+import math
 import numbers
 import os
 import sys
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -29,15 +41,25 @@ import torch
 from dagtrain.config import is_factory
 from dagtrain.errors import InputError
 
+if TYPE_CHECKING:
+    from .data import DataForm
+
 __all__ = [
     "ArraySamples",
     "DatasetSamples",
     "RunningStats",
+    "Scan",
     "call_factory",
+    "check_classes",
     "check_picklable",
+    "first_batch",
     "is_factory",
+    "item_arrays",
+    "leaves",
     "loader",
+    "named",
     "read_items",
+    "scan_items",
 ]
 
 # rows per chunk of the statistics' float64 sums: both paths cut the same chunks
@@ -174,35 +196,240 @@ def as_dataset(spec: str, obj: Any) -> Any:
     return obj
 
 
-def item_arrays(spec: str, i: int, item: Any) -> tuple[np.ndarray, int]:
-    """Item ``i`` as (float32 features, integer label); InputError naming the item and
-    what it should be otherwise."""
-    if not isinstance(item, (tuple, list)) or len(item) != 2:
-        what = f"a {type(item).__name__}" + (
-            f" of {len(item)}" if isinstance(item, (tuple, list)) else ""
-        )
-        raise InputError(f"data.source {spec!r}: item {i} is {what}, not a (features, label) pair")
-    x, y = item
-    if isinstance(x, torch.Tensor):
-        x = x.detach().cpu().numpy()
-    x = np.asarray(x)
-    if x.dtype.kind not in "biuf":
+def check_classes(spec: str, y: np.ndarray) -> None:
+    """Labels are the classes 0..C-1, each of them present: labels 1..3 would otherwise
+    train a model of 4 classes, one of which never appears."""
+    present = np.unique(y)
+    if len(present) == int(present[-1]) + 1:
+        return
+    missing = sorted(set(range(int(present[-1]) + 1)) - {int(v) for v in present})
+    shown = ", ".join(map(str, missing[:8])) + (", ..." if len(missing) > 8 else "")
+    labels = ", ".join(map(str, present[:8].tolist())) + (", ..." if len(present) > 8 else "")
+    raise InputError(
+        f"{named(spec)}: labels must be the classes 0..C-1, each present; the labels are "
+        f"{labels} (missing: {shown}); relabel them 0..{len(present) - 1}"
+    )
+
+
+def named(spec: str) -> str:
+    """How a message names the data: the field for a factory, else the file."""
+    return f"data.source {spec!r}" if is_factory(spec) else f"data {spec!r}"
+
+
+def _numbers(spec: str, what: str, a: Any) -> np.ndarray:
+    """``a`` as an array of float32 (floating) or int64 (integers, booleans: token ids
+    stay ids); InputError naming ``what`` when it holds no numbers."""
+    if isinstance(a, torch.Tensor):
+        a = a.detach().cpu()
+        a = (a.float() if a.dtype == torch.bfloat16 else a).numpy()  # numpy has no bf16
+    a = np.asarray(a)
+    if a.dtype.kind not in "biuf":
         raise InputError(
-            f"data.source {spec!r}: item {i}'s features are {x.dtype}, not numbers "
+            f"data.source {spec!r}: {what} {_are(what)} {a.dtype}, not numbers "
             "(a tensor or array of numbers)"
         )
+    return a.astype(np.float32 if a.dtype.kind == "f" else np.int64, copy=False)
+
+
+def _are(what: str) -> str:
+    return "are" if what.endswith("features") else "is"
+
+
+def _input(spec: str, i: int, x: Any) -> Any:
+    """An item's input checked: one array, or a tuple, list or dict of them."""
+    if isinstance(x, dict):
+        if not x:
+            raise InputError(
+                f"data.source {spec!r}: item {i}'s input is an empty dict; give it a tensor per key"
+            )
+        return {k: _numbers(spec, f"item {i}'s input {k!r}", v) for k, v in x.items()}
+    if isinstance(x, (tuple, list)) and any(isinstance(v, torch.Tensor | np.ndarray) for v in x):
+        return type(x)(_numbers(spec, f"item {i}'s input {j}", v) for j, v in enumerate(x))
+    return _numbers(spec, f"item {i}'s features", x)  # a list of numbers is one array
+
+
+def _label(spec: str, i: int, y: Any) -> int:
+    """An item's target as one integer class."""
     if isinstance(y, torch.Tensor | np.ndarray):
         if y.size != 1 if isinstance(y, np.ndarray) else y.numel() != 1:
             raise InputError(
                 f"data.source {spec!r}: item {i}'s label has shape {tuple(y.shape)}; a "
-                "label is one integer class"
+                "label is one integer class (for targets of other shapes use "
+                "objective.name: regression, or your own objective)"
             )
         y = y.item()
     if isinstance(y, bool) or not isinstance(y, numbers.Real) or int(y) != y or y < 0:
         raise InputError(
-            f"data.source {spec!r}: item {i}'s label is {y!r}; labels must be integers 0..C-1"
+            f"data.source {spec!r}: item {i}'s label is {y!r}; labels must be integers "
+            "0..C-1 (for real-valued targets use objective.name: regression)"
         )
-    return x.astype(np.float32, copy=False), int(y)
+    return int(y)
+
+
+def target_kind(dtype_kind: str, sample_ndim: int) -> str:
+    """What an ``any`` objective's targets are, as for arrays: real ``values`` when
+    floating, else ``classes`` (one integer a sample) or ``tokens`` (integers of a
+    shape)."""
+    return "values" if dtype_kind == "f" else "classes" if sample_ndim == 0 else "tokens"
+
+
+def _target(spec: str, i: int, y: Any, targets: str) -> int | np.ndarray:
+    """An item's target as ``targets`` (a :class:`.data.DataForm`'s) says: an int class,
+    float32 values or int64 token ids of any shape; ``any``: as it comes (floats as
+    float32, integers as int64, unchecked: the author's objective knows them)."""
+    if targets == "classes":
+        return _label(spec, i, y)
+    a = _numbers(spec, f"item {i}'s target", y)
+    if targets == "any":  # the author's objective takes them as they come
+        return a
+    if targets == "values" and a.dtype.kind != "f":
+        raise InputError(
+            f"data.source {spec!r}: item {i}'s target is {a.dtype}, which regression would "
+            "fit as real values; store the targets as floats, or use objective.name: "
+            "classification for classes"
+        )
+    if targets == "tokens" and a.dtype.kind == "f":
+        raise InputError(
+            f"data.source {spec!r}: item {i}'s target is {a.dtype}; a language model's "
+            "targets are token ids (integers)"
+        )
+    return a
+
+
+def item_arrays(spec: str, i: int, item: Any, targets: str = "any") -> tuple[Any, Any]:
+    """Item ``i`` as (input, target) arrays, or InputError naming the item and what it
+    should be. The input: one array (float32 when floating, int64 when integer: token
+    ids stay ids), or a tuple, list or dict of them; the target as ``targets`` (a
+    :class:`.data.DataForm`'s) says: ``classes``, one int; ``values``, float32 of any
+    shape; ``tokens``, int64 ids of any shape; ``any`` (the default, which checks only
+    that they are numbers) as it comes."""
+    if not isinstance(item, (tuple, list)) or len(item) != 2:
+        what = f"a {type(item).__name__}" + (
+            f" of {len(item)}" if isinstance(item, (tuple, list)) else ""
+        )
+        raise InputError(
+            f"data.source {spec!r}: item {i} is {what}, not a (features, label) pair: an "
+            "item is (input, target), the input a tensor, or a tuple or dict of tensors"
+        )
+    x = _input(spec, i, item[0])
+    if targets == "tokens" and isinstance(x, np.ndarray) and x.dtype.kind == "f":
+        raise InputError(
+            f"data.source {spec!r}: item {i}'s features are {x.dtype}; a language model "
+            "reads token ids (integers): give them as integers, or use another objective"
+        )
+    return x, _target(spec, i, item[1], targets)
+
+
+def leaves(x: Any) -> list[tuple[str, Any]]:
+    """The arrays (or tensors) of an input, each with what a message calls it:
+    ``features`` for one array, ``input 'key'`` or ``input N`` for a dict's or a
+    tuple's."""
+    if isinstance(x, dict):
+        return [(f"input {k!r}", v) for k, v in x.items()]
+    if isinstance(x, (tuple, list)):
+        return [(f"input {j}", v) for j, v in enumerate(x)]
+    return [("features", x)]
+
+
+def _structure(x: Any) -> str:
+    if isinstance(x, dict):
+        return f"a dict of {list(x)}"
+    if isinstance(x, (tuple, list)):
+        return f"a {type(x).__name__} of {len(x)}"
+    return "one array"
+
+
+class _Like:
+    """Item 0's form (its input's structure, every array's shape and dtype, its
+    target's): every later item must have it, or be named."""
+
+    __slots__ = ("kinds", "spec", "structure", "target")
+
+    def __init__(self, spec: str, x: Any, y: Any) -> None:
+        self.spec, self.structure = spec, _structure(x)
+        self.kinds = [(name, a.shape, a.dtype) for name, a in leaves(x)]
+        self.target = _kind(y)
+
+    def check(self, i: int, x: Any, y: Any) -> None:
+        spec = self.spec
+        if _structure(x) != self.structure:
+            raise InputError(
+                f"data.source {spec!r}: item {i}'s input is {_structure(x)}, item 0's "
+                f"{self.structure}; every item's input must have one structure"
+            )
+        for (name, a), (_, shape, dtype) in zip(leaves(x), self.kinds):
+            if a.shape != shape:
+                have = "have" if name == "features" else "has"
+                raise InputError(
+                    f"data.source {spec!r}: item {i}'s {name} {have} shape {a.shape}, item "
+                    f"0's {shape}; every sample must have one shape"
+                )
+            if a.dtype != dtype:
+                raise InputError(
+                    f"data.source {spec!r}: item {i}'s {name} {_are(name)} {a.dtype}, item "
+                    f"0's {dtype}; give every item's in one dtype (floats, or integer ids)"
+                )
+        if _kind(y) != self.target:
+            (shape, dtype), (shape0, dtype0) = _kind(y), self.target
+            raise InputError(
+                f"data.source {spec!r}: item {i}'s target is {dtype} of shape {shape}, item "
+                f"0's {dtype0} of shape {shape0}; every target must have one shape and dtype"
+            )
+
+
+def _kind(y: Any) -> tuple[tuple[int, ...], np.dtype]:
+    return (y.shape, y.dtype) if isinstance(y, np.ndarray) else ((), np.dtype(np.int64))
+
+
+def _stack(parts: list[Any]) -> Any:
+    """Items' inputs (or targets) as one batch: arrays stacked, a dict's per key, a
+    tuple's per position; int labels as an int64 array."""
+    first = parts[0]
+    if isinstance(first, dict):
+        return {k: _stack([p[k] for p in parts]) for k in first}
+    if isinstance(first, (tuple, list)):
+        return type(first)(_stack([p[j] for p in parts]) for j in range(len(first)))
+    if isinstance(first, int):
+        return np.asarray(parts, np.int64)
+    return np.stack(parts)
+
+
+def _empty(part: Any) -> Any:
+    """A batch of no samples of ``part``'s form (an item's input or target)."""
+    if isinstance(part, dict):
+        return {k: _empty(v) for k, v in part.items()}
+    if isinstance(part, (tuple, list)):
+        return type(part)(_empty(v) for v in part)
+    if isinstance(part, int):
+        return np.empty(0, np.int64)
+    return np.empty((0, *part.shape), part.dtype)
+
+
+def _tensors(part: Any) -> Any:
+    """A stacked batch's arrays as tensors (sharing their memory)."""
+    if isinstance(part, dict):
+        return {k: _tensors(v) for k, v in part.items()}
+    if isinstance(part, (tuple, list)):
+        return type(part)(_tensors(v) for v in part)
+    return torch.from_numpy(part)
+
+
+def _cat(parts: list[Any]) -> Any:
+    """Batches of tensors joined along the batch dimension, per key or position."""
+    first = parts[0]
+    if isinstance(first, dict):
+        return {k: _cat([p[k] for p in parts]) for k in first}
+    if isinstance(first, (tuple, list)):
+        return type(first)(_cat([p[j] for p in parts]) for j in range(len(first)))
+    return torch.cat(parts)
+
+
+def _check_finite(spec: str, start: int, named: list[tuple[str, np.ndarray]]) -> None:
+    for name, a in named:
+        if a.dtype.kind == "f" and not np.all(np.isfinite(a)):
+            bad = start + int(np.argwhere(~np.isfinite(a.reshape(len(a), -1)))[0][0])
+            hold = "hold" if name == "features" else "holds"
+            raise InputError(f"data.source {spec!r}: item {bad}'s {name} {hold} NaN or infinity")
 
 
 def _items(batch: list[Any]) -> list[Any]:  # the loader's collate: the items as they are
@@ -279,11 +506,12 @@ def _alive(pid: int) -> bool:
 
 
 def read_items(
-    spec: str, ds: Any, workers: int = 0, chunk: int = 256
-) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-    """(first index, features, labels) of every item in order, ``chunk`` at a time,
-    checked (one shape, finite numbers, integer labels); ``workers`` DataLoader worker
-    processes read them."""
+    spec: str, ds: Any, workers: int = 0, chunk: int = 256, targets: str = "any"
+) -> Iterator[tuple[int, Any, np.ndarray]]:
+    """(first index, inputs, targets) of every item in order, ``chunk`` at a time,
+    checked (:func:`item_arrays` against ``targets``; every item of item 0's form;
+    finite floats) and stacked (a dict's or tuple's input per key or position);
+    ``workers`` DataLoader worker processes read them."""
     batches: Iterable[list[Any]]
     if workers:
         check_picklable(spec, ds)
@@ -298,27 +526,114 @@ def read_items(
     else:
         n = len(ds)
         batches = ([ds[i] for i in range(s, min(s + chunk, n))] for s in range(0, n, chunk))
-    shape: tuple[int, ...] | None = None
+    like: _Like | None = None
     start = 0
     for items in batches:
         xs, ys = [], []
         for k, item in enumerate(items):
-            x, y = item_arrays(spec, start + k, item)
-            if shape is None:
-                shape = x.shape
-            elif x.shape != shape:
-                raise InputError(
-                    f"data.source {spec!r}: item {start + k}'s features have shape "
-                    f"{x.shape}, item 0's {shape}; every sample must have one shape"
-                )
+            x, y = item_arrays(spec, start + k, item, targets)
+            if like is None:
+                like = _Like(spec, x, y)
+            else:
+                like.check(start + k, x, y)
             xs.append(x)
             ys.append(y)
-        xa = np.stack(xs)
-        if not np.all(np.isfinite(xa)):
-            bad = start + int(np.argwhere(~np.isfinite(xa.reshape(len(xa), -1)))[0][0])
-            raise InputError(f"data.source {spec!r}: item {bad}'s features hold NaN or infinity")
-        yield start, xa, np.asarray(ys, np.int64)
+        xa, ya = _stack(xs), _stack(ys)
+        _check_finite(spec, start, [*leaves(xa), ("target", ya)])
+        yield start, xa, ya
         start += len(items)
+
+
+@dataclass(frozen=True)
+class Scan:
+    """What one pass over a Dataset's items learns. ``in_shape`` and ``in_dtype``: the
+    input's (a tuple's or dict's: its first array's); ``classes``: the classes, the
+    vocabulary (token ids) or a target's size (real values); ``mean``/``std``: the
+    training items' statistics (identity where not standardised); ``digest``: a hash
+    of every item's arrays."""
+
+    in_shape: tuple[int, ...]
+    classes: int
+    mean: np.ndarray
+    std: np.ndarray
+    in_dtype: str
+    target_shape: tuple[int, ...]
+    target_dtype: str
+    digest: str
+
+
+def scan_items(
+    spec: str, ds: Any, form: DataForm, train: np.ndarray, normalize: bool, workers: int = 0
+) -> Scan:
+    """Every item of ``ds`` read once, in order, and checked against ``form``.
+
+    Only an input that is one floating array is standardised (the statistics of the
+    items at positions ``train``, with :class:`RunningStats`: the bits arrays of the
+    same samples get); integer inputs (token ids) and a tuple's or dict's are left as
+    they are. Targets: ``classes`` must be 0..C-1, each present; ``tokens`` ids from 0
+    up to ``data.vocab_size`` (the vocabulary: it, else the largest id of the targets
+    and integer inputs + 1); ``any`` are counted as classes, ids or values as arrays'
+    are, never refused."""
+    in_train = np.zeros(len(ds), bool)
+    in_train[train] = True
+    h, stats = hashlib.sha256(), RunningStats()
+    labels: list[np.ndarray] = []
+    top = 0  # the largest integer target or input id seen
+    first: tuple[Any, np.ndarray] | None = None
+    for start, xs, ys in read_items(spec, ds, workers, targets=form.targets):
+        named = leaves(xs)
+        for _, a in named:
+            h.update(a.tobytes())
+        h.update(ys.tobytes())
+        first = first or (xs, ys)
+        if normalize and isinstance(xs, np.ndarray) and xs.dtype.kind == "f":
+            stats.add(xs[in_train[start : start + len(xs)]])
+        if ys.dtype.kind == "f":
+            continue
+        if ys.ndim == 1 and form.targets in ("classes", "any"):
+            labels.append(ys)
+        ids = [ys, *(a for _, a in named if a.dtype.kind in "iu")]
+        top = max(top, *(int(a.max(initial=0)) for a in ids))
+        if form.targets == "tokens" and ys.min(initial=0) < 0:
+            bad = start + int(np.argwhere(ys.reshape(len(ys), -1) < 0)[0][0])
+            raise InputError(f"data.source {spec!r}: item {bad}'s target holds negative token ids")
+    assert first is not None  # as_dataset refuses an empty Dataset
+    xs, ys = first
+    shape = tuple(leaves(xs)[0][1].shape[1:])
+    if isinstance(xs, np.ndarray) and xs.dtype.kind == "f" and normalize:
+        mean, std = stats.result(shape)
+    else:
+        mean, std = np.zeros(shape, np.float32), np.ones(shape, np.float32)
+    kind = form.targets
+    if kind == "any":
+        kind = target_kind(ys.dtype.kind, ys.ndim - 1)
+    if kind == "values":
+        classes = math.prod(ys.shape[1:])
+    elif kind == "classes":
+        y = np.concatenate(labels)
+        if form.targets == "classes":
+            check_classes(spec, y)
+        classes = int(y.max(initial=0)) + 1
+    else:
+        classes = form.vocab_size or top + 1
+        if form.targets == "tokens" and top >= classes:
+            raise InputError(
+                f"data.source {spec!r}: token id {top} is at or above data.vocab_size "
+                f"({classes}); raise data.vocab_size above the largest id, or fix the ids"
+            )
+    h.update(repr(shape).encode())
+    if not isinstance(xs, np.ndarray):  # arrays of the same bytes, another structure
+        h.update(repr([(name, a.dtype.str) for name, a in leaves(xs)]).encode())
+    return Scan(
+        shape,
+        classes,
+        mean,
+        std,
+        str(leaves(xs)[0][1].dtype),
+        tuple(ys.shape[1:]),
+        str(ys.dtype),
+        "dataset-" + h.hexdigest(),
+    )
 
 
 class ArraySamples:
@@ -336,14 +651,22 @@ class ArraySamples:
 
 class DatasetSamples:
     """Samples of a DAG author's Dataset: position ``i`` of this split is the Dataset's
-    item ``index[i]``; a batch reads its items and standardises them with the training
+    item ``index[i]``; a batch reads its items, checks them against ``targets`` (a
+    :class:`.data.DataForm`'s), stacks them (a dict's or tuple's input per key or
+    position) and standardises an input that is one floating tensor with the training
     split's ``(mean, std)`` (0 and 1 when ``data.normalize`` is off), in float32, as
-    the data-prep stage does to arrays."""
+    the data-prep stage does to arrays; other inputs are left as they are."""
 
     def __init__(
-        self, dataset: Any, index: np.ndarray, mean: np.ndarray, std: np.ndarray, spec: str
+        self,
+        dataset: Any,
+        index: np.ndarray,
+        mean: np.ndarray,
+        std: np.ndarray,
+        spec: str,
+        targets: str = "any",
     ) -> None:
-        self.dataset, self.spec = dataset, spec
+        self.dataset, self.spec, self.targets = dataset, spec, targets
         self.index = index.astype(np.int64)
         self.mean, self.std = torch.from_numpy(mean), torch.from_numpy(std)
 
@@ -353,19 +676,32 @@ class DatasetSamples:
     def subset(self, positions: np.ndarray) -> DatasetSamples:
         """The samples at ``positions`` of this split, in that order."""
         out = DatasetSamples.__new__(DatasetSamples)
-        out.dataset, out.spec, out.mean, out.std = self.dataset, self.spec, self.mean, self.std
+        out.dataset, out.spec, out.targets = self.dataset, self.spec, self.targets
+        out.mean, out.std = self.mean, self.std
         out.index = self.index[positions]
         return out
 
-    def batch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(self, idx: torch.Tensor) -> tuple[Any, torch.Tensor]:
         rows = self.index[idx.numpy()]
-        pairs = [item_arrays(self.spec, int(i), self.dataset[int(i)]) for i in rows]
-        if not pairs:
-            shape = tuple(self.mean.shape)
-            return torch.empty(0, *shape), torch.empty(0, dtype=torch.int64)
-        x = torch.from_numpy(np.stack([p[0] for p in pairs])).reshape(len(pairs), *self.mean.shape)
-        y = torch.tensor([p[1] for p in pairs], dtype=torch.int64)
-        return (x - self.mean) / self.std, y
+        pairs = [item_arrays(self.spec, int(i), self.dataset[int(i)], self.targets) for i in rows]
+        if pairs:
+            x, y = _tensors(_stack([p[0] for p in pairs])), _tensors(_stack([p[1] for p in pairs]))
+        else:  # a rank's empty share: item 0's form, no samples
+            x0, y0 = item_arrays(self.spec, 0, self.dataset[0], self.targets)
+            x, y = _tensors(_empty(x0)), _tensors(_empty(y0))
+        if isinstance(x, torch.Tensor) and x.is_floating_point():
+            x = (x - self.mean) / self.std
+        return x, y
+
+
+def first_batch(spec: str, ds: Any, targets: str = "any", n: int = 2) -> tuple[Any, torch.Tensor]:
+    """The Dataset's first ``n`` items checked against ``targets`` and stacked as a
+    batch of tensors, not standardised: what a check before training passes through
+    the model (the input's shape: its first tensor's, :func:`leaves`)."""
+    rows = np.arange(min(n, len(ds)))
+    return DatasetSamples(
+        ds, rows, np.zeros((), np.float32), np.ones((), np.float32), spec, targets
+    ).batch(torch.arange(len(rows)))
 
 
 Samples = ArraySamples | DatasetSamples
@@ -380,13 +716,13 @@ class _Batches(torch.utils.data.Dataset):
     def __len__(self) -> int:  # pragma: no cover - keys come from the sampler
         return len(self.samples)
 
-    def __getitem__(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def __getitem__(self, idx: torch.Tensor) -> tuple[Any, torch.Tensor]:
         return self.samples.batch(idx)
 
 
 def loader(
     samples: Samples, plan: Iterable[torch.Tensor], workers: int
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+) -> Iterator[tuple[Any, torch.Tensor]]:
     """The batches of ``plan`` (index tensors, in order): read here, or, for a Dataset
     with ``workers``, by that many DataLoader worker processes, a few batches ahead."""
     if workers and isinstance(samples, DatasetSamples):
@@ -414,20 +750,16 @@ class _Plan:
         return iter(self.plan)
 
 
-def evaluate_batches(
-    samples: Samples, size: int = 4096
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def evaluate_batches(samples: Samples, size: int = 4096) -> Iterator[tuple[Any, torch.Tensor]]:
     """The whole split in order, ``size`` samples at a time."""
     n = len(samples)
     for s in range(0, n, size):
         yield samples.batch(torch.arange(s, min(s + size, n)))
 
 
-def whole(samples: Samples) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every sample of the split, as one (features, labels) pair."""
+def whole(samples: Samples) -> tuple[Any, torch.Tensor]:
+    """Every sample of the split, as one (inputs, targets) pair."""
     if isinstance(samples, ArraySamples):
         return samples.x, samples.y
-    parts = list(evaluate_batches(samples))
-    if not parts:
-        return torch.empty(0, *samples.mean.shape), torch.empty(0, dtype=torch.int64)
-    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+    parts = list(evaluate_batches(samples)) or [samples.batch(torch.arange(0))]
+    return _cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
