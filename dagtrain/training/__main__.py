@@ -42,7 +42,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--epochs", type=int, help="training.epochs")
     ap.add_argument("--model", help="model.name")
-    ap.add_argument("--data", help="'digits' or a .npz/.npy/.csv/.parquet file")
+    ap.add_argument(
+        "--objective", help="objective.name: classification, regression, language_model"
+    )
+    ap.add_argument(
+        "--data",
+        help="'digits', 'diabetes', a .npz/.npy/.csv/.parquet file, or a text (.txt) or "
+        "token ids (.bin, .npy) with --sequence-length",
+    )
+    ap.add_argument("--sequence-length", type=int, help="a text's or token file's window")
     ap.add_argument("--checkpoint-dir", help="checkpoints go here; a run resumes from them")
     ap.add_argument("--quiet", action="store_true", help="do not echo the ranks' logs")
     args = ap.parse_args(argv)
@@ -57,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         "launcher": args.launcher,
         "epochs": args.epochs,
         "data": args.data,
+        "objective": args.objective,
+        "sequence_length": args.sequence_length,
         "checkpoint_dir": args.checkpoint_dir,
     }
     fields.update({k: v for k, v in flags.items() if v is not None})
@@ -88,12 +98,16 @@ def main(argv: list[str] | None = None) -> int:
                 f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()
             )
         )
-    if result.test_accuracy is not None:
-        metric = f"test accuracy {result.test_accuracy:.4f}"
-    elif result.val_accuracy is not None:
-        metric = f"validation accuracy {result.val_accuracy:.4f} (eval_data)"
+    last = result.epochs[-1] if result.epochs else {}
+    # the objective's first metric (what promotion would use), on the held-out split
+    trained = (k.removeprefix("train_") for k in last if k.startswith("train_"))
+    first = next(iter(cfg.objective.metrics() or {}), None) or next(trained, "loss")
+    if f"test_{first}" in last:
+        metric = f"test {first} {last[f'test_{first}']:.4f}"
+    elif f"val_{first}" in last:
+        metric = f"validation {first} {last[f'val_{first}']:.4f} (eval_data)"
     else:
-        metric = "no accuracy yet (no epoch completed)"
+        metric = f"no {first} yet (no epoch completed)"
     print(
         metric
         + f"; {result.samples_per_second:.0f} samples/s (median step); {result.steps} steps"
