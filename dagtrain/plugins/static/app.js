@@ -45,6 +45,16 @@ function table(head, rows, cls = "") {
     .map((r) => html`<tr>${r.map((c) => html`<td>${c}</td>`)}</tr>`)}</table></div>`;
 }
 
+// The y axis as wide as its longest tick label (a regression's 20,000 is not cut), as
+// uPlot's demos size it.
+function axisWidth(u, values, i, cycle) {
+  const axis = u.axes[i];
+  if (cycle > 1) return axis._size;
+  const longest = (values ?? []).reduce((a, v) => (String(v).length > a.length ? String(v) : a), "");
+  u.ctx.font = axis.font[0];
+  return Math.ceil(axis.ticks.size + axis.gap + (longest ? u.ctx.measureText(longest).width / devicePixelRatio : 0));
+}
+
 // One chart: `lines` are [label, epochs, key, {dash, width}]; x is the epoch (from 1).
 function chart(el, title, lines) {
   lines = lines.filter(([, epochs, key]) => epochs.some((e) => typeof e[key] === "number"));
@@ -58,7 +68,8 @@ function chart(el, title, lines) {
     series: [{ label: "epoch" }, ...lines.map(([label, , , o], i) => ({
       label, stroke: COLOURS[i % COLOURS.length], width: o.width ?? 2, dash: o.dash, points: { show: true, size: o.dash ? 4 : 6 }, spanGaps: true,
     }))],
-    axes: [{ label: "epoch" }, {}],
+    // whole epochs on the x axis (no 1.5); the y axis as wide as its labels
+    axes: [{ label: "epoch", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000] }, { size: axisWidth }],
   }, data, el));
 }
 
