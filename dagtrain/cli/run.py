@@ -473,6 +473,7 @@ def _summary(
         train,
         None if evaluation is None else evaluation.to_dict(),
         None if promoted is None else promoted.to_dict(),
+        metric=cfg.promotion_metric,
     ):
         out.print(line)
     champ = champion(cfg)

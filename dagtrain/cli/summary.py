@@ -45,7 +45,7 @@ def outcome_lines(
     if not evaluation:
         return lines
     m = evaluation["metrics"]
-    metric = metric or promotion_metric_of(evaluation, train)
+    metric = metric or evaluation.get("metric") or promotion_metric_of(evaluation, train)
     # the promotion metric first, then the objective's others (the loss last), each test_
     others = [f"test_{n}" for n in names or _BUILTIN_NAMES if f"test_{n}" != metric]
     others = [k for k in others if isinstance(m.get(k), int | float)]

@@ -40,7 +40,7 @@ from dagtrain.records.registry import (
     write_registry,
 )
 
-from .verdict import better
+from .verdict import better, direction
 
 __all__ = [
     "better",
@@ -156,6 +156,8 @@ def evaluate_phase(
         reason=why,
         data_version=manifest["version"],
         manifest=str(DataFiles(Path(manifest["dir"])).manifest),
+        metric=cfg.promotion_metric,
+        direction=direction(cfg, directions),
     )
     path = ArtifactLayout.of(cfg).run(run_id).evaluation
     write_evaluation(path, evaluation)

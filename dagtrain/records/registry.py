@@ -115,6 +115,8 @@ class Evaluation:
     reason: str = ""
     data_version: str | None = None
     manifest: str | None = None
+    metric: str | None = None  # the metric that decided (``PipelineConfig.promotion_metric``)
+    direction: str | None = None  # ``max`` or ``min``: which way it is better
 
     def to_dict(self) -> dict[str, Any]:
         return to_doc(self)

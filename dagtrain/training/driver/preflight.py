@@ -60,7 +60,7 @@ def check(spec: dict[str, Any]) -> dict[str, Any]:
     )
     sample: Any = None  # two samples (inputs, targets) of the data, where it is arrays
     if is_factory(spec["data"]):  # the DAG author's code: imported and checked here
-        in_shape, classes = _factory_shape(spec["data"], spec.get("data_workers", 0), form)
+        in_shape, classes, sample = _factory_shape(spec["data"], spec.get("data_workers", 0), form)
     else:
         try:
             x, y, in_shape, classes = read_arrays(spec["data"], form)
@@ -72,10 +72,21 @@ def check(spec: dict[str, Any]) -> dict[str, Any]:
         sample = (torch.from_numpy(x[:2]), torch.from_numpy(y[:2]))
     info = None
     if sample is not None:
+        from dagtrain.training.rank.samples import leaves
+
         x2, y2 = sample
+        first = leaves(x2)[0][1]
+        counted = classes  # None for a Dataset: prepare_data counts its classes
+        if classes is None:  # at least what these samples need
+            classes = _least_outputs(first, y2, form.targets)
         dtype = lambda t: str(t.dtype).removeprefix("torch.")  # noqa: E731
         info = DataInfo(
-            tuple(in_shape), classes, dtype(x2), tuple(y2.shape[1:]), dtype(y2), objective_spec.name
+            tuple(in_shape),
+            classes,
+            dtype(first),
+            tuple(y2.shape[1:]),
+            dtype(y2),
+            objective_spec.name,
         )
     args = model_spec.get("args", {})
     with torch.device("meta"):
@@ -92,9 +103,13 @@ def check(spec: dict[str, Any]) -> dict[str, Any]:
             # samples like data's (standardised), not zeros: a model whose ops need
             # varied input (a norm of the batch, an inverse) takes them as it will data;
             # token ids (integers) as they are
-            tokens = info is not None and info.tokens
-            if tokens:
-                batch = sample[0].to(device)
+            given = sample is not None and (
+                not isinstance(sample[0], torch.Tensor) or not sample[0].is_floating_point()
+            )
+            if given:  # token ids, a dict or tuple of inputs: the data's own samples
+                from dagtrain.training.rank.batches import to_device
+
+                batch = to_device(sample[0], torch.device(device))
             elif device == "cpu":
                 batch = torch.randn(2, *in_shape, generator=torch.Generator().manual_seed(0))
             else:
@@ -139,7 +154,7 @@ def check(spec: dict[str, Any]) -> dict[str, Any]:
     return {
         "ok": True,
         "in_shape": list(in_shape),
-        "classes": classes,
+        "classes": counted if sample is not None else classes,
         "parameters": _numel(model),
     }
 
@@ -151,23 +166,37 @@ def _numel(model: Any) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def _factory_shape(
-    spec: str, workers: int = 0, form: Any = None
-) -> tuple[tuple[int, ...], int | None]:
-    """A factory's samples' shape and, for arrays, classes: a Dataset's first item is
-    read and checked (its classes are counted by the data-prep stage, which reads them
-    all); with ``workers``, that it pickles, as its worker processes receive it."""
+def _factory_shape(spec: str, workers: int = 0, form: Any = None) -> tuple[Any, int | None, Any]:
+    """A factory's samples' shape, classes (for arrays; a Dataset's are counted by the
+    data-prep stage, which reads every item) and two samples ``(x, y)`` as tensors: a
+    Dataset's first items read and checked against the objective; with ``workers``,
+    that it pickles, as its worker processes receive it."""
+    import torch
+
     from dagtrain.training.rank.data import open_source, read_arrays
-    from dagtrain.training.rank.samples import check_picklable, item_arrays
+    from dagtrain.training.rank.samples import check_picklable, first_batch, leaves
 
     src = open_source(spec)
     if isinstance(src, tuple):
-        _, _, in_shape, classes = read_arrays(spec, form)
-        return in_shape, classes
-    x, _ = item_arrays(spec, 0, src[0])  # type: ignore[index]
+        x, y, in_shape, classes = read_arrays(spec, form)
+        return in_shape, classes, (torch.from_numpy(x[:2]), torch.from_numpy(y[:2]))
+    x, y = first_batch(spec, src, form.targets if form is not None else "any")
     if workers:
         check_picklable(spec, src)
-    return tuple(x.shape), None
+    return tuple(leaves(x)[0][1].shape[1:]), None, (x, y)
+
+
+def _least_outputs(x: Any, y: Any, targets: str) -> int:
+    """The outputs a model needs for two samples of a Dataset whose classes are not
+    counted yet: a regression target's size, else the largest class or id + 1."""
+    import math
+
+    if y.is_floating_point():
+        return max(1, math.prod(y.shape[1:]))
+    top = int(y.max()) if y.numel() else 1
+    if targets == "tokens" and not x.is_floating_point() and x.numel():
+        top = max(top, int(x.max()))
+    return max(2, top + 1)
 
 
 def _signature(model_spec: dict[str, Any]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from dagtrain.errors import InputError
 
 from .models import DataInfo
 from .samples import (
+    FEATURES,
     ArraySamples,
     DatasetSamples,
     RunningStats,
@@ -300,7 +301,8 @@ def checked_arrays(
     """Inputs and targets as the trainer takes them, or InputError naming ``spec`` and
     what is wrong: shapes, non-numbers, NaN, targets that do not fit the objective.
 
-    Floating inputs become float32, integer ones (token ids) int64. Targets: classes
+    Inputs are float32 for classification and regression, else float32 when floating
+    and int64 when integer (token ids stay ids). Targets: classes
     are int64 labels 0..C-1 (``classes``: C); values float32 of any shape per sample
     (``classes``: a target's size); tokens int64 ids under the vocabulary (``classes``:
     ``data.vocab_size``, else the given one, else the largest id + 1)."""
@@ -319,7 +321,10 @@ def checked_arrays(
         raise InputError(f"{_named(spec)}: inputs contain NaN or infinity")
     if shape is not None and math.prod(shape) != math.prod(x.shape[1:]):
         raise InputError(f"{_named(spec)}: in_shape {shape} does not fit samples of {x.shape[1:]}")
-    x = x.astype(np.float32 if x.dtype.kind == "f" else np.int64, copy=False)
+    # features are float32 for classification and regression, whatever they were stored
+    # as (uint8 pixels); integers stay integers (token ids) for the others
+    floating = x.dtype.kind == "f" or form.targets in FEATURES
+    x = x.astype(np.float32 if floating else np.int64, copy=False)
     shape = shape or tuple(x.shape[1:])
     targets = form.targets
     if targets == "any":

@@ -296,10 +296,16 @@ def _target(spec: str, i: int, y: Any, targets: str) -> int | np.ndarray:
     return a
 
 
+# the objectives whose one-array inputs are features (float32, standardised), whatever
+# their dtype: integers are token ids only for a language model or the author's own
+FEATURES = ("classes", "values")
+
+
 def item_arrays(spec: str, i: int, item: Any, targets: str = "any") -> tuple[Any, Any]:
     """Item ``i`` as (input, target) arrays, or InputError naming the item and what it
-    should be. The input: one array (float32 when floating, int64 when integer: token
-    ids stay ids), or a tuple, list or dict of them; the target as ``targets`` (a
+    should be. The input: one array (float32 when floating or for classification and
+    regression; otherwise int64 when integer: token ids stay ids), or a tuple, list or
+    dict of them (as they come); the target as ``targets`` (a
     :class:`.data.DataForm`'s) says: ``classes``, one int; ``values``, float32 of any
     shape; ``tokens``, int64 ids of any shape; ``any`` (the default, which checks only
     that they are numbers) as it comes."""
@@ -312,6 +318,8 @@ def item_arrays(spec: str, i: int, item: Any, targets: str = "any") -> tuple[Any
             "item is (input, target), the input a tensor, or a tuple or dict of tensors"
         )
     x = _input(spec, i, item[0])
+    if targets in FEATURES and isinstance(x, np.ndarray) and x.dtype.kind != "f":
+        x = x.astype(np.float32)  # integer features (uint8 pixels): standardised as ever
     if targets == "tokens" and isinstance(x, np.ndarray) and x.dtype.kind == "f":
         raise InputError(
             f"data.source {spec!r}: item {i}'s features are {x.dtype}; a language model "

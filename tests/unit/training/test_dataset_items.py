@@ -262,7 +262,7 @@ def dtype_change() -> _Items:  # item 7's ids are floats
         ("short_target", f"{HERE}:next_token", "item 5's target is int64 of shape (5,)"),
         ("nan_mask", f"{HERE}:next_token", "item 2's input 'mask' holds NaN or infinity"),
         ("negative_ids", "language_model", "item 40's target holds negative token ids"),
-        ("dtype_change", "classification", "item 7's features are float32, item 0's int64"),
+        ("dtype_change", f"{HERE}:next_token", "item 7's features are float32, item 0's int64"),
     ],
 )
 def test_an_item_that_does_not_fit_is_refused_naming_the_item_and_its_part(

@@ -184,3 +184,24 @@ def test_the_preflight_refuses_an_own_objective_and_a_metric_it_does_not_report(
 def test_a_trainconfig_names_its_objective_in_one_word():
     cfg = TrainConfig(objective="language_model", sequence_length=32)
     assert cfg.objective.name == "language_model" and cfg.objective.targets == "tokens"
+
+
+def test_integer_features_are_still_features_for_classification_and_regression():
+    pixels = np.random.default_rng(0).integers(0, 255, (6, 4), dtype=np.uint8)
+    x, *_ = checked_arrays("d.npz", pixels, np.arange(6) % 3, None, 0, DataForm("classes"))
+    assert x.dtype == np.float32  # standardised and fed to a float model, as ever
+    x, *_ = checked_arrays("d.npz", pixels, np.arange(6) % 3, None, 0, DataForm("any"))
+    assert x.dtype == np.int64  # the author's objective: ids stay ids
+
+
+def test_the_preflight_passes_a_datasets_own_dict_samples_through_model_and_objective():
+    here = "tests.unit.training.test_dataset_items"
+    spec = {
+        "model": {"name": f"{here}:masked_lm"},
+        "data": f"{here}:tokens",
+        "objective": {"name": f"{here}:next_token"},
+    }
+    ok = check(spec)
+    assert ok["ok"] and ok["classes"] is None  # a Dataset's: counted by prepare_data
+    with pytest.raises(InputError, match=r"item 0's target is int64, which regression"):
+        check(spec | {"objective": {"name": "regression"}})  # integer targets
