@@ -51,8 +51,7 @@ def test_a_verdict_names_the_champion_and_shows_the_digits_that_decide():
     ok, why = better(cfg(), {"test_accuracy": 0.9694}, champ)
     assert not ok
     assert (
-        why
-        == "test accuracy 0.9694 does not beat the champion v1's 0.9694 by more than 0.0 "
+        why == "test accuracy 0.9694 does not beat the champion v1's 0.9694 by more than 0.0 "
         "(higher is better)"
     )
     ok, why = better(cfg(), {"test_accuracy": 0.96944}, champ)
