@@ -7,7 +7,7 @@ source that cannot work, naming the field, before any rank starts:
   ``ObjectStoragePath`` with ``data.connection`` (the credentials), copied into the data
   folder and checksummed as it is copied, then read as the file it is;
 - ``package.module:factory``: a DAG author's function returning a map-style
-  ``torch.utils.data.Dataset`` of ``(features, label)`` pairs, or a pair of arrays
+  ``torch.utils.data.Dataset`` of ``(input, target)`` pairs, or a pair of arrays
   (see :mod:`dagtrain.training.rank.samples`).
 """
 
