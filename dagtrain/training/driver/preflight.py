@@ -72,7 +72,7 @@ def check(spec: dict[str, Any]) -> dict[str, Any]:
         sample = (torch.from_numpy(x[:2]), torch.from_numpy(y[:2]))
     info = None
     if sample is not None:
-        from dagtrain.training.rank.samples import leaves
+        from dagtrain.training.rank.items import leaves
 
         x2, y2 = sample
         first = leaves(x2)[0][1]
@@ -174,7 +174,8 @@ def _factory_shape(spec: str, workers: int = 0, form: Any = None) -> tuple[Any, 
     import torch
 
     from dagtrain.training.rank.data import open_source, read_arrays
-    from dagtrain.training.rank.samples import check_picklable, first_batch, leaves
+    from dagtrain.training.rank.items import leaves
+    from dagtrain.training.rank.samples import check_picklable, first_batch
 
     src = open_source(spec)
     if isinstance(src, tuple):

@@ -14,22 +14,24 @@ import torch
 from dagtrain.config import TrainConfig
 from dagtrain.errors import InputError
 
+from .items import (
+    FEATURES,
+    check_classes,
+    leaves,
+)
+from .items import named as _named
 from .models import DataInfo
 from .samples import (
-    FEATURES,
     ArraySamples,
     DatasetSamples,
     RunningStats,
     Samples,
     as_dataset,
     call_factory,
-    check_classes,
     is_factory,
-    leaves,
     scan_items,
     whole,
 )
-from .samples import named as _named
 
 __all__ = [
     "DataForm",
