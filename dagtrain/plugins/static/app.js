@@ -46,13 +46,14 @@ function table(head, rows, cls = "") {
 }
 
 // The y axis as wide as its longest tick label (a regression's 20,000 is not cut), as
-// uPlot's demos size it.
+// uPlot's demos size it; never narrower than an earlier cycle made it (finer ticks,
+// 3.25 after 3.5, come on a later cycle), so the sizes converge.
 function axisWidth(u, values, i, cycle) {
   const axis = u.axes[i];
-  if (cycle > 1) return axis._size;
   const longest = (values ?? []).reduce((a, v) => (String(v).length > a.length ? String(v) : a), "");
   u.ctx.font = axis.font[0];
-  return Math.ceil(axis.ticks.size + axis.gap + (longest ? u.ctx.measureText(longest).width / devicePixelRatio : 0));
+  const w = Math.ceil(axis.ticks.size + axis.gap + (longest ? u.ctx.measureText(longest).width / devicePixelRatio : 0));
+  return cycle > 1 ? Math.max(axis._size ?? 0, w) : w;
 }
 
 // One chart: `lines` are [label, epochs, key, {dash, width}]; x is the epoch (from 1).
