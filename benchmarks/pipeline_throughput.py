@@ -3,8 +3,12 @@ schedules, in one run.
 
     .venv/bin/python benchmarks/pipeline_throughput.py [--rounds 3] [--steps 8] [--quick]
 
-Same model, same blocks and split, same microbatches and global batch (digits, 64
-samples, 4 microbatches), 2 ranks on CPU over gloo, one intra-op thread per rank:
+Same model, same blocks and split, same microbatches and global batch (64 samples, 4
+microbatches), 2 ranks on CPU over gloo, one intra-op thread per rank. Models: the MLP
+and the transformer classifier on digits, and ``causal-lm``: the built-in transformer
+as a causal language model (``objective: language_model``; dim 128, 4 heads, 4 layers:
+6 blocks, embedding, 4 attention blocks, head) on the windows of 64 bytes of
+dags/data/corpus.txt, 4,096 tokens a step:
 
   dagtrain gpipe / 1f1b / zero-bubble   ``parallel.order`` of dagtrain's pipeline step
                       (``parallel: {stages: 2, microbatches: 4, split: [k]}``),
@@ -16,22 +20,28 @@ samples, 4 microbatches), 2 ranks on CPU over gloo, one intra-op thread per rank
                       stages 0,2 and 1,3; V-shaped: 0,3 and 1,2)
 
 Both sides build their blocks from the same seed (``dagtrain.training.rank.split.blocks_of``
-of the built-in model), optimise the same loss (cross-entropy summed over a microbatch,
-divided by the global batch), with SGD (lr 0.01, momentum 0.9), and time the same thing:
+of the built-in model, on the data's ``DataInfo``), optimise the same loss (cross-entropy
+summed over a microbatch's samples, or its tokens for the language model, divided by the
+global batch's samples or tokens: dagtrain's ``scaled_loss``), with SGD (lr 0.01,
+momentum 0.9), and time the same thing:
 a step from its batch to its update. Rounds interleave the systems (each system a block
 of steps per round, in an order rotated each round) so that a slow spell of this shared
 machine hits them alike.
 
 Per system: samples/s (global batch / the median of all timed steps, each step the
-slower of the two ranks'), the bubble (dagtrain: from its step traces, the share of a
-rank's step with no F/B/W task running; torch: measured the same way, from timers around
-the stage's forward/backward/weight-gradient calls, and for GPipe/1F1B the formula
-(p-1)/(m+p-1)), and peak activation bytes per rank (torch: the live bytes of the
-tensors autograd saved, counted by ``torch.autograd.graph.saved_tensors_hooks`` during
-one extra, untimed step; dagtrain reports its own, and a job of its own per order
-counts dagtrain's the torch way over a few untimed steps, with what is still alive after
-them). A torch schedule that fails is recorded with its error. About 6 minutes here (half
-of it starting 2-rank jobs). Writes benchmarks/results/pipeline_throughput.json.
+slower of the two ranks'; and from the fastest tenth of them, what a system does in the
+quiet spells of a shared machine, with ratios of its own), the bubble (dagtrain: from
+its step traces, the share of a rank's step with no F/B/W task running; torch: measured
+the same way, from timers around the stage's forward/backward/weight-gradient calls, and
+for GPipe/1F1B the formula (p-1)/(m+p-1)), and peak activation bytes per rank (torch:
+the live bytes of the tensors autograd saved, counted by
+``torch.autograd.graph.saved_tensors_hooks`` during one extra, untimed step; dagtrain
+reports its own, and a job of its own per order counts dagtrain's the torch way over a
+few untimed steps, with what is still alive after them). A torch schedule that fails is
+recorded with its error. About 6 minutes a model here (half of it starting 2-rank jobs).
+Writes benchmarks/results/pipeline_throughput.json; with ``--models`` naming only some,
+their entries replace those of the file and the others' are kept (each entry says when
+it was measured).
 """
 
 from __future__ import annotations
@@ -60,6 +70,14 @@ MODELS: dict[str, dict[str, Any]] = {
         "model": "transformer",
         "model_args": {"layers": 8, "dim": 128, "heads": 4},
     },
+    # next-byte prediction on a text: token embedding, 4 causal attention blocks, head
+    "causal-lm": {
+        "model": "transformer",
+        "model_args": {"layers": 4, "dim": 128, "heads": 4},
+        "objective": "language_model",
+        "data": str(HERE.parent / "dags" / "data" / "corpus.txt"),
+        "sequence_length": 64,
+    },
 }
 NPROCS = 2
 BATCH = 64
@@ -86,11 +104,42 @@ JOB_TIMEOUT = 900
 # --------------------------------------------------------------------------- shared
 
 
-def _blocks(model: str, model_args: dict) -> list:
-    """The model's sequential blocks, built from seed 0 (the same on every side)."""
+def _dataset(source: dict | None):
+    """The data of a model entry (``data``, ``objective``, ``sequence_length``; digits
+    by default) as dagtrain's trainer loads it: split with seed 0, a text cut into
+    windows."""
+    from dagtrain.training.rank.data import DataForm, load_dataset
+
+    source = source or {}
+    form = None
+    if source.get("objective") == "language_model":
+        form = DataForm("tokens", source["sequence_length"], objective="language_model")
+    return load_dataset(source.get("data", DATA), TEST_FRACTION, 0, True, form)
+
+
+def _units(source: dict | None) -> int:
+    """The global batch's units the loss is divided by: samples, or tokens."""
+    return BATCH * ((source or {}).get("sequence_length") or 1)
+
+
+def _loss_fn(units: int):
+    """The torch side's loss: cross-entropy summed over a microbatch's samples (or
+    tokens: logits (N, L, V) against (N, L)), divided by the global batch's ``units``,
+    as dagtrain's ``scaled_loss`` divides the objective's sum."""
+    import torch.nn.functional as F
+
+    def loss_fn(out, y):
+        flat = out.reshape(-1, out.shape[-1])
+        return F.cross_entropy(flat, y.reshape(-1), reduction="sum") / units
+
+    return loss_fn
+
+
+def _blocks(model: str, model_args: dict, source: dict | None = None) -> list:
+    """The model's sequential blocks, built from seed 0 (the same on every side) on
+    the data's ``DataInfo`` (the transformer is a causal LM over token ids)."""
     import torch
 
-    from dagtrain.training.rank.data import read_arrays
     from dagtrain.training.rank.models import build_model
 
     try:
@@ -100,9 +149,9 @@ def _blocks(model: str, model_args: dict) -> list:
         def blocks_of(m):
             return list(m.blocks()) if hasattr(m, "blocks") else list(m.children())
 
-    _, _, shape, classes = read_arrays(DATA)
+    ds = _dataset(source)
     torch.manual_seed(0)
-    return blocks_of(build_model(model, shape, classes, **model_args))
+    return blocks_of(build_model(model, ds.in_shape, ds.classes, ds.info, **model_args))
 
 
 def _balanced(costs: list[int], parts: int) -> list[int]:
@@ -128,10 +177,10 @@ def _balanced(costs: list[int], parts: int) -> list[int]:
     return go(parts, n)[1]
 
 
-def splits(model: str, model_args: dict) -> dict[str, Any]:
+def splits(model: str, model_args: dict, source: dict | None = None) -> dict[str, Any]:
     """Boundaries for 2 and 4 pieces, balancing parameters (the same on both sides;
     deterministic, where a measured split would move from run to run)."""
-    blocks = _blocks(model, model_args)
+    blocks = _blocks(model, model_args, source)
     costs = [sum(p.numel() for p in b.parameters()) for b in blocks]
     return {
         "blocks": len(blocks),
@@ -141,12 +190,12 @@ def splits(model: str, model_args: dict) -> dict[str, Any]:
     }
 
 
-def _global_batches(n_steps: int) -> list[tuple[Any, Any]]:
-    """The first ``n_steps`` full global batches of the digits training split, in
-    dagtrain's order (shard_batches with one part), cycling over epochs."""
-    from dagtrain.training.rank.data import load_dataset, shard_batches
+def _global_batches(n_steps: int, source: dict | None = None) -> list[tuple[Any, Any]]:
+    """The first ``n_steps`` full global batches of the training split, in dagtrain's
+    order (shard_batches with one part), cycling over epochs."""
+    from dagtrain.training.rank.data import shard_batches
 
-    ds = load_dataset(DATA, TEST_FRACTION, 0)
+    ds = _dataset(source)
     out, epoch = [], 0
     while len(out) < n_steps:
         for idx, count in shard_batches(len(ds.x_train), BATCH, 0, 1, 0, epoch):
@@ -250,12 +299,11 @@ def _busy_timer(stage, busy: dict[str, float]) -> None:
 def _build_schedule(name: str, spec: dict, rank: int):
     """This rank's stages of ``name``, its schedule and optimizer, and a step function."""
     import torch
-    import torch.nn.functional as F
     from torch import nn
     from torch.distributed.pipelining import PipelineStage, schedules
 
     kind = SCHEDULES[name]
-    blocks = _blocks(spec["model"], spec["model_args"])
+    blocks = _blocks(spec["model"], spec["model_args"], spec)
     bounds = spec["split2"] if kind == "single" else spec["split4"]
     n_stages = len(bounds) + 1
     edges = [0, *bounds, len(blocks)]
@@ -271,8 +319,7 @@ def _build_schedule(name: str, spec: dict, rank: int):
     for st in stages:
         _busy_timer(st, busy)
 
-    def loss_fn(out, y):  # the global batch's mean, as dagtrain's loss
-        return F.cross_entropy(out, y, reduction="sum") / BATCH
+    loss_fn = _loss_fn(_units(spec))
 
     cls = getattr(schedules, name)
     sched = cls(
@@ -341,7 +388,7 @@ def _torch_rank(spec: dict, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=120))
     rank = dist.get_rank()
-    batches = _global_batches(spec["warmup"] + spec["steps"] + 1)
+    batches = _global_batches(spec["warmup"] + spec["steps"] + 1, spec)
     results: dict[str, Any] = {}
     path = Path(f"{out}-rank{rank}.json")
     for name in spec["schedules"]:
@@ -394,7 +441,9 @@ def _dagtrain_config(spec: dict):
             "order": spec["order"],
             "split": spec["split2"],
         },
-        data=DATA,
+        data=spec.get("data", DATA),
+        objective={"name": spec.get("objective", "classification")},
+        sequence_length=spec.get("sequence_length"),
         test_fraction=TEST_FRACTION,
         trace_dir=spec["trace_dir"],
         executor={"trace": True, "intra_op_threads": 1},
@@ -627,8 +676,8 @@ def _formula(p: int, m: int) -> float:
     return (p - 1) / (m + p - 1)
 
 
-def _summarise(name: str, runs: list[dict], m: int) -> dict[str, Any]:
-    """One system's figures over its rounds."""
+def _summarise(name: str, runs: list[dict], m: int, tokens: int = 0) -> dict[str, Any]:
+    """One system's figures over its rounds (``tokens``: a sample's, for tokens/s)."""
     errs = [r["error"] for r in runs if "error" in r]
     ok = [r for r in runs if "error" not in r]
     if not ok:
@@ -642,10 +691,14 @@ def _summarise(name: str, runs: list[dict], m: int) -> dict[str, Any]:
         "samples_per_s": BATCH / med,
         "median_step_ms": med * 1e3,
         "min_step_ms": min(steps) * 1e3,
+        # the fastest tenth: what the system does in the quiet spells of a shared machine
+        "fastest_tenth_step_ms": sorted(steps)[(len(steps) - 1) // 10] * 1e3,
         "rounds_samples_per_s": [BATCH / statistics.median(r["step_seconds"]) for r in ok],
         "timed_steps": len(steps),
         "peak_activation_bytes": ok[-1]["peak_activation_bytes"],
     }
+    if tokens:
+        out["tokens_per_s"] = BATCH * tokens / med
     if errs:
         out["failed_rounds"] = errs
     if name.startswith("torch "):
@@ -724,11 +777,12 @@ def main() -> None:
     )
     results: dict[str, Any] = {}
     loads: list[float] = []  # the 1-minute load average as each job starts
+    model_loads: dict[str, list[float]] = {}
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="pipeline-bench-") as tmpdir:
         tmp = Path(tmpdir)
         for mname, model in models.items():
-            sp = splits(model["model"], model["model_args"])
+            sp = splits(model["model"], model["model_args"], model)
             print(
                 f"\n{mname}: {sp['blocks']} blocks, {sum(sp['params']) / 1e6:.1f}M "
                 f"parameters; 2 stages from block {sp['split2']}, 4 from {sp['split4']}",
@@ -739,10 +793,12 @@ def main() -> None:
             # schedule that ran after others in one process would find its allocator
             # and caches warm, which dagtrain's fresh ranks do not
             jobs = [*(f"torch {n}" for n in names), *orders]
+            model_started = time.perf_counter()
             for rnd in range(args.rounds):
                 shift = rnd % len(jobs)
                 for job in jobs[shift:] + jobs[:shift]:
                     loads.append(os.getloadavg()[0])
+                    model_loads.setdefault(mname, []).append(loads[-1])
                     t = time.perf_counter()
                     if job.startswith("torch "):
                         got = _run_torch(model, sp, [job.removeprefix("torch ")], args, tmp)
@@ -752,7 +808,8 @@ def main() -> None:
                         r = _run_dagtrain(model, sp, job, args, tmp)
                         runs.setdefault(f"dagtrain {job}", []).append(r)
                     print(f"  round {rnd + 1}: {job} {time.perf_counter() - t:.0f} s", flush=True)
-            systems = {k: _summarise(k, v, m) for k, v in sorted(runs.items())}
+            tokens = model.get("sequence_length") or 0
+            systems = {k: _summarise(k, v, m, tokens) for k, v in sorted(runs.items())}
             for order in orders:  # the same count as torch's, in jobs of their own
                 t = time.perf_counter()
                 got = _count_job(model, sp, order, args, tmp)
@@ -783,20 +840,48 @@ def main() -> None:
                             ratios[f"{o}_peak_activation_vs_torch_{t}"] = [
                                 a / b if b else None for a, b in zip(ours_peak, theirs_peak)
                             ]
+                fast = {
+                    k: BATCH / (v["fastest_tenth_step_ms"] / 1e3)
+                    for k, v in systems.items()
+                    if "fastest_tenth_step_ms" in v
+                }
+                fo = max((k for k in fast if k in ours), key=fast.get)
+                ft = max((k for k in fast if k in theirs), key=fast.get)
+                ratios["fastest_tenth"] = {
+                    "best_vs_torch_best": fast[fo] / fast[ft],
+                    "dagtrain_best": fo,
+                    "torch_best": ft,
+                    **{f"best_vs_{k}": fast[fo] / v for k, v in fast.items() if k in theirs},
+                }
             else:
                 ratios = {"best_vs_torch_best": None, "pending": "dagtrain's side did not run"}
+            ml = model_loads.get(mname, [0.0])
             results[mname] = {
                 "model": model,
                 "split": sp,
                 "systems": systems,
                 "ratios": ratios,
+                "measured": {
+                    "date": time.strftime("%Y-%m-%d %H:%M"),
+                    "steps_per_round": args.steps,
+                    "rounds": args.rounds,
+                    "warmup": args.warmup,
+                    "seconds": round(time.perf_counter() - model_started, 1),
+                    "load_average_at_job_starts": [min(ml), max(ml)],
+                },
             }
+            if tokens:
+                results[mname]["tokens_per_sample"] = tokens
             _print(mname, systems, ratios)
     elapsed = time.perf_counter() - started
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(
+    out = Path(args.out)
+    doc = _merged(out, results)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp_out = out.with_suffix(".json.tmp")
+    tmp_out.write_text(
         json.dumps(
             {
+                **doc,
                 "date": time.strftime("%Y-%m-%d"),
                 "ranks": NPROCS,
                 "cpus": os.cpu_count(),
@@ -808,16 +893,37 @@ def main() -> None:
                 "dagtrain": "pending" if not orders else "run",
                 "seconds": round(elapsed, 1),
                 "load_average_at_job_starts": [min(loads, default=0), max(loads, default=0)],
-                "results": results,
+                "results": {**doc.get("results", {}), **results},
             },
             indent=1,
         )
         + "\n"
     )
+    tmp_out.replace(out)
     print(
         f"\nwrote {args.out} ({elapsed:.0f} s; load average {min(loads, default=0):.1f}-"
         f"{max(loads, default=0):.1f} as the jobs started)"
     )
+
+
+def _merged(out: Path, results: dict[str, Any]) -> dict[str, Any]:
+    """What to keep of the file: nothing after a run of every model; after a run of
+    some, the file's entries of the others (each marked with the run it came from,
+    ``measured``) and a ``notes`` saying so."""
+    if set(results) >= set(MODELS) or not out.exists():
+        return {}
+    old = json.loads(out.read_text())
+    kept = {k: v for k, v in old.get("results", {}).items() if k not in results}
+    if not kept:
+        return {}
+    keys = ("date", "steps_per_round", "rounds", "warmup", "seconds", "load_average_at_job_starts")
+    for v in kept.values():
+        v.setdefault("measured", {k: old.get(k) for k in keys})
+    note = (
+        f"{', '.join(results)} measured {time.strftime('%Y-%m-%d')} on their own and merged; "
+        f"{', '.join(kept)} kept from an earlier run: each entry's 'measured' says when"
+    )
+    return {"notes": note, "results": kept}
 
 
 def _mb(xs: list) -> str:
@@ -843,12 +949,21 @@ def _print(mname: str, systems: dict, ratios: dict) -> None:
             peak += f"; {_mb(same)}"
         elif k.startswith("dagtrain "):
             peak += "; failed"
+        if "tokens_per_s" in v:
+            peak += f"  ({v['tokens_per_s']:.0f} tokens/s)"
         print(
             f"  {k:<38}{v['samples_per_s']:>10.1f}{bub:>12}"
             f"{'' if f is None else f'{f:.3f}':>9}  {peak}"
         )
     shown = {k: v for k, v in ratios.items() if isinstance(v, float)}
     print("  " + ", ".join(f"{k} {v:.2f}x" for k, v in shown.items()))
+    fast = ratios.get("fastest_tenth", {})
+    if fast:
+        shown = {k: v for k, v in fast.items() if isinstance(v, float)}
+        print(
+            f"  fastest tenth of the steps ({fast['dagtrain_best']}): "
+            + ", ".join(f"{k} {v:.2f}x" for k, v in shown.items())
+        )
 
 
 if __name__ == "__main__":

@@ -195,12 +195,13 @@ def train(results: Path, out: Path) -> Path:
         ax.bar_label(bars, fmt="%.0f", fontsize=7, padding=2)
         ax.set_xticks(range(len(names)), [k.replace("dagtrain ", "dagtrain\n") for k in names],
                       fontsize=7)  # fmt: skip
-        ax.set_title(f"{model}: samples/s (median of {data['repeats']} rounds)", fontsize=10)
+        batch = res.get("batch", data["batch"])
+        repeats = res.get("measured", {}).get("repeats", data["repeats"])
+        ax.set_title(f"{model}, batch {batch}: samples/s (median of {repeats} rounds)", fontsize=10)
         ax.grid(axis="y", alpha=0.3)
     axes[0][0].set_ylabel("samples / s (bars: min-max of the rounds)")
     fig.suptitle(
-        f"Training throughput, {data['ranks']} ranks on {data['cpus']} cores (CPU), global "
-        f"batch {data['batch']}; {data['date']}",
+        f"Training throughput, {data['ranks']} ranks on {data['cpus']} cores (CPU); {data['date']}",
         fontsize=10,
     )
     return _save(fig, out / "bench-train.png")

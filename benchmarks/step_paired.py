@@ -29,7 +29,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from benchmarks.train_throughput import BATCH, MODELS, NPROCS, WARMUP  # noqa: E402
+from benchmarks.train_throughput import MODELS, NPROCS, WARMUP, batch_of  # noqa: E402
 
 
 def rank_main(spec: dict, out: str) -> None:
@@ -38,13 +38,16 @@ def rank_main(spec: dict, out: str) -> None:
     from torch import nn
 
     from dagtrain.config import TrainConfig
-    from dagtrain.training.rank.data import load_dataset, shard_batches
+    from dagtrain.training.rank.data import data_form, load_dataset, shard_batches
     from dagtrain.training.rank.models import build_model
+    from dagtrain.training.rank.objective import LanguageModel
     from dagtrain.training.rank.step import StepGraph
     from dagtrain.training.rank.trainer import _batches
 
     torch.set_num_threads(1)
     model = MODELS[spec["model"]]
+    batch = batch_of(spec["model"])
+    data_args = {k: model[k] for k in ("data", "objective", "sequence_length") if k in model}
     if spec["vs"] == "horovod":
         import horovod.torch as hvd
 
@@ -59,11 +62,13 @@ def rank_main(spec: dict, out: str) -> None:
 
         backend, name = TorchBackend(600), "torch"
     rank, world = backend.rank, backend.size
-    ds = load_dataset("digits", 0.2, 0)
+    form = data_form(TrainConfig(**data_args))  # the data as dagtrain's trainer reads it
+    ds = load_dataset(data_args.get("data", "digits"), 0.2, 0, True, form)
+    lm = form.objective == "language_model"
 
     def build() -> nn.Module:
         torch.manual_seed(0)
-        return build_model(model["model"], ds.in_shape, ds.classes, **model["model_args"])
+        return build_model(model["model"], ds.in_shape, ds.classes, ds.info, **model["model_args"])
 
     base = build()
     opt = torch.optim.SGD(base.parameters(), lr=0.01, momentum=0.9)
@@ -73,7 +78,13 @@ def rank_main(spec: dict, out: str) -> None:
         opt = hvd.DistributedOptimizer(opt, named_parameters=base.named_parameters())
     else:
         net = DistributedDataParallel(base)
-    loss_fn = nn.CrossEntropyLoss()
+    mean_ce, objective = nn.CrossEntropyLoss(), LanguageModel()
+
+    def loss_fn(out, y, count):  # as _baseline.py's
+        if lm:
+            return objective.loss(out, y) * (world / (count * y.shape[1]))
+        return mean_ce(out, y)
+
     plan: list = []
     epoch = 0
 
@@ -81,12 +92,12 @@ def rank_main(spec: dict, out: str) -> None:
         nonlocal plan, epoch
         t0 = time.perf_counter()
         if not plan:
-            plan = shard_batches(len(ds.x_train), BATCH, rank, world, 0, epoch)
+            plan = shard_batches(len(ds.x_train), batch, rank, world, 0, epoch)
             epoch += 1
-        idx, _ = plan.pop(0)
+        idx, count = plan.pop(0)
         x, y = ds.x_train[idx], ds.y_train[idx]
         opt.zero_grad()
-        loss = loss_fn(net(x), y)
+        loss = loss_fn(net(x), y, count)
         t1 = time.perf_counter()
         loss.backward()
         t2 = time.perf_counter()
@@ -108,7 +119,7 @@ def rank_main(spec: dict, out: str) -> None:
                 "backend": name,
                 "ranks": NPROCS,
                 "epochs": 1000,
-                "batch_size": BATCH,
+                "batch_size": batch,
                 "lr": 0.01,
                 "workers": 2,
                 "intra_op_threads": 1,

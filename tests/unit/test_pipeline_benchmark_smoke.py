@@ -54,6 +54,27 @@ def test_balanced_split_minimises_the_largest_part():
     assert sp["blocks"] == 6 and sp["split2"] == [3] and len(sp["split4"]) == 3
 
 
+def test_the_language_models_blocks_and_loss_are_dagtrains(tmp_path):
+    bench = _bench()
+    from dagtrain.training.rank.objective import LanguageModel
+    from dagtrain.training.rank.step import scaled_loss
+
+    text = tmp_path / "text.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 40)
+    source = {**bench.MODELS["causal-lm"], "data": str(text), "sequence_length": 8}
+    sp = bench.splits("transformer", {"layers": 2, "dim": 16, "heads": 2}, source)
+    # the causal LM over the text's bytes: embedding, 2 attention blocks, head
+    assert sp["blocks"] == 4 and sp["params"][0] == 256 * 16 + 8 * 16
+    x, y = bench._global_batches(1, source)[0]
+    assert x.shape == y.shape == (bench.BATCH, 8) and x.dtype == torch.int64
+    assert torch.equal(x[:, 1:], y[:, :-1])  # targets: the next byte
+    torch.manual_seed(0)
+    out = torch.randn(16, 8, 256)  # one microbatch of the global batch's logits
+    ours, _ = scaled_loss(LanguageModel(), out, y[:16], bench.BATCH, 1)
+    theirs = bench._loss_fn(bench._units(source))(out, y[:16])
+    torch.testing.assert_close(theirs, ours)
+
+
 @pytest.mark.slow
 @pytest.mark.alone  # a benchmark: it times its phases
 def test_smoke_run_writes_every_figure(tmp_path):
