@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from .pipeline import PipelineConfig
-from .schema import BUILTIN_MODELS, BUILTIN_OBJECTIVES, FILE_ONLY, NOT_APPLICABLE, ConfigError
+from .schema import BUILTIN_MODELS, FILE_ONLY, NOT_APPLICABLE, ConfigError
 
 __all__ = [
     "apply_sets",
@@ -233,17 +233,13 @@ def merge_conf(
                 f"{where}: {section} does not apply to a {cfg.pipeline} pipeline "
                 f"(pipeline: {cfg.pipeline} in the config file): leave it out"
             )
-    for field, own, builtins in (
-        ("model.name", cfg.model.name, BUILTIN_MODELS),
-        ("objective.name", cfg.objective.name, BUILTIN_OBJECTIVES),
-    ):
-        name = _get(conf, field)
-        if name is not _MISSING and name != own and name not in builtins:
-            raise ConfigError(
-                f"{where}: {field} {name!r} names code; a run's conf may choose only a "
-                f"built-in ({', '.join(builtins)}) or the file's own; put a factory path in "
-                "the config file"
-            )
+    name = _get(conf, "model.name")
+    if name is not _MISSING and name != cfg.model.name and name not in BUILTIN_MODELS:
+        raise ConfigError(
+            f"{where}: model.name {name!r} names code; a run's conf may choose only a built-in "
+            f"({', '.join(BUILTIN_MODELS)}) or the file's own model; put a factory path in "
+            "the config file"
+        )
     merged = deep_merge(cfg.model_dump(mode="json"), conf)
     for field, value in _author_only(cfg).items():  # the file's own, not as a conf gave it
         if value is not _MISSING and _get(conf, field) is not _MISSING:

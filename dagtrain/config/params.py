@@ -7,7 +7,7 @@ import functools
 from typing import Any
 
 from .pipeline import PipelineConfig
-from .schema import BUILTIN_MODELS, BUILTIN_OBJECTIVES, FILE_ONLY, NOT_APPLICABLE
+from .schema import BUILTIN_MODELS, FILE_ONLY, NOT_APPLICABLE
 
 __all__ = ["config_schema", "dag_params", "fixed_sections"]
 
@@ -94,9 +94,8 @@ def dag_params(cfg: PipelineConfig) -> dict[str, Any]:
             continue
         sub.pop("default", None)  # config_schema() returned a copy of its own
         props = sub.get("properties", {})
-        if section in ("model", "objective"):  # a built-in, or the file's own code
-            builtins = BUILTIN_MODELS if section == "model" else BUILTIN_OBJECTIVES
-            names = sorted({*builtins, getattr(cfg, section).name})
+        if section == "model":
+            names = sorted({*BUILTIN_MODELS, cfg.model.name})
             props["name"] = {**props["name"], "enum": names}
         for dotted in FILE_ONLY:  # the file's own: a conf may only repeat it
             head, _, field = dotted.partition(".")

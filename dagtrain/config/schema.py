@@ -64,6 +64,9 @@ FILE_ONLY: dict[str, str] = {
     "data.source": "it is a file on the workers, a URL, or code they import",
     "data.connection": "it holds credentials to the data's storage (an Airflow connection)",
     "data.test_fraction": "it decides the test split that promotion is judged on",
+    "data.sequence_length": "it decides the test windows that promotion is judged on",
+    "data.vocab_size": "it decides the test windows that promotion is judged on",
+    "objective": "it decides what the model learns and which metric makes the champion",
     "model.max_parameters": "it bounds the memory a run's model.args may ask of the workers",
     "evaluation": "it decides which model becomes the champion",
     "tracking": "it names a tracking server (an Airflow connection)",
@@ -208,7 +211,7 @@ class ObjectiveConfig(Section):
         description="classification (cross-entropy; loss, accuracy), regression (mean "
         "squared error; loss, mse, mae, r2), language_model (next-token cross-entropy; "
         "loss, perplexity, accuracy of the tokens), or 'package.module:factory' returning "
-        "an objective of the DAG author's (config files only, never a run's conf)",
+        "an objective of the DAG author's (the whole section: config files only)",
     )
     args: dict[str, Any] = Field(
         default_factory=dict, description="keyword arguments of a factory's objective"

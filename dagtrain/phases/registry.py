@@ -40,7 +40,7 @@ from dagtrain.records.registry import (
     write_registry,
 )
 
-from .verdict import better, direction
+from .verdict import better, direction, metric_of
 
 __all__ = [
     "better",
@@ -156,7 +156,7 @@ def evaluate_phase(
         reason=why,
         data_version=manifest["version"],
         manifest=str(DataFiles(Path(manifest["dir"])).manifest),
-        metric=cfg.promotion_metric,
+        metric=metric_of(cfg, directions),
         direction=direction(cfg, directions),
     )
     path = ArtifactLayout.of(cfg).run(run_id).evaluation

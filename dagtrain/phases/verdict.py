@@ -13,6 +13,7 @@ champion's ``0.9694`` is shown with the digits where they differ.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from fractions import Fraction
 from typing import Any
@@ -21,7 +22,7 @@ from dagtrain.config import PipelineConfig
 from dagtrain.errors import InputError
 from dagtrain.records.registry import RegistryEntry
 
-__all__ = ["better", "direction", "exact", "shown"]
+__all__ = ["better", "direction", "exact", "metric_of", "shown"]
 
 _MIN_DIGITS, _MAX_DIGITS = 4, 17
 
@@ -59,6 +60,15 @@ def shown(values: Sequence[Fraction], holds: Callable[[Sequence[Fraction]], bool
     return [repr(float(v)) for v in values]
 
 
+def metric_of(cfg: PipelineConfig, directions: dict[str, str] | None = None) -> str:
+    """The metric that decides promotion: ``evaluation.metric``, or the objective's
+    first (``directions``: the objective's metrics in its order, where its code was
+    imported; else the config's own rule, ``PipelineConfig.promotion_metric``)."""
+    if cfg.evaluation.metric is None and directions:
+        return f"test_{next(iter(directions))}"
+    return cfg.promotion_metric
+
+
 def direction(cfg: PipelineConfig, directions: dict[str, str] | None = None) -> str:
     """Whether the promotion metric is better higher (``max``) or lower (``min``):
     ``evaluation.mode``, or where it is ``auto`` the direction the objective declares
@@ -66,7 +76,7 @@ def direction(cfg: PipelineConfig, directions: dict[str, str] | None = None) -> 
     ev = cfg.evaluation
     if ev.mode != "auto":
         return ev.mode
-    metric = cfg.promotion_metric.removeprefix("test_")
+    metric = metric_of(cfg, directions).removeprefix("test_")
     known = directions or cfg.objective.metrics() or {}
     return known.get(metric, "max" if metric in ("accuracy", "r2") else "min")
 
@@ -81,7 +91,7 @@ def better(
     no worse than ``evaluation.threshold`` and better than the champion's
     ``evaluation.metric`` by more than ``evaluation.min_improvement``, in the metric's
     direction (:func:`direction`)."""
-    ev, metric = cfg.evaluation, cfg.promotion_metric
+    ev, metric = cfg.evaluation, metric_of(cfg, directions)
     way = direction(cfg, directions)
     higher = way == "max"
     said = "higher is better" if higher else "lower is better"
@@ -92,6 +102,8 @@ def better(
             f"evaluation.metric {metric!r}: the evaluation did not report it (it reports "
             f"{have}); name one of those"
         )
+    if not math.isfinite(float(challenger[metric])):  # a model that diverged
+        return False, f"{name} is {challenger[metric]}: a diverged model is never promoted"
     mine = exact(challenger, metric)
     if ev.threshold is not None:
         bound = _decimal(ev.threshold)
@@ -105,7 +117,7 @@ def better(
             )
     if champ is None:
         return True, "the first model: no champion yet"
-    if metric not in champ.metrics:
+    if metric not in champ.metrics or not math.isfinite(float(champ.metrics[metric])):
         return True, f"the champion v{champ.version} has no {name}: the challenger replaces it"
     theirs = exact(champ.metrics, metric)
     margin = _decimal(ev.min_improvement)

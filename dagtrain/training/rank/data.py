@@ -329,8 +329,12 @@ def checked_arrays(
     x = x.astype(np.float32 if floating else np.int64, copy=False)
     shape = shape or tuple(x.shape[1:])
     targets = form.targets
-    if targets == "any":
-        targets = "values" if y.dtype.kind == "f" else "classes" if y.ndim == 1 else "tokens"
+    if targets == "any":  # the author's objective knows its targets: none refused here
+        if y.dtype.kind == "f":
+            return x, y.astype(np.float32, copy=False), shape, math.prod(y.shape[1:])
+        yi = y.astype(np.int64, copy=False)
+        top = max(int(yi.max(initial=0)), int(x.max(initial=0)) if x.dtype.kind in "iu" else 0)
+        return x, yi, shape, max(classes, form.vocab_size or 0, top + 1)
     if targets == "values":
         if y.dtype.kind != "f":
             raise InputError(

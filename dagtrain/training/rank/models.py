@@ -277,8 +277,10 @@ class DataInfo:
 
     @property
     def tokens(self) -> bool:
-        """Whether the inputs are token ids (integers), not features."""
-        return self.in_dtype.startswith(("int", "uint"))
+        """Whether the inputs are a language model's token ids: integers, and the
+        objective ``language_model`` (an author's objective on integers builds its own
+        model)."""
+        return self.objective == "language_model" and self.in_dtype.startswith(("int", "uint"))
 
 
 def build_model(
@@ -367,7 +369,11 @@ def _sums(model: nn.Module, x: Any, y: Any, objective: Objective) -> dict[str, f
     with torch.no_grad():
         out = model(x)
         sums = {"loss": objective.loss(out, y).item()}
-        sums.update(zip(objective.tallies, objective.tally(out, y)))
+        tallied = objective.tally(out, y)
+        sums.update(
+            (k, v if isinstance(v, (int, float)) else float(v))
+            for k, v in zip(objective.tallies, tallied)
+        )
     return sums | {"units": objective.units(y), "samples": len(y)}
 
 
@@ -390,25 +396,46 @@ EVAL_BATCH = 4096
 def evaluate_samples(
     model: nn.Module, samples: Any, split: str = "test", objective: Objective | None = None
 ) -> dict[str, float]:
-    """:func:`evaluate` on a split's samples (:mod:`.samples`), read ``EVAL_BATCH`` at
-    a time (one pass when it holds no more) and the sums added up: the same samples
-    give the same figures however they are batched, up to the float sum's rounding."""
-    from .samples import ArraySamples, evaluate_batches
+    """:func:`evaluate` on a split's samples (:mod:`.samples`), read :func:`eval_batch`
+    samples at a time (one pass when it holds no more) and the sums added up: the same
+    samples give the same figures however they are batched, up to the float sum's
+    rounding."""
+    from .samples import evaluate_batches
 
     objective = objective or Classification()
-    if isinstance(samples, ArraySamples) and len(samples) <= EVAL_BATCH:
-        return evaluate(model, samples.x, samples.y, split, objective)
-    if isinstance(samples, ArraySamples):
-        n = len(samples)
-        parts = [
-            samples.batch(torch.arange(a, min(a + EVAL_BATCH, n))) for a in range(0, n, EVAL_BATCH)
-        ]
-    else:
-        parts = evaluate_batches(samples, EVAL_BATCH)
+    n = len(samples)
+    if not n:
+        total = dict.fromkeys(("loss", *objective.tallies, "units", "samples"), 0)
+        return _metrics(total, split, objective)
+    size = eval_batch(model, samples.batch(torch.arange(1))[0])
+    if n <= size:
+        return evaluate(model, *samples.batch(torch.arange(n)), split, objective)
     total: dict[str, float] = {}
-    for x, y in parts:
+    for x, y in evaluate_batches(samples, size):
         for k, v in _sums(model, x, y, objective).items():
             total[k] = total.get(k, 0) + v
-    if not total:
-        total = dict.fromkeys(("loss", *objective.tallies, "units", "samples"), 0)
     return _metrics(total, split, objective)
+
+
+# the most output values one evaluation forward pass makes (256 MB of float32 logits): a
+# language model's output is (samples, tokens, vocabulary), 4096 windows of 256 tokens
+# over a 50k vocabulary would be 210 GB
+EVAL_OUTPUTS = 2**26
+
+
+def eval_batch(model: nn.Module, x: Any) -> int:
+    """Samples per evaluation forward pass: at most ``EVAL_BATCH``, and at most
+    ``EVAL_OUTPUTS`` output values (measured on one sample ``x``)."""
+    from .batches import to_device
+
+    first = next(model.parameters(), None)
+    if first is not None and first.device.type != "cpu":
+        x = to_device(x, first.device)
+    was = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            per_sample = max(1, model(x).numel())
+    finally:
+        model.train(was)
+    return max(1, min(EVAL_BATCH, EVAL_OUTPUTS // per_sample))

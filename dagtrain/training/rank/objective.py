@@ -196,13 +196,10 @@ def objective_of(spec: ObjectiveConfig) -> Objective:
         raise InputError(
             f"objective.args {spec.args}: the objective {spec.name!r} refused them: {e}"
         ) from e
-    missing = [
-        a for a in ("loss", "metrics", "compute", "tally", "tallies") if not hasattr(made, a)
-    ]
-    if missing:
+    if not isinstance(made, Objective):
         raise InputError(
             f"objective.name {spec.name!r}: the factory returned a {type(made).__name__}, "
-            f"which has no {', '.join(missing)}: return an instance of a subclass of "
+            "not an objective: return an instance of a subclass of "
             "dagtrain.training.rank.objective.Objective"
         )
     metrics = getattr(made, "metrics", None)

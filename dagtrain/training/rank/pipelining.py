@@ -97,13 +97,14 @@ class StageStep:
         self.first, self.last = self.stage == 0, self.stage == self.S - 1
         blocks = blocks_of(model)
         mb = max(1, cfg.training.batch_size // (self.D * self.M))
-        self.split = agreed_split(backend, blocks, self.S, p.split, sample[:mb])
+        self.split = agreed_split(backend, blocks, self.S, p.split, cut(sample, 0, mb))
         a, b = self.split.ranges[self.stage]
         self.blocks = blocks
         self.module = nn.Sequential(*blocks[a:b])
         first = next(model.parameters(), None)
         self.device = first.device if first is not None else torch.device("cpu")
-        self.shapes = boundary_shapes(model, blocks, self.split, sample[:1].to(self.device))
+        one = to_device(cut(sample, 0, 1), self.device)
+        self.shapes = boundary_shapes(model, blocks, self.split, one)
         # the global order of the trainable parameters (the data-parallel step's bucket
         # order: reversed), which the checkpoint's optimizer state follows
         self.global_params = [q for _, q in reversed(list(model.named_parameters()))]

@@ -101,7 +101,10 @@ def scaled_loss(
     units = objective.units(y)
     total = count * (units // n) if units % n == 0 else count * units / n
     loss = objective.loss(out, y) * (world / total)
-    tallies = objective.tally(out.detach(), y)
+    # numbers, not tensors (an author's tally may give either): they are summed and kept
+    tallies = [
+        v if isinstance(v, (int, float)) else float(v) for v in objective.tally(out.detach(), y)
+    ]
     return loss, (loss.item() * total / world, *tallies, units)
 
 

@@ -31,10 +31,11 @@ from dagtrain.records.result import TrainResult
 from dagtrain.sync import Backend, get_backend
 
 from . import checkpoint
+from .batches import to_device
 from .data import Dataset, data_form, load_dataset, shard_batches
 from .device import choose_device
 from .models import bounded_model, evaluate_samples
-from .objective import objective_of
+from .objective import checked_loss, objective_of
 from .pipelining import StageStep
 from .progress import Progress, RankStatus
 from .protocol import TrainStep
@@ -103,15 +104,16 @@ class Figures:
     """A rank's running figures, which a checkpoint and an elastic rescue carry.
 
     ``start``: the step this launch began at; ``summed``: the steps whose figures are in
-    ``sums``; ``epochs``: the closed epochs' rows; ``sums``: this rank's loss, correct
-    and seen of the epoch so far; ``carried``: the whole world's figures of the epoch
-    before the checkpoint this launch resumed from."""
+    ``sums``; ``epochs``: the closed epochs' rows; ``sums``: this rank's sums of the
+    epoch so far, as the objective names them (``sum_names``: the loss, its tallies, the
+    units); ``carried``: the whole world's sums of the epoch before the checkpoint this
+    launch resumed from."""
 
+    sums: list[float]
+    carried: list[float]
     start: int = 0
     summed: int = 0
     epochs: list[dict[str, Any]] = field(default_factory=list)
-    sums: list[float] = field(default_factory=lambda: [0.0, 0, 0])
-    carried: list[float] = field(default_factory=lambda: [0.0, 0, 0])
 
 
 class RankRun:
@@ -133,6 +135,7 @@ class RankRun:
         torch.manual_seed(cfg.training.seed)
         self.model = bounded_model(cfg.model, self.ds.in_shape, self.ds.classes, self.ds.info)
         self.model.to(backend.device)
+        self.check_objective()
         if cfg.init_from:
             self.model.load_state_dict(checkpoint.load(cfg.init_from)["model"])
         self.result = TrainResult(
@@ -153,6 +156,23 @@ class RankRun:
             self.sg: TrainStep = StageStep(cfg, self.model, backend, first, snap, self.objective)
         else:
             self.sg = StepGraph(cfg, self.model, backend, snap, self.objective)
+
+    def check_objective(self) -> None:
+        """An author's objective's loss of the model's output on two training samples,
+        checked before any step (:func:`.objective.checked_loss`): one that gives no
+        scalar is refused naming ``objective.name``, not deep inside a step. Eval mode
+        and the generators' state kept: the run draws what it would have without it."""
+        if self.cfg.objective.builtin or not len(self.ds.train):
+            return
+        x, y = self.ds.train.batch(torch.arange(min(2, len(self.ds.train))))
+        was = self.model.training
+        self.model.eval()
+        try:
+            with torch.random.fork_rng(devices=[]), torch.no_grad():
+                out = self.model(to_device(x, self.backend.device))
+        finally:
+            self.model.train(was)
+        checked_loss(self.objective, out, to_device(y, out.device), self.cfg.objective.name)
 
     def zeros(self) -> list[float]:
         """The running sums at an epoch's start: the loss, the tallies, the units."""

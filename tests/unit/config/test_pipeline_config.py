@@ -179,7 +179,16 @@ def test_a_section_the_pipeline_does_not_use_is_neither_offered_nor_accepted(tmp
     cfg = load_config(write(tmp_path, "training: {epochs: 4}\n"))
     fixed = fixed_sections(cfg)
     assert set(fixed) == {
-        *("name", "pipeline", "schedule", "artifacts", "rounds", "tracking", "evaluation"),
+        *(
+            "name",
+            "pipeline",
+            "schedule",
+            "artifacts",
+            "rounds",
+            "tracking",
+            "evaluation",
+            "objective",
+        ),
     }
     assert "not used by a retraining pipeline" in fixed["rounds"]
     params = dag_params(cfg)

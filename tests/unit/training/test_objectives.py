@@ -160,7 +160,7 @@ def own_module(tmp_path, monkeypatch):
 
 
 def test_an_own_objective_that_is_not_one_or_gives_no_scalar_is_refused(own_module):
-    with pytest.raises(InputError, match=r"returned a int, which has no loss"):
+    with pytest.raises(InputError, match=r"returned a int, not an objective"):
         objective_of(ObjectiveConfig(name=f"{own_module}:not_an_objective"))
     own = objective_of(ObjectiveConfig(name=f"{own_module}:per_sample"))
     with pytest.raises(InputError, match=r"its loss of a batch is \(4,\), not a scalar tensor"):
@@ -205,3 +205,50 @@ def test_the_preflight_passes_a_datasets_own_dict_samples_through_model_and_obje
     assert ok["ok"] and ok["classes"] is None  # a Dataset's: counted by prepare_data
     with pytest.raises(InputError, match=r"item 0's target is int64, which regression"):
         check(spec | {"objective": {"name": "regression"}})  # integer targets
+
+
+def test_an_own_objective_decides_promotion_on_its_first_metric_and_a_diverged_model_never():
+    from dagtrain.config import PipelineConfig
+    from dagtrain.phases.verdict import better, direction, metric_of
+
+    cfg = PipelineConfig.model_validate({"objective": {"name": "my_objective:huber"}})
+    mine = {"within": "max", "mae": "min", "loss": "min"}
+    assert metric_of(cfg, mine) == "test_within" and direction(cfg, mine) == "max"
+    assert better(cfg, {"test_within": 0.5}, None, mine)[0]
+    lm = PipelineConfig.model_validate({"objective": {"name": "language_model"}})
+    ok, why = better(lm, {"test_perplexity": float("inf")}, None)
+    assert not ok and why == "test perplexity is inf: a diverged model is never promoted"
+
+
+def test_an_own_objective_on_arrays_refuses_no_targets_and_only_a_language_model_reads_ids():
+    x = np.random.default_rng(0).normal(size=(6, 3))
+    multi = (np.arange(30).reshape(6, 5) % 2).astype(np.int64)  # multi-label: 0/1 each
+    _, y, _, outputs = checked_arrays("d.npz", x, multi, None, 0, DataForm("any"))
+    assert y.dtype == np.int64 and outputs == 2
+    counts = np.array([0, 3, 7, 3, 0, 9])  # gaps: no class check for an own objective
+    assert checked_arrays("d.npz", x, counts, None, 0, DataForm("any"))[3] == 10
+    ids = DataInfo((8,), 50, "int64", (8,), "int64", "my_objective:next")
+    assert not ids.tokens and DataInfo((8,), 50, "int64", (8,), "int64", "language_model").tokens
+
+
+def test_evaluation_is_cut_by_output_values_not_only_samples(monkeypatch):
+    from dagtrain.training.rank import models
+    from dagtrain.training.rank.samples import ArraySamples
+
+    model = build_model(
+        "transformer",
+        (16,),
+        64,
+        DataInfo((16,), 64, "int64", (16,), "int64", "language_model"),
+        dim=16,
+        heads=2,
+        layers=1,
+    )
+    x = torch.randint(0, 64, (40, 16))
+    samples = ArraySamples(x, torch.roll(x, -1, 1))
+    whole = models.evaluate_samples(model, samples, "test", LanguageModel())
+    monkeypatch.setattr(models, "EVAL_OUTPUTS", 16 * 64 * 7)  # 7 windows a pass
+    assert models.eval_batch(model, x[:1]) == 7
+    cut = models.evaluate_samples(model, samples, "test", LanguageModel())
+    assert cut["test_correct"] == whole["test_correct"] and cut["test_units"] == 640
+    assert cut["test_loss"] == pytest.approx(whole["test_loss"], rel=1e-6)
