@@ -94,7 +94,11 @@ def better(
     ev, metric = cfg.evaluation, metric_of(cfg, directions)
     way = direction(cfg, directions)
     higher = way == "max"
-    said = "higher is better" if higher else "lower is better"
+    # the direction, said where it is not classification's as ever (accuracy up, loss
+    # down, by the objective's own declaration): a classification verdict reads as it did
+    said = " (higher is better)" if higher else " (lower is better)"
+    if cfg.objective.name == "classification" and ev.mode == "auto":
+        said = ""
     name = metric.replace("_", " ")
     if metric not in challenger:
         have = ", ".join(k for k in challenger if k.startswith("test_"))
@@ -113,7 +117,7 @@ def better(
             return (
                 False,
                 f"{name} {a}{_counts(challenger, metric)} is {where} evaluation.threshold "
-                f"{ev.threshold} ({said})",
+                f"{ev.threshold}{said}",
             )
     if champ is None:
         return True, "the first model: no champion yet"
@@ -130,8 +134,8 @@ def better(
     who = f"the champion v{champ.version}'s {b}"
     if wins([mine, theirs]):
         by = f" by more than {ev.min_improvement}" if margin else ""
-        return True, f"{name} {a} beats {who}{by} ({said})"
-    return False, f"{name} {a} does not beat {who} by more than {ev.min_improvement} ({said})"
+        return True, f"{name} {a} beats {who}{by}{said}"
+    return False, f"{name} {a} does not beat {who} by more than {ev.min_improvement}{said}"
 
 
 def _counts(metrics: dict[str, Any], metric: str) -> str:

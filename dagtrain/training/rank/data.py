@@ -355,9 +355,9 @@ def checked_arrays(
     yi = y.astype(np.int64)
     if not np.array_equal(yi, y) or yi.min() < 0:
         raise InputError(
-            f"{_named(spec)}: the targets are not the classes 0..C-1 (found e.g. "
-            f"{y[~np.equal(yi, y) | (yi < 0)][:3].tolist()}): classification takes integer "
-            "labels; for real-valued targets use objective.name: regression"
+            f"{_named(spec)}: labels must be integers 0..C-1 for classification (found "
+            f"e.g. {y[~np.equal(yi, y) | (yi < 0)][:3].tolist()}); for real-valued targets "
+            "use objective.name: regression"
         )
     if not classes:  # a source (not a prepared split, which may lack a class): 0..C-1
         check_classes(spec, yi)

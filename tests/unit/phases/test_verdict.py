@@ -34,28 +34,18 @@ def test_below_the_floor_names_the_counts_and_never_rounds_up_to_the_floor():
         {"test_accuracy": 26 / 30, "test_correct": 26, "test_samples": 30},
         None,
     )
-    assert (
-        not ok
-        and why
-        == "test accuracy 0.8667 (26/30) is below evaluation.threshold 0.9 (higher is better)"
-    )
+    assert not ok and why == "test accuracy 0.8667 (26/30) is below evaluation.threshold 0.9"
     ok, why = better(cfg(threshold=0.9), {"test_accuracy": 0.89999}, None)
-    assert (
-        not ok
-        and why == "test accuracy 0.89999 is below evaluation.threshold 0.9 (higher is better)"
-    )
+    assert not ok and why == "test accuracy 0.89999 is below evaluation.threshold 0.9"
 
 
 def test_a_verdict_names_the_champion_and_shows_the_digits_that_decide():
     champ = RegistryEntry(1, "", metrics={"test_accuracy": 0.9694})
     ok, why = better(cfg(), {"test_accuracy": 0.9694}, champ)
     assert not ok
-    assert (
-        why == "test accuracy 0.9694 does not beat the champion v1's 0.9694 by more than 0.0 "
-        "(higher is better)"
-    )
+    assert why == "test accuracy 0.9694 does not beat the champion v1's 0.9694 by more than 0.0"
     ok, why = better(cfg(), {"test_accuracy": 0.96944}, champ)
-    assert ok and why == "test accuracy 0.96944 beats the champion v1's 0.96940 (higher is better)"
+    assert ok and why == "test accuracy 0.96944 beats the champion v1's 0.96940"
 
 
 @pytest.mark.parametrize(
@@ -73,7 +63,7 @@ def test_min_improvement_is_compared_on_exact_fractions(mine, theirs, promoted):
 def test_lower_loss_wins_when_the_metric_is_the_loss():
     champ = RegistryEntry(2, "", metrics={"test_accuracy": 0.9, "test_loss": 0.2})
     ok, why = better(cfg(metric="test_loss"), {"test_accuracy": 0.9, "test_loss": 0.1}, champ)
-    assert ok and why == "test loss 0.1000 beats the champion v2's 0.2000 (lower is better)"
+    assert ok and why == "test loss 0.1000 beats the champion v2's 0.2000"
 
 
 def test_shown_adds_digits_until_the_printed_numbers_decide_as_the_exact_ones():
@@ -90,6 +80,12 @@ def objective_cfg(objective: str, **evaluation) -> PipelineConfig:
     return PipelineConfig.model_validate(
         {"objective": {"name": objective}, "evaluation": evaluation}
     )
+
+
+def test_a_classification_verdict_reads_as_it_did_and_another_mode_says_its_direction():
+    champ = RegistryEntry(1, "", metrics={"test_loss": 0.2})
+    ok, why = better(cfg(metric="test_loss", mode="max"), {"test_loss": 0.3}, champ)
+    assert ok and why == "test loss 0.3000 beats the champion v1's 0.2000 (higher is better)"
 
 
 def test_a_language_model_is_promoted_on_lower_perplexity_by_default():

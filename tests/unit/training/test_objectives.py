@@ -111,7 +111,10 @@ def test_a_text_source_refuses_what_it_cannot_cut(tmp_path, form, match):
 
 def test_targets_that_do_not_fit_the_objective_are_refused_naming_the_fix():
     x = np.random.default_rng(0).normal(size=(6, 3))
-    with pytest.raises(InputError, match=r"not the classes 0..C-1.*use objective.name: regression"):
+    with pytest.raises(
+        InputError,
+        match=r"labels must be integers 0..C-1 for classification.*use objective.name: regression",
+    ):
         checked_arrays("d.npz", x, np.linspace(0, 1, 6), None, 0, DataForm("classes"))
     with pytest.raises(InputError, match=r"targets are integers .*objective.name: classification"):
         checked_arrays("d.npz", x, np.arange(6), None, 0, DataForm("values"))
