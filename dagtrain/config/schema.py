@@ -243,6 +243,28 @@ class ObjectiveConfig(Section):
         return OBJECTIVE_METRICS.get(self.name)
 
 
+class EarlyStoppingConfig(Section):
+    """Stop when a validation metric has not improved for ``patience`` epochs."""
+
+    metric: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="a metric the objective reports (loss, accuracy, mse, perplexity, ...), "
+        "watched on the validation split each epoch; default: the objective's first, the "
+        "one promotion compares. Which way is better comes from the objective",
+    )
+    patience: int = Field(
+        3, ge=1, le=1_000_000, description="epochs without improvement before stopping"
+    )
+    min_delta: float = Field(
+        0.0, ge=0, le=1e12, description="an improvement smaller than this does not count"
+    )
+
+
+# training.init values that are not a file
+INIT_KINDS = ("scratch", "champion")
+
+
 class TrainingConfig(Section):
     """The optimisation every rank runs, checkpoints, and the training task's retries."""
 
@@ -255,6 +277,50 @@ class TrainingConfig(Section):
     lr: float = Field(0.05, gt=0, le=1e3, description="learning rate")
     momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum (sgd only)")
     weight_decay: float = Field(0.0, ge=0, le=1e3, description="L2 penalty (decoupled: adamw)")
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant",
+        description="after the warmup: constant, or linear/cosine decay to lr x min_lr_ratio "
+        "at the run's last step",
+    )
+    warmup_steps: int = Field(
+        0, ge=0, le=10**12, description="steps whose LR rises linearly to lr (not with warmup_ratio)"
+    )
+    warmup_ratio: float = Field(
+        0.0, ge=0, lt=1, description="warmup as a fraction of the run's steps (not with warmup_steps)"
+    )
+    min_lr_ratio: float = Field(
+        0.0, ge=0, le=1, description="the decayed LR at the last step, as a fraction of lr"
+    )
+    max_grad_norm: float | None = Field(
+        None,
+        gt=0,
+        le=1e12,
+        description="clip the whole model's averaged gradient to this global L2 norm "
+        "(across ranks and pipeline stages); unset: no clipping",
+    )
+    precision: Literal["fp32", "bf16", "fp16"] = Field(
+        "fp32",
+        description="bf16: autocast forward and backward, fp32 weights and optimizer state "
+        "(CPU and CUDA); fp16: the same with a gradient scaler, CUDA only",
+    )
+    accumulation_steps: int = Field(
+        1,
+        ge=1,
+        le=4096,
+        description="each rank's share of a step in this many chunks, one update after the "
+        "last; batch_size stays the global batch of one update (not with a pipeline)",
+    )
+    early_stopping: EarlyStoppingConfig | None = Field(
+        None,
+        description="stop when the validation metric stops improving; the best epoch's "
+        "model is kept, evaluated and promoted",
+    )
+    init: str = Field(
+        "scratch",
+        min_length=1,
+        description="the initial weights: scratch, champion (the registry's current "
+        "champion of this pipeline), or a model file (config files only)",
+    )
     seed: int = Field(0, ge=0, le=SEED_MAX, description="model init, data order, dropout")
     nonfinite: Literal["fail", "skip"] = Field(
         "fail", description="non-finite gradients: fail, or skip the step on every rank"
@@ -275,6 +341,24 @@ class TrainingConfig(Section):
         le=366 * 24 * 60,
         description="execution_timeout of a training task: its ranks are killed",
     )
+
+    @model_validator(mode="after")
+    def _recipe(self) -> TrainingConfig:
+        if self.warmup_steps and self.warmup_ratio:
+            raise ValueError(
+                f"training.warmup_steps {self.warmup_steps} and training.warmup_ratio "
+                f"{self.warmup_ratio}: give one of them"
+            )
+        if self.max_steps is not None and self.warmup_steps >= self.max_steps:
+            raise ValueError(
+                f"training.warmup_steps {self.warmup_steps} is not shorter than the run "
+                f"(training.max_steps {self.max_steps}): warm up for fewer steps"
+            )
+        return self
+
+    def warmup(self, total: int) -> int:
+        """The warmup's steps in a run of ``total`` steps."""
+        return self.warmup_steps or int(self.warmup_ratio * total)
 
 
 class DistributedConfig(Section):
@@ -518,6 +602,48 @@ class RunSections(Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _recipe_fits(self) -> RunSections:
+        t, p, d = self.training, self.parallel, self.distributed
+        k, bs = t.accumulation_steps, t.batch_size
+        if k > 1 and p.stages > 1:
+            raise ValueError(
+                f"training.accumulation_steps {k} with parallel.stages {p.stages}: a pipeline "
+                "already accumulates its microbatches' gradients before one update; raise "
+                f"parallel.microbatches instead (e.g. {p.microbatches * k}) and leave "
+                "accumulation_steps 1"
+            )
+        if k > 1:
+            worlds = range(d.fewest_ranks, d.ranks + 1) if d.elastic else (d.ranks,)
+            bad = [m for m in worlds if bs % (m * k)]
+            if bad:
+                raise ValueError(
+                    f"training.accumulation_steps {k} does not divide each rank's share of "
+                    f"training.batch_size {bs} on {', '.join(map(str, bad))} rank(s): make "
+                    f"batch_size a multiple of {k} x ranks (e.g. "
+                    f"{_lcm_multiple(bs, [m * k for m in worlds])})"
+                )
+        if t.precision == "fp16":
+            if d.device == "cpu":
+                raise ValueError(
+                    "training.precision fp16 needs a GPU (its gradient scaler is CUDA's) and "
+                    "distributed.device is cpu: use precision bf16 on CPU, or device cuda"
+                )
+            if p.stages > 1:
+                raise ValueError(
+                    f"training.precision fp16 with parallel.stages {p.stages}: a pipeline "
+                    "trains in fp32 or bf16 (no gradient scaler across stages); use bf16"
+                )
+        es, reported = t.early_stopping, self.objective.metrics()
+        if es is not None and es.metric is not None and reported is not None:
+            if es.metric not in reported:
+                raise ValueError(
+                    f"training.early_stopping.metric {es.metric!r}: objective "
+                    f"{self.objective.name!r} does not report it; it reports "
+                    f"{', '.join(reported)}"
+                )
+        return self
+
     @property
     def replicas(self) -> int:
         """D: the data-parallel copies of each pipeline stage (ranks / stages)."""
@@ -604,6 +730,16 @@ class TrainConfig(RunSections):
         "end (metrics, step, samples/s) and at its end: progress to tail",
     )
 
+    @model_validator(mode="after")
+    def _init_resolved(self) -> TrainConfig:
+        if self.training.init == "champion" and self.init_from is None:
+            raise ValueError(
+                "training.init champion: a training run alone has no model registry to take "
+                "the champion from; run it as a pipeline (dagtrain run, or its DAG), or "
+                "name a model file in training.init"
+            )
+        return self
+
     @model_validator(mode="before")
     @classmethod
     def _shorthand(cls, data: Any) -> Any:
@@ -644,6 +780,14 @@ def _multiple(at_least: int, low: int, high: int) -> int:
     import math
 
     lcm = math.lcm(*range(low, high + 1))
+    return lcm * max(1, -(-at_least // lcm))
+
+
+def _lcm_multiple(at_least: int, numbers: list[int]) -> int:
+    """The least common multiple of ``numbers`` that is at least ``at_least``."""
+    import math
+
+    lcm = math.lcm(*numbers)
     return lcm * max(1, -(-at_least // lcm))
 
 

@@ -88,6 +88,10 @@ class TrainFigures:
     # an elastic run's world changes, as the launching side recorded them (see
     # dagtrain.training.driver.elastic); empty for a run that kept its ranks
     world_changes: list[dict[str, Any]] = field(default_factory=list)
+    # with training.early_stopping: the metric watched ("val_loss"), its direction, the
+    # best epoch (numbered from 0, as the rows are) and its value, the epoch training
+    # stopped after (None: it ran to its last step) and why, in words
+    early_stop: dict[str, Any] | None = None
 
     @property
     def objective_metrics(self) -> list[str]:
@@ -149,6 +153,11 @@ class TrainSummary(TrainFigures):
     steps_trained_now: int = 0
     # the host each rank said it ran on (its hostname), by rank (a JSON object's keys)
     placement: dict[str, str] = field(default_factory=dict)
+    # where the initial weights came from (training.init): {"kind": "scratch" |
+    # "champion" | "file", "version": the champion's number, "path": the file, "note":
+    # what a user should know (no champion yet: trained from scratch)}; set by the
+    # train phase
+    init: dict[str, Any] | None = None
 
     @classmethod
     def of_result(cls, res: TrainResult, placement: dict[int, str]) -> TrainSummary:

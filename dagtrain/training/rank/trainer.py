@@ -42,6 +42,7 @@ from .protocol import TrainStep
 from .rescue import Rescue, newest, remove_rescues
 from .samples import loader
 from .step import StepGraph
+from .warmstart import initial_weights
 
 __all__ = ["TrainResult", "train"]
 
@@ -136,8 +137,7 @@ class RankRun:
         self.model = bounded_model(cfg.model, self.ds.in_shape, self.ds.classes, self.ds.info)
         self.model.to(backend.device)
         self.check_objective()
-        if cfg.init_from:
-            self.model.load_state_dict(checkpoint.load(cfg.init_from)["model"])
+        initial_weights(cfg, self.model)  # training.init / init_from; scratch: as built
         self.result = TrainResult(
             rank=rank, world=world, backend=backend.name, config=cfg.model_dump(mode="json")
         )
