@@ -32,8 +32,15 @@ __all__ = ["latest", "load", "save", "state_digest"]
 log = logging.getLogger(__name__)
 
 
-def save(state: dict[str, Any], directory: str | os.PathLike, step: int, keep: int = 3) -> Path:
-    """Write ``state`` as the checkpoint of ``step``; keep the newest ``keep``."""
+def save(
+    state: dict[str, Any],
+    directory: str | os.PathLike,
+    step: int,
+    keep: int = 3,
+    protect: int | None = None,
+) -> Path:
+    """Write ``state`` as the checkpoint of ``step``; keep the newest ``keep``, and the
+    checkpoint of step ``protect`` (early stopping's best epoch) whatever its age."""
     if keep < 1:
         raise ValueError(f"keep must be >= 1, not {keep}")
     d = Path(directory)
@@ -49,6 +56,8 @@ def save(state: dict[str, Any], directory: str | os.PathLike, step: int, keep: i
     atomic_write(_sidecar(path), json.dumps(meta).encode())
     fsync_dir(d)
     for old in _steps(d)[:-keep]:
+        if old == protect:
+            continue
         p = d / CHECKPOINT(step=old)
         _sidecar(p).unlink(missing_ok=True)
         p.unlink(missing_ok=True)

@@ -55,6 +55,7 @@ from .activations import ActivationBytes
 from .batches import cut, length, to_device
 from .buckets import StageBucket, stage_buckets
 from .objective import Objective, objective_of
+from .recipe import Precision, clip_factor, lr_at
 from .split import agreed_split, blocks_of, boundary_shapes
 from .split_backward import input_grad, weight_grads
 from .step import NonFiniteGradients, make_optimizer, scaled_loss, step_seed
@@ -170,6 +171,13 @@ class StageStep:
         self._gathered_optim: list[dict[str, Any]] | None = None
         self.activations = ActivationBytes(model)  # alive now, and the most in any step
         self.bubble: float | None = None
+        # the recipe (see .recipe): the LR of the global step, autocast, and the
+        # whole model's gradient norm, combined over the stages before any update
+        self.total = 1
+        self.precision = Precision(cfg, self.device)
+        self.lr: float | None = None
+        self.norm: float | None = None
+        self.clipped = False
         self.graph = self._build()
 
     # ------------------------------------------------------------------ graph
@@ -327,13 +335,15 @@ class StageStep:
         # counted on the first step and the traced ones (a Python call per saved tensor
         # is ~5% of a small transformer's step): the peak of the steps it shows
         seen, hooks = self.activations.counting() if self._counting else ({}, nullcontext())
-        with hooks:
+        with hooks, self.precision.autocast():
             out = self.module(inp)
             if self.last:
                 y = to_device(cut(self.y, a, b), out.device)
                 out, sums = scaled_loss(self.objective, out, y, self.count, self.D)
                 for i, v in enumerate(sums):
                     self.sums[i] += v
+            elif out.dtype != self.shapes[self.stage][1]:  # autocast's: as the next receives
+                out = out.to(self.shapes[self.stage][1])
         return (inp, out, self.activations.held(seen))
 
     def _backward(self, m: int, act: tuple, dout: torch.Tensor | None) -> torch.Tensor | None:
@@ -406,15 +416,28 @@ class StageStep:
         self.finite = not bad
         if bad and self.cfg.training.nonfinite == "fail":
             raise NonFiniteGradients(self.step, self.stage, bad)
-        if self.cfg.training.nonfinite == "skip":  # every rank decides alike
-            flag = torch.tensor([0.0 if self.finite else 1.0])
-            self.backend.allreduce(flag, "non-finite check", average=False)
-            self.finite = not flag.item()
+        max_norm = self.cfg.training.max_grad_norm
+        if self.cfg.training.nonfinite == "skip" or max_norm is not None:
+            # one small collective over every rank: the non-finite flag, and each
+            # stage's sum of squares of its (averaged: the same on every replica, so the
+            # first replica's alone) gradient, added into the whole model's
+            mine = sum(float(v) ** 2 for v in norms) if self.replica == 0 and self.finite else 0.0
+            got = torch.tensor([0.0 if self.finite else 1.0, mine], dtype=torch.float64)
+            self.backend.allreduce(got, "gradient norm", average=False)
+            self.finite = not got[0].item()
             if not self.finite:
                 self.skipped += 1
+            elif max_norm is not None:
+                self.norm = float(got[1].item()) ** 0.5
+                factor = clip_factor(self.norm, max_norm)
+                self.clipped = factor < 1.0
+                if self.clipped and have:
+                    torch._foreach_mul_([g for _, g in have], factor)
 
     def _update(self) -> None:
         if self.finite and self.optimizer is not None:
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.lr
             self.optimizer.step()
 
     # ------------------------------------------------------------------ driving
@@ -434,6 +457,8 @@ class StageStep:
             self.cuts.append(self.cuts[-1] + k)
         self.sums = [0.0, *(0,) * (len(self.none) - 1)]
         self._pending_w: dict[int, Any] = {}
+        self.lr = lr_at(self.cfg.training, self.step, self.total)
+        self.norm, self.clipped = None, False
         self._counting = trace is not None or not self._counted
         self._counted = True
         self._final_m = max((m for m in range(self.M) if sizes[m]), default=-1)

@@ -47,10 +47,11 @@ from dagtrain.config import TrainConfig
 from dagtrain.sync import Backend
 from dagtrain.taskgraph import TaskGraph, TraceFile
 
-from .batches import to_device
+from .batches import cut, length, to_device
 from .buckets import Bucket, make_buckets
 from .objective import Objective, objective_of
 from .overlap import OverlapChoice
+from .recipe import Precision, clip_factor, lr_at
 
 __all__ = [
     "Bucket",
@@ -145,6 +146,19 @@ class StepGraph:
         self.want_snapshot = False
         self.finite = True
         self.skipped = 0
+        t = cfg.training
+        # the recipe: the run's steps (the trainer sets them: the LR is a function of the
+        # global step and of them), autocast and fp16's loss scale, clipping, chunks
+        self.total = 1
+        self.precision = Precision(cfg, self.device)
+        self.chunks = t.accumulation_steps
+        self._final_chunk = True  # backward of a step's last chunk: buckets may go
+        self.lr: float | None = None  # the newest step's LR, its norm before clipping
+        self.norm: float | None = None
+        self.clipped = False
+        # every update waits for every bucket's average where a step may be skipped
+        # (nonfinite: skip, fp16's scale) or the gradient is clipped (its global norm)
+        self.gated = t.nonfinite == "skip" or t.max_grad_norm is not None or self.precision.scaled
         self.none = (0.0,) * len(self.objective.sum_names)  # a rank with no samples
         self.out = self.none
         # the steps whose updates are applied (set as the last update ends), and the lock
@@ -187,7 +201,7 @@ class StepGraph:
             g.add(self._update_all, name="update", in_="grads", inout=params)
         else:
             g.add(self._forward_backward, name="forward-backward", in_=params, out="loss")
-            skip = self.cfg.training.nonfinite == "skip"
+            skip = self.gated
             for b in self.buckets:
                 k = b.index
                 g.add(_noop, name=f"bucket[{k}]-ready", out=f"grad{k}", detach=b.event)
@@ -195,7 +209,7 @@ class StepGraph:
             if skip:
                 g.add(
                     self._check_all,
-                    name="check-finite",
+                    name="clip" if self.cfg.training.max_grad_norm else "check-finite",
                     in_=[f"grad{b.index}" for b in self.buckets],
                     out="finite",
                 )
@@ -232,8 +246,9 @@ class StepGraph:
                 view.copy_(grad)
                 p.grad = view
             b.pending -= 1
-            # a plain step must not fulfil: the event would be kept for the next run
-            if b.pending == 0 and self.overlapping:
+            # a plain step must not fulfil: the event would be kept for the next run; an
+            # earlier chunk's backward neither (its gradient is not the step's yet)
+            if b.pending == 0 and self.overlapping and self._final_chunk:
                 b.event.fulfill()
 
         return fire
@@ -263,9 +278,32 @@ class StepGraph:
         torch.default_generator.manual_seed(seed)
         if self.device.type == "cuda":  # dropout on a GPU draws from its own generator
             torch.cuda.manual_seed(seed)
-        if len(y):
-            out = self.model(x)
-            loss, self.out = scaled_loss(self.objective, out, y, count, self.backend.size)
+        n, k = length(y), self.chunks
+        if k == 1:
+            self._chunk(x, y, count, final=True)
+            return
+        # accumulation: the share in k chunks, added into the buckets; only the last
+        # chunk's backward lets each bucket go to its allreduce
+        sizes = [len(c) for c in torch.tensor_split(torch.arange(n), k)]
+        a, sums = 0, [0.0] * len(self.none)
+        for i, size in enumerate(sizes):
+            self._chunk(cut(x, a, a + size), cut(y, a, a + size), count, final=i == k - 1)
+            a += size
+            sums = [u + v for u, v in zip(sums, self.out)]
+            if i < k - 1:  # the next chunk's backward adds into what this one left
+                for b in self.buckets:
+                    b.pending = len(b.params)
+        self.out = tuple(sums)
+
+    def _chunk(self, x: Any, y: Any, count: int, final: bool) -> None:
+        """Forward and backward of (a chunk of) this rank's share; the sums in ``out``."""
+        self._final_chunk = final
+        if length(y):
+            with self.precision.autocast():
+                out = self.model(x)
+                loss, self.out = scaled_loss(self.objective, out, y, count, self.backend.size)
+            if self.precision.scaled:
+                loss = loss * self.precision.scale
             loss.backward()
         else:
             self.out = self.none
@@ -275,30 +313,41 @@ class StepGraph:
                 if p.grad is None:
                     b.grads[i].zero_()
                     p.grad = b.grads[i]
-            if self.overlapping:
+            if final and self.overlapping:
                 b.event.fulfill()
 
     def _allreduce(self, b: Bucket) -> None:
         self.backend.allreduce(b.flat, f"bucket{b.index}", average=False)
-        b.finite = _average_checked(b, self.backend.size, self._inv)
-        if self.cfg.training.nonfinite == "fail" and not b.finite:
+        b.finite = _average_checked(b, self.backend.size, self._inv, self.precision.scale)
+        fail = self.cfg.training.nonfinite == "fail" and not self.precision.scaled
+        if fail and not b.finite:
             raise NonFiniteGradients(self.step, b.index, b.names)
 
     def _check_all(self) -> None:
         # averaged gradients are the same on every rank, so every rank decides alike
         self.finite = all(b.finite for b in self.buckets)
+        self.precision.update(self.finite)  # fp16: a non-finite step lowers the scale
         if not self.finite:
             self.skipped += 1
+            return
+        max_norm = self.cfg.training.max_grad_norm
+        if max_norm is not None:
+            norms = torch._foreach_norm([b.flat for b in self.buckets])
+            self.norm = float(torch.linalg.vector_norm(torch.stack(norms)))
+            factor = clip_factor(self.norm, max_norm)
+            self.clipped = factor < 1.0
+            if self.clipped:
+                torch._foreach_mul_([b.flat for b in self.buckets], factor)
 
     def _update(self, b: Bucket) -> None:
-        if self.cfg.training.nonfinite == "skip" and not self.finite:
+        if self.gated and not self.finite:
             return
         b.optimizer.step()
 
     def _allreduce_all(self) -> None:
         for b in self.buckets:
             self._allreduce(b)
-        if self.cfg.training.nonfinite == "skip":
+        if self.gated:
             self._check_all()
 
     def _update_all(self) -> None:
@@ -326,6 +375,13 @@ class StepGraph:
         self.batch = batch
         self.want_snapshot = snapshot
         self.finite = True
+        self.norm, self.clipped = None, False
+        self.lr = lr_at(self.cfg.training, self.step, self.total)
+        for b in self.buckets:  # a few dict writes: the step's LR, a function of the step
+            for group in b.optimizer.param_groups:
+                group["lr"] = self.lr
+            if self.precision.scaled:  # fp16: the average also unscales
+                b.inv.fill_((self._inv or 1.0) / self.precision.scale)
         rank = self.backend.rank
         if self.choice is not None:  # every rank, at every step: it may broadcast
             self.overlapping = self.choice.next(traced=trace is not None, step=self.step)
@@ -390,24 +446,26 @@ class StepGraph:
 _unscale = getattr(torch, "_amp_foreach_non_finite_check_and_unscale_", None)
 
 
-def _average_checked(b: Bucket, size: int, inv: float | None) -> bool:
-    """Turn the bucket's sum over ``size`` ranks into their average; whether it holds no
-    NaN or infinity. One pass over the bucket where ``inv`` (1/size, exact) is given, two
-    otherwise (the division, then the check), as were the division and the check before.
-    """
+def _average_checked(b: Bucket, size: int, inv: float | None, scale: float = 1.0) -> bool:
+    """Turn the bucket's sum over ``size`` ranks into their average (divided by fp16's
+    loss ``scale`` too); whether it holds no NaN or infinity. One pass over the bucket
+    where ``inv`` (1/size, exact) is given, two otherwise (the division, then the
+    check), as were the division and the check before."""
     flat = b.flat
     if inv is None:
         flat.div_(size)
+    # b.inv: 1/size, or 1 after the division, over the scale
+    factor = (inv if inv is not None and size > 1 else 1.0) / scale
     if _unscale is not None:
         b.found.zero_()
         try:
-            _unscale([flat], b.found, b.inv)  # b.inv: 1/size, or 1 after the division
+            _unscale([flat], b.found, b.inv)
             return not bool(b.found.item())
         except (RuntimeError, TypeError):  # a dtype or device it does not take
-            if inv is not None:
-                flat.mul_(inv)
-    elif inv is not None and size > 1:
-        flat.mul_(inv)
+            if factor != 1.0:
+                flat.mul_(factor)
+    elif factor != 1.0:
+        flat.mul_(factor)
     # NaN and infinities survive a sum (one pass, no temporary); a finite sum that
     # overflows means gradients near 1e38, which are no better
     return math.isfinite(float(flat.sum()))

@@ -26,7 +26,7 @@ import torch
 from dagtrain.config import TrainConfig
 from dagtrain.errors import InputError
 from dagtrain.rank_env import FIRST_COLLECTIVE, REGROW, STATUS_DIR, mark_ready, stopping
-from dagtrain.records.names import EPOCH_TRACE, LAST_TRACE
+from dagtrain.records.names import CHECKPOINT, EPOCH_TRACE, LAST_TRACE
 from dagtrain.records.result import TrainResult
 from dagtrain.sync import Backend, get_backend
 
@@ -39,6 +39,7 @@ from .objective import checked_loss, objective_of
 from .pipelining import StageStep
 from .progress import Progress, RankStatus
 from .protocol import TrainStep
+from .recipe import EarlyStop, GradStats, check_warmup
 from .rescue import Rescue, newest, remove_rescues
 from .samples import loader
 from .step import StepGraph
@@ -115,6 +116,8 @@ class Figures:
     start: int = 0
     summed: int = 0
     epochs: list[dict[str, Any]] = field(default_factory=list)
+    # the epoch's LR and gradient norms so far (the same on every rank)
+    grads: GradStats = field(default_factory=GradStats)
 
 
 class RankRun:
@@ -133,6 +136,7 @@ class RankRun:
             )
         self.objective = objective_of(cfg.objective)
         self.ds = _dataset(cfg)
+        check_warmup(cfg.training, self.total)  # the run's steps are known with the data
         torch.manual_seed(cfg.training.seed)
         self.model = bounded_model(cfg.model, self.ds.in_shape, self.ds.classes, self.ds.info)
         self.model.to(backend.device)
@@ -148,6 +152,10 @@ class RankRun:
         self.staged: list[dict[str, Any]] = []  # a snapshot not yet handed to the writer
         self.figures = Figures(sums=self.zeros(), carried=self.zeros())
         self.rescue: Rescue | None = None  # an elastic run's, once armed
+        split = "val" if cfg.eval_data else "test"
+        self.early = EarlyStop(cfg, dict(self.objective.metrics), split)
+        self.best_state: dict[str, torch.Tensor] | None = None  # the best epoch's model
+        self.stopped = False  # early stopping stopped the run
         snap = self.snapshot if cfg.checkpoint_dir else None
         if cfg.parallel.stages > 1:
             # a stage's ranks of one replica read the same share of each batch
@@ -192,6 +200,8 @@ class RankRun:
                 "optim": copy.deepcopy(self.sg.optimizer_states()),  # tensors cloned
                 "step": step,
                 "epochs": json.dumps(self.figures.epochs),
+                "grads": json.dumps(self.figures.grads.state()),
+                "precision": json.dumps(self.sg.precision.state()),
                 "config": self.cfg.model_dump_json(),
             }
         )
@@ -213,9 +223,22 @@ class RankRun:
         t = self.cfg.training
         self.pending[:] = [
             self.writer.submit(
-                checkpoint.save, snap, self.cfg.checkpoint_dir, snap["step"], t.keep_checkpoints
+                checkpoint.save,
+                snap,
+                self.cfg.checkpoint_dir,
+                snap["step"],
+                t.keep_checkpoints,
+                self.best_step(),
             )
         ]
+
+    def best_step(self) -> int | None:
+        """The step of the best epoch's checkpoint (early stopping keeps it whatever
+        ``keep_checkpoints`` says); None without early stopping or a best epoch."""
+        if not self.early.on:
+            return None
+        best, _, _ = self.early.best(self.figures.epochs)
+        return None if best is None else min((best + 1) * self.per_epoch, self.total)
 
     def rescued(self) -> dict[str, Any] | None:
         """An elastic rank's state at its last completed step, copied (under
@@ -226,13 +249,17 @@ class RankRun:
         if step <= f.start:
             return None
         sums = [float(v) for v in f.sums]
+        grads = GradStats.of(f.grads.state())
         if f.summed < step:  # the step's own figures, not added yet
             sums = [a + float(b) for a, b in zip(sums, sg.out)]
+            grads.add(sg.norm, sg.clipped, sg.lr)
         return {
             "model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
             "optim": copy.deepcopy(sg.optimizer_states()),
             "step": step,
             "epochs": json.dumps(f.epochs),
+            "grads": json.dumps(grads.state()),
+            "precision": json.dumps(sg.precision.state()),
             "config": self.cfg.model_dump_json(),
             # this rank's own figures of the epoch, and the world's from before this
             # launch: the next world's rank 0 adds the survivors' up (rescue.newest)
@@ -266,6 +293,8 @@ class RankRun:
         self.model.load_state_dict(snap["model"])
         self.sg.load_optimizer_states(snap["optim"])
         self.figures.epochs = json.loads(snap["epochs"])
+        self.figures.grads = GradStats.of(json.loads(snap.get("grads", "null")))
+        self.sg.precision.load(json.loads(snap.get("precision", "null")))
         # the whole world's figures of the epoch so far, on every rank (added once)
         self.figures.carried = [float(v) for v in json.loads(snap["sums"])]
         self.result.resumed_from_step = int(snap["step"])
@@ -281,7 +310,7 @@ class RankRun:
         t = torch.tensor([float(v) for v in f.sums], dtype=torch.float64)
         backend.allreduce(t, "epoch-metrics")
         t = t * backend.size + torch.tensor(f.carried, dtype=torch.float64)
-        row = {"epoch": epoch, **self.objective.figures(t.tolist(), "train")}
+        row = {"epoch": epoch, **self.objective.figures(t.tolist(), "train"), **f.grads.row()}
         if backend.rank == 0 and len(self.ds.test):
             split = "val" if cfg.eval_data else "test"
             row.update(evaluate_samples(self.model, self.ds.test, split, self.objective))
@@ -289,6 +318,7 @@ class RankRun:
             f.epochs.append(row)
             f.sums[:] = self.zeros()
             f.carried = self.zeros()
+            f.grads = GradStats()
         log.info("epoch %d: %s", epoch, row)
         return row
 
@@ -304,13 +334,12 @@ class RankRun:
             if start == 0:
                 backend.broadcast([p.data for p in self.model.state_dict().values()])
             sg.step = sg.completed = f.summed = f.start = start
-            per_epoch = math.ceil(len(self.ds.train) / t.batch_size)
-            total = t.epochs * per_epoch
+            per_epoch = self.per_epoch
+            total = self.total
+            sg.total = total  # the LR is a function of the step and of the run's steps
             if cfg.distributed.elastic and cfg.checkpoint_dir:
                 self.rescue = Rescue(cfg.checkpoint_dir, rank, sg.guard, self.rescued)
                 self.rescue.arm()
-            if t.max_steps is not None:
-                total = min(total, t.max_steps)
             batches = _batches(self.ds, cfg, sg.replica, sg.replicas, start, cfg.data_workers)
             upcoming = next(batches, None)
             sg.fetch = lambda: next(batches, None)
@@ -334,15 +363,19 @@ class RankRun:
                 with sg.guard:  # a rescue copies the figures with the step they count
                     for i, v in enumerate(out):
                         f.sums[i] += v
+                    f.grads.add(sg.norm, sg.clipped, sg.lr)
                     f.summed = sg.step
                 status.step(time.perf_counter() - t0, len(batch[1]))
-                regrow = False
+                regrow = stop = False
                 if last_in_epoch:
                     sg.gather()  # a pipeline's stages onto every rank: evaluation, checkpoint
                     progress.epoch(self.close_epoch(epoch), sg.step)
                     status.flush()
-                    regrow = _regrow_asked(cfg, backend) and sg.step < total
-                    want = want or (regrow and cfg.checkpoint_dir is not None)
+                    best, stop = self.early_decision()
+                    stop = self.stopped = stop and sg.step < total
+                    regrow = _regrow_asked(cfg, backend) and sg.step < total and not stop
+                    # the best epoch's model is checkpointed (and kept), and the last one's
+                    want = want or ((regrow or best or stop) and cfg.checkpoint_dir is not None)
                     if want:
                         self.snapshot(sg.step)
                 if want:
@@ -351,6 +384,8 @@ class RankRun:
                 upcoming = sg.prefetched
                 if regrow:  # the next epoch on more ranks: stop here, checkpointed
                     result.stopped_for = "regrow"
+                    break
+                if stop:  # early stopping: no better epoch for `patience` epochs
                     break
             self._finish(progress, status)
             return result
@@ -369,11 +404,58 @@ class RankRun:
             or step + 1 == total
         )
 
+    @property
+    def per_epoch(self) -> int:
+        return math.ceil(len(self.ds.train) / self.cfg.training.batch_size)
+
+    @property
+    def total(self) -> int:
+        """The run's steps: its epochs', or ``training.max_steps`` if fewer."""
+        t = self.cfg.training
+        total = t.epochs * self.per_epoch
+        return total if t.max_steps is None else min(total, t.max_steps)
+
+    def early_decision(self) -> tuple[bool, bool]:
+        """At an epoch's end, every rank: (this epoch is the best so far, stop now), as
+        rank 0 decides from its evaluation (``training.early_stopping``; without it,
+        neither). The best epoch's model is kept in memory too, for the end."""
+        if not self.early.on:
+            return False, False
+        decided = self.early.decide(self.figures.epochs) if self.backend.rank == 0 else None
+        best, stop = self.backend.broadcast_object(decided)
+        if best:
+            self.best_state = {
+                k: v.detach().clone() for k, v in self.model.state_dict().items()
+            }
+        return best, stop
+
+    def _restore_best(self) -> None:
+        """Early stopping: the best epoch's model is the run's model at its end (the
+        one the result's digest, checkpoint, evaluation and promotion see)."""
+        if not self.early.on or self.result.stopped_for is not None:
+            return
+        rows = self.figures.epochs
+        self.result.early_stop = self.early.record(rows, self.stopped)
+        best, _, _ = self.early.best(rows)
+        if best is None or best == len(rows) - 1:
+            return
+        step = self.best_step()
+        state, kept = self.best_state, None
+        if self.cfg.checkpoint_dir:
+            kept = Path(self.cfg.checkpoint_dir) / CHECKPOINT(step=step)
+            if state is None:  # the best epoch was before a resume: its checkpoint
+                state = checkpoint.load(kept)["model"]
+        if state is not None:
+            self.model.load_state_dict(state)
+            if kept is not None and self.backend.rank == 0:
+                self.result.checkpoint = str(kept)
+
     def _finish(self, progress: Progress, status: RankStatus) -> None:
         sg, result = self.sg, self.result
         sg.gather()
         for w in self.pending:
             result.checkpoint = str(w.result())  # the newest write, rank 0
+        self._restore_best()
         result.steps = sg.step
         result.skipped_steps = sg.skipped
         result.bucket_bytes = [b.flat.numel() * b.flat.element_size() for b in sg.buckets]
