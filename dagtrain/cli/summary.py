@@ -1,5 +1,6 @@
 """The closing lines of a run, the same for ``dagtrain run`` and ``dagtrain trigger
---wait``: validation and test metrics, each named as such, and one line on promotion.
+--wait``: where training started from (a warm start, ``training.init``), validation
+and test metrics, each named as such, and one line on promotion.
 
 Their inputs are what the phases returned (their XComs): the training task's summary,
 the evaluation's metrics and verdict, and the promotion's registry entry (None when it
@@ -14,13 +15,14 @@ is not accuracy.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from dagtrain.config import OBJECTIVE_METRICS
 from dagtrain.phases.verdict import exact, shown
 from dagtrain.records.result import metric_names
 
-__all__ = ["outcome_lines", "promotion_metric_of"]
+__all__ = ["init_line", "outcome_lines", "promotion_metric_of"]
 
 
 def outcome_lines(
@@ -32,6 +34,9 @@ def outcome_lines(
     """The closing lines; ``metric``: the promotion metric (``PipelineConfig.
     promotion_metric``), where the caller knows it (else :func:`promotion_metric_of`)."""
     lines = []
+    said = init_line(train)
+    if said:
+        lines.append(said)
     names = _names(train, (evaluation or {}).get("metrics"))
     last = ((train or {}).get("epochs") or [{}])[-1]
     held = [n for n in names if n != "loss"] or names
@@ -81,6 +86,27 @@ def outcome_lines(
     else:
         lines.append(f"not promoted: {evaluation.get('reason')}")
     return lines
+
+
+def init_line(train: dict[str, Any] | None) -> str | None:
+    """The line of a warm start (the training summary's ``init``): ``started from
+    champion v3 (training.init: champion)``, ``started from model.pt (training.init:
+    a file)``, or, where there was no champion yet, that it trained from scratch; None
+    for scratch, as asked (no line: nothing to say)."""
+    init = (train or {}).get("init")
+    if not isinstance(init, dict):
+        return None
+    kind = init.get("kind")
+    if kind == "champion":
+        return f"started from champion v{init.get('version')} (training.init: champion)"
+    if kind == "file":
+        name = Path(str(init.get("path") or "")).name
+        if len(name) > 34:  # the line within 80 columns
+            name = name[:31] + "..."
+        return f"started from {name} (training.init: a model file)"
+    if init.get("note"):
+        return "training.init champion: no champion yet, trained from scratch"
+    return None
 
 
 # the metrics a test line may show when the training task's summary is not at hand

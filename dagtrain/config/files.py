@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from .pipeline import PipelineConfig
-from .schema import BUILTIN_MODELS, FILE_ONLY, NOT_APPLICABLE, ConfigError
+from .schema import BUILTIN_MODELS, FILE_ONLY, INIT_KINDS, NOT_APPLICABLE, ConfigError
 
 __all__ = [
     "apply_sets",
@@ -84,6 +84,12 @@ def validate(data: dict[str, Any], where: str = "config", base_dir: str | None =
         cfg = PipelineConfig.model_validate(data)
     except ValidationError as e:
         raise explain(e, where) from e
+    if cfg.pipeline == "rounds" and cfg.training.init != "scratch":
+        raise ConfigError(
+            f"{where}: invalid config\n  training.init {cfg.training.init!r}: a rounds "
+            "pipeline starts round 0 from its seeded initialisation, not from a champion or "
+            "a model file; set training.init: scratch (or use pipeline: retraining)"
+        )
     cfg.base_dir = base_dir
     return cfg
 
@@ -206,7 +212,8 @@ def merge_conf(
     """The config of one run: the file's, with a run's ``conf`` (sections) merged in.
 
     Refuses (ConfigError naming the field) a conf that changes a field only a config
-    file may set, or a model factory path that is not the file's own.
+    file may set, a model factory path that is not the file's own, or a
+    ``training.init`` model file that is not the file's own.
     """
     conf = dict(conf or {})
     if not conf:
@@ -239,6 +246,13 @@ def merge_conf(
             f"{where}: model.name {name!r} names code; a run's conf may choose only a built-in "
             f"({', '.join(BUILTIN_MODELS)}) or the file's own model; put a factory path in "
             "the config file"
+        )
+    init = _get(conf, "training.init")
+    if init is not _MISSING and init != cfg.training.init and init not in INIT_KINDS:
+        raise ConfigError(
+            f"{where}: training.init {init!r} names a file on the workers; a run's conf may "
+            f"choose only {' or '.join(INIT_KINDS)} or the file's own "
+            f"({cfg.training.init!r}); put a model file's path in the config file"
         )
     merged = deep_merge(cfg.model_dump(mode="json"), conf)
     for field, value in _author_only(cfg).items():  # the file's own, not as a conf gave it

@@ -7,7 +7,7 @@ import functools
 from typing import Any
 
 from .pipeline import PipelineConfig
-from .schema import BUILTIN_MODELS, FILE_ONLY, NOT_APPLICABLE
+from .schema import BUILTIN_MODELS, FILE_ONLY, INIT_KINDS, NOT_APPLICABLE
 
 __all__ = ["config_schema", "dag_params", "fixed_sections"]
 
@@ -97,6 +97,9 @@ def dag_params(cfg: PipelineConfig) -> dict[str, Any]:
         if section == "model":
             names = sorted({*BUILTIN_MODELS, cfg.model.name})
             props["name"] = {**props["name"], "enum": names}
+        if section == "training" and "init" in props:  # a file: the file's own only
+            kinds = list(dict.fromkeys([*INIT_KINDS, cfg.training.init]))
+            props["init"] = {**props["init"], "enum": kinds}
         for dotted in FILE_ONLY:  # the file's own: a conf may only repeat it
             head, _, field = dotted.partition(".")
             if head == section:

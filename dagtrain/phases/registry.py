@@ -49,6 +49,7 @@ __all__ = [
     "evaluate_phase",
     "promote",
     "promoted_in",
+    "with_init",
     "tracker_of",
 ]
 
@@ -253,6 +254,25 @@ def finite_metrics(metrics: Any) -> dict[str, int | float]:
     return out
 
 
+def with_init(cfg: PipelineConfig, lineage: dict[str, Any]) -> dict[str, Any]:
+    """``lineage`` with ``init``: where the training of its run (``lineage["run_id"]``)
+    started from, as the training task's summary says (``training.init``: the champion
+    and its version, a file, scratch); as it is where the run has no such summary."""
+    from dagtrain.records.jsonfile import read_object
+
+    run_id = lineage.get("run_id")
+    if not run_id or "init" in lineage:
+        return lineage
+    try:  # (read_object: {} for a summary that is not there or cannot be read)
+        init = read_object(_layout(cfg).run(str(run_id)).train.result).get("init")
+    except (InputError, ValueError):  # a run id that names no run folder
+        return lineage
+    if not isinstance(init, dict):
+        return lineage
+    keys = ("kind", "version", "path", "note")
+    return {**lineage, "init": {k: init.get(k) for k in keys}}
+
+
 def promote(
     cfg: PipelineConfig,
     ckpt: str,
@@ -263,12 +283,14 @@ def promote(
 ) -> dict[str, Any]:
     """Register the challenger; make it the champion if it is better. Returns the entry
     with ``promoted`` and ``reason`` (and, with ``tracking``, ``tracking``: how MLflow's
-    registration and champion alias went; ``lineage["run_id"]`` is the DAG run)."""
+    registration and champion alias went; ``lineage["run_id"]`` is the DAG run, whose
+    training's start, ``training.init``, the entry's ``lineage["init"]`` records)."""
     from dagtrain.training.rank import checkpoint
 
     metrics = finite_metrics(metrics)
     ckpt = own_file(cfg, ckpt, "checkpoint")
     run_id = lineage.get("run_id") or ""
+    lineage = with_init(cfg, lineage)
     tracker = tracker_of(cfg, run_id, airflow, log)
 
     state = checkpoint.load(ckpt)["model"]  # verified against its checksum

@@ -52,6 +52,7 @@ __all__ = [
     "connection_hosts",
     "record_try",
     "resolve_hosts",
+    "resolve_init",
     "run_train",
     "train_phase",
 ]
@@ -143,11 +144,20 @@ def train_phase(
     dist = cfg.distributed
     if ranks:
         dist = DistributedConfig.model_validate({**dist.model_dump(), "ranks": ranks})
+    init: dict[str, Any] | None = None
     if round is None:
         manifest = manifest_of(cfg, data, ("train", "val"))
         out = run.train
-        training, split, init_from = cfg.training, "train", None
+        split = "train"
+        # training.init resolved (the champion's file, or the author's), and checked to
+        # fit this config's model, before any rank starts
+        init_from, training, init = resolve_init(cfg, manifest, code_dirs, log, out.dir)
     else:
+        if cfg.training.init != "scratch":  # refused by the config file's validation too
+            raise InputError(
+                f"training.init {cfg.training.init!r}: a rounds pipeline starts from its "
+                "seeded initialisation; set training.init: scratch"
+            )
         if shard is None:
             raise InputError(f"round {round}: a shard's training task needs its shard number")
         # a shard the data lacks is refused there, with the files it has
@@ -201,6 +211,7 @@ def train_phase(
             on_line=None if log is None else log.info,
             on_start=on_start,
             code_dirs=code_dirs,
+            init=init,
         )
     except RankFailure as e:  # kept for the training page: which rank, how, its lines
         write_failure(out.failure(try_number), FailureRecord.of_failure(e))
@@ -222,6 +233,144 @@ def train_phase(
         tracker.do("train", train_dir=str(out.dir), manifest=str(manifest_path(manifest)))
         summary["tracking"] = tracker.report()
     return summary
+
+
+INIT_RECORD = "init.json"  # a training task's resolution of training.init, kept for its retries
+
+
+def resolve_init(
+    cfg: PipelineConfig,
+    manifest: dict[str, Any],
+    code_dirs: tuple[str | Path | None, ...] = (),
+    log: Any = None,
+    keep_in: str | Path | None = None,
+) -> tuple[str | None, Any, dict[str, Any]]:
+    """``training.init`` of a retraining run resolved: ``(init_from, training section,
+    record)``, the record the summary's ``init`` (``kind``, ``version``, ``path``,
+    ``note``).
+
+    ``champion``: the registry's champion's model file; none yet, the training section
+    with ``init: scratch`` and a note. A file: resolved against the config file's folder.
+    Either is checked to exist and to fit the model this config builds (InputError naming
+    ``training.init``, the champion's version, the parameter and both shapes), before any
+    rank starts. ``keep_in``: the task's folder; the first try's resolution is kept
+    there, and a retry uses it (a champion promoted meanwhile does not change where a
+    run started from)."""
+    init = cfg.training.init
+    kept = Path(keep_in) / INIT_RECORD if keep_in is not None else None
+    record = _kept(kept, init)
+    if record is None:
+        record = _resolved(cfg, manifest, code_dirs)
+        if kept is not None:
+            write_json(kept, {"init": init, **record})
+    elif log is not None:
+        log.info("training.init %s: as the first try resolved it (%s)", init, _said(record))
+    if record["kind"] == "scratch":
+        training = (
+            cfg.training
+            if init == "scratch"
+            else cfg.training.model_copy(update={"init": "scratch"})
+        )
+        if record.get("note") and log is not None:
+            log.warning("%s", record["note"])
+        return None, training, record
+    if log is not None:
+        log.info("training.init %s: starting from %s", init, _said(record))
+    return record["path"], cfg.training, record
+
+
+def _said(record: dict[str, Any]) -> str:
+    if record["kind"] == "champion":
+        return f"the champion v{record['version']} ({record['path']})"
+    return str(record.get("path") or record["kind"])
+
+
+def _kept(path: Path | None, init: str) -> dict[str, Any] | None:
+    """The resolution an earlier try of the task kept, if it resolved the same
+    ``training.init`` and its file is still there."""
+    from dagtrain.records.jsonfile import read_object
+
+    doc = read_object(path) if path is not None else {}  # unreadable: resolved again
+    if doc.get("init") != init or doc.get("kind") not in ("scratch", "champion", "file"):
+        return None
+    if doc["kind"] != "scratch" and not Path(str(doc.get("path"))).is_file():
+        return None
+    return {k: doc.get(k) for k in ("kind", "version", "path", "note")}
+
+
+def _resolved(
+    cfg: PipelineConfig, manifest: dict[str, Any], code_dirs: tuple[str | Path | None, ...]
+) -> dict[str, Any]:
+    init = cfg.training.init
+    if init == "scratch":
+        return {"kind": "scratch", "version": None, "path": None, "note": None}
+    if init == "champion":
+        from .registry import champion
+
+        champ = champion(cfg)
+        if champ is None:
+            return {
+                "kind": "scratch",
+                "version": None,
+                "path": None,
+                "note": "training.init champion: the registry has no champion yet; "
+                "training from scratch",
+            }
+        path, source = Path(champ.path), f"champion v{champ.version}"
+        if not path.is_file():
+            raise InputError(
+                f"training.init {source}: its model file {str(path)!r} is missing; restore "
+                "the registry's models folder, or set training.init: scratch"
+            )
+        record = {"kind": "champion", "version": champ.version, "path": str(path), "note": None}
+    else:
+        path, source = cfg.path(init), f"file {init!r}"
+        if not path.is_file():
+            raise InputError(
+                f"training.init: there is no model file {str(path)!r} ({init!r} resolved "
+                "against the config file's folder); name a model file there, or set "
+                "training.init: scratch or champion"
+            )
+        record = {"kind": "file", "version": None, "path": str(path), "note": None}
+    check_init_fits(cfg, manifest, path, source, code_dirs)
+    return record
+
+
+def check_init_fits(
+    cfg: PipelineConfig,
+    manifest: dict[str, Any],
+    path: str | Path,
+    source: str,
+    code_dirs: tuple[str | Path | None, ...] = (),
+) -> None:
+    """InputError naming ``training.init`` and ``source`` unless the weights in ``path``
+    fit the model this config builds (built on the meta device: no memory, no
+    weights; a factory that cannot be built there is built for real)."""
+    import sys
+
+    import torch
+
+    from dagtrain.training.rank.models import DataInfo, build_model
+    from dagtrain.training.rank.warmstart import check_fits, load_weights
+
+    state = load_weights(path)
+    info = DataInfo.of(manifest, cfg.objective.name)
+    m = cfg.model
+    added = [str(d) for d in code_dirs if d and str(d) not in sys.path]
+    sys.path.extend(added)  # the DAG author's model module, as the ranks find it
+    try:
+        try:
+            with torch.random.fork_rng(devices=[]), torch.device("meta"):
+                model = build_model(m.name, info.in_shape, info.classes, info, **m.args)
+        except InputError:
+            raise
+        except Exception:  # a factory that needs real tensors
+            with torch.random.fork_rng(devices=[]):
+                model = build_model(m.name, info.in_shape, info.classes, info, **m.args)
+    finally:
+        for d in added:
+            sys.path.remove(d)
+    check_fits(state, model, source, repr(m.name))
 
 
 def manifest_path(manifest: dict[str, Any]) -> Path:
@@ -248,8 +397,10 @@ def run_train(
     on_line: Callable[[str], None] | None = None,
     on_start: Callable[[Any], None] | None = None,
     code_dirs: tuple[str | Path | None, ...] = (),
+    init: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Launch the ranks; write and return a summary of rank 0's TrainResult.
+    """Launch the ranks; write and return a summary of rank 0's TrainResult (with
+    ``init``: where its initial weights came from, :func:`resolve_init`'s record).
 
     ``code_dirs``: folders the ranks import a DAG author's modules from, after the
     installed packages (the DAG file's, the config's, Airflow's plugins folder).
@@ -280,5 +431,6 @@ def run_train(
     )
     placement = jobs[-1].placement if jobs else {}
     summary = TrainSummary.of_result(res, placement)
+    summary.init = init
     write_summary(out.result, summary)
     return summary.to_dict()

@@ -28,6 +28,7 @@ __all__ = [
     "Registry",
     "RegistryEntry",
     "read_evaluation",
+    "init_said",
     "read_registry",
     "write_evaluation",
     "write_registry",
@@ -37,7 +38,9 @@ __all__ = [
 @dataclass
 class RegistryEntry:
     """One registered version: ``lineage`` says where it came from (``dag_id``,
-    ``run_id``, the data version, the source checkpoint, the config)."""
+    ``run_id``, the data version, the source checkpoint, the config, and ``init``:
+    the weights its training started from, ``{"kind": "scratch" | "champion" |
+    "file", "version", "path", "note"}``)."""
 
     version: int
     path: str
@@ -49,6 +52,12 @@ class RegistryEntry:
     reason: str = ""
     previous_champion: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # fields a newer version wrote
+
+    def init(self) -> dict[str, Any] | None:
+        """Where the run that registered it started from (``lineage["init"]``: the
+        training summary's ``init``), or None where it did not say."""
+        got = self.lineage.get("init")
+        return got if isinstance(got, dict) else None
 
     def run(self) -> tuple[Any, Any]:
         """``(dag_id, run_id)`` of the DAG run that registered it."""
@@ -77,6 +86,20 @@ class Registry:
 
     def to_dict(self) -> dict[str, Any]:
         return to_doc(self)
+
+
+def init_said(init: Any) -> str | None:
+    """A training's ``init`` record (a summary's, a lineage's) in a few words:
+    ``champion v3``, ``file model.pt``, ``scratch``, ``scratch (no champion yet)``;
+    None for no record."""
+    if not isinstance(init, dict) or not init.get("kind"):
+        return None
+    kind = str(init["kind"])
+    if kind == "champion":
+        return f"champion v{init.get('version')}"
+    if kind == "file":
+        return f"file {Path(str(init.get('path') or '')).name}"
+    return "scratch (no champion yet)" if init.get("note") else kind
 
 
 def read_registry(path: Path) -> Registry:

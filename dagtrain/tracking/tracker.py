@@ -39,12 +39,18 @@ from dagtrain.records.mlflow import (
     write_run,
 )
 from dagtrain.records.names import MLFLOW_PENDING, SIDECAR
-from dagtrain.records.registry import Registry, RegistryEntry, read_evaluation, read_registry
+from dagtrain.records.registry import (
+    Registry,
+    RegistryEntry,
+    init_said,
+    read_evaluation,
+    read_registry,
+)
 from dagtrain.records.result import read_summary
 
 from .connection import check_tracking
 
-__all__ = ["DEADLINES", "Tracker"]
+__all__ = ["DEADLINES", "Tracker", "init_tags"]
 
 # every MLflow call has a deadline: a dead server costs seconds, not MLflow's default
 # of 7 retries with exponential backoff (minutes); the environment may say otherwise
@@ -308,6 +314,7 @@ class Tracker:
                 rows.append((k, n, last))
         self._metrics(run, rows)
         self._tags(run, {"dagtrain.backend": None if result is None else result.backend})
+        self._tags(run, init_tags(None if result is None else result.init))
         if folder.traces.is_dir() and any(folder.traces.iterdir()):
             self.client.log_artifacts(run, str(folder.traces), "traces")
         if folder.result.exists():
@@ -403,6 +410,7 @@ class Tracker:
                 TAG_VERDICT: "promoted" if entry.promoted else "not promoted",
                 TAG_REASON: entry.reason[:5000],
                 "dagtrain.sha256": entry.sha256,
+                **init_tags(entry.init()),
             },
             description=f"dagtrain registry v{entry.version}: {entry.reason}",
             await_creation_for=0,
@@ -435,6 +443,23 @@ def _flocked(path: Path | None) -> Iterator[None]:
     with open(path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
+
+
+TAG_INIT, TAG_INIT_VERSION = "dagtrain.init", "dagtrain.init_version"
+
+
+def init_tags(init: Any) -> dict[str, str]:
+    """A training's start (its summary's ``init``, a registry entry's lineage) as MLflow
+    tags: ``dagtrain.init`` (``champion v3``, ``file model.pt``, ``scratch``, ``scratch
+    (no champion yet)``) and, from a champion, ``dagtrain.init_version``; none without a
+    record."""
+    said = init_said(init)
+    if said is None:
+        return {}
+    tags = {TAG_INIT: said}
+    if init.get("kind") == "champion" and init.get("version") is not None:
+        tags[TAG_INIT_VERSION] = str(init["version"])
+    return tags
 
 
 def _numbers(d: dict[str, Any]) -> list[tuple[str, float]]:

@@ -178,6 +178,8 @@ class _Client:
 
         self.ns = SimpleNamespace
         self.metrics: list = []
+        self.tags: dict = {}
+        self.versions: list = []
 
     def get_experiment_by_name(self, name):
         return self.ns(experiment_id="1")
@@ -189,13 +191,18 @@ class _Client:
         return self.ns(info=self.ns(run_id="r1"))
 
     def get_run(self, run):
-        return self.ns(data=self.ns(params={}))
+        return self.ns(data=self.ns(params={}), info=self.ns(artifact_uri="mem://a"))
 
     def get_metric_history(self, run, key):
         return []
 
     def log_batch(self, run, metrics=(), params=(), tags=()):
         self.metrics += list(metrics or ())
+        self.tags |= {t.key: t.value for t in tags or ()}
+
+    def create_model_version(self, name, source, run_id=None, tags=None, **k):
+        self.versions.append(dict(tags or {}))
+        return self.ns(version=len(self.versions))
 
     def log_artifact(self, *a, **k):
         pass
@@ -231,3 +238,32 @@ def test_every_metric_of_an_objective_reaches_mlflow(monkeypatch, tmp_path):
     client.metrics = []
     assert t.do("evaluate", evaluation=str(evaluation)) is True
     assert {m.key: m.value for m in client.metrics} == {k: float(v) for k, v in tested.items()}
+
+
+def test_a_warm_start_is_tagged_on_the_run_and_on_its_model_version(monkeypatch, tmp_path):
+    """The training's start (its summary's ``init``) is the run's ``dagtrain.init`` tag
+    (and ``dagtrain.init_version``, the champion's), and the registered model version's,
+    from the registry entry's lineage."""
+    pytest.importorskip("mlflow")
+    from dagtrain.records.registry import RegistryEntry
+    from dagtrain.tracking import Tracker
+
+    monkeypatch.setenv("AIRFLOW_CONN_MLFLOW_FAKE", "http://127.0.0.1:9")
+    t = Tracker(tracked(connection="mlflow_fake"), tmp_path / "run", tmp_path / "reg")
+    t._client = client = _Client()
+    train = tmp_path / "run" / "train"
+    train.mkdir(parents=True)
+    init = {"kind": "champion", "version": 3, "path": "/r/models/v0003/model.pt", "note": None}
+    summary = {"rank": 0, "world": 1, "backend": "local", "steps": 5, "init": init}
+    (train / "result.json").write_text(json.dumps(summary))
+    assert t.do("train", train_dir=str(train)) is True
+    assert client.tags["dagtrain.init"] == "champion v3"
+    assert client.tags["dagtrain.init_version"] == "3"
+    model = tmp_path / "model.pt"
+    model.write_bytes(b"x")
+    entry = RegistryEntry(4, str(model), lineage={"init": init}, reason="better")
+    t._register("r1", entry)
+    assert client.versions[-1]["dagtrain.init"] == "champion v3"
+    scratch = RegistryEntry(5, str(model), lineage={"run_id": "x"}, reason="r")
+    t._register("r1", scratch)
+    assert "dagtrain.init" not in client.versions[-1]
