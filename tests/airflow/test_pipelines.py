@@ -198,7 +198,8 @@ def test_asset_scheduled_retraining_runs_and_a_worse_model_is_not_promoted(tmp_p
     shutil.copy(Path(__file__).parent / "pylib" / "my_models.py", cfg.parent / "my_models.py")
     first = dagtrain_run(tmp_path, cfg, pythonpath=False)
     assert first.returncode == 0, first.stdout + first.stderr
-    second = dagtrain_run(tmp_path, cfg, pythonpath=False)  # cannot beat the champion by 0.5
+    # cannot beat the champion by 0.5; warm-started from it (training.init: champion)
+    second = dagtrain_run(tmp_path, cfg, "training.init=champion", pythonpath=False)
     assert second.returncode == 0, second.stdout + second.stderr
     logs = re.findall(r"^  (\w+) try (\d+): (\S+)$", first.stdout, re.M)
     assert [t for t, _, _ in logs] == ["prepare_data", "train", "evaluate", "promote"], first.stdout
@@ -220,6 +221,18 @@ def test_asset_scheduled_retraining_runs_and_a_worse_model_is_not_promoted(tmp_p
     assert [v["promoted"] for v in reg["versions"]] == [True, False]
     assert reg["champion"] == 1
     assert "does not beat" in reg["versions"][1]["reason"]
+    # the warm start: said at the end, and in the second version's lineage
+    assert "started from champion v1" not in first.stdout
+    assert re.search(
+        r"^started from champion v1 \(training\.init: champion\)$", second.stdout, re.M
+    )
+    assert reg["versions"][0]["lineage"]["init"]["kind"] == "scratch"
+    init = reg["versions"][1]["lineage"]["init"]
+    assert (init["kind"], init["version"], init["path"]) == (
+        "champion",
+        1,
+        reg["versions"][0]["path"],
+    )
 
 
 def test_round_based_training_maps_shards_and_syncs_each_round(tmp_path):
