@@ -94,14 +94,14 @@ def check_fits(
     state: Mapping[str, Any],
     model: Mapping[str, Any] | nn.Module,
     source: str,
-    model_name: str = "the model",
+    model_name: str = "model.name",
     field: str = FIELD,
 ) -> None:
     """InputError naming ``field`` and ``source`` (``champion v3``, ``file 'a.pt'``)
     unless ``state``'s entries are ``model``'s (a module, or its shapes), by name and
     shape: which parameter differs, both shapes, and what to do."""
     have, want = shapes_of(state), shapes_of(model)
-    head = f"{field} {source}: its weights do not fit {model_name} this config builds"
+    head = f"{field} {source}: its weights do not fit the model this config builds ({model_name})"
     missing = [k for k in want if k not in have]
     extra = [k for k in have if k not in want]
     if missing or extra:
