@@ -283,10 +283,16 @@ class TrainingConfig(Section):
         "at the run's last step",
     )
     warmup_steps: int = Field(
-        0, ge=0, le=10**12, description="steps whose LR rises linearly to lr (not with warmup_ratio)"
+        0,
+        ge=0,
+        le=10**12,
+        description="steps whose LR rises linearly to lr (not with warmup_ratio)",
     )
     warmup_ratio: float = Field(
-        0.0, ge=0, lt=1, description="warmup as a fraction of the run's steps (not with warmup_steps)"
+        0.0,
+        ge=0,
+        lt=1,
+        description="warmup as a fraction of the run's steps (not with warmup_steps)",
     )
     min_lr_ratio: float = Field(
         0.0, ge=0, le=1, description="the decayed LR at the last step, as a fraction of lr"
@@ -635,13 +641,12 @@ class RunSections(Section):
                     "trains in fp32 or bf16 (no gradient scaler across stages); use bf16"
                 )
         es, reported = t.early_stopping, self.objective.metrics()
-        if es is not None and es.metric is not None and reported is not None:
-            if es.metric not in reported:
-                raise ValueError(
-                    f"training.early_stopping.metric {es.metric!r}: objective "
-                    f"{self.objective.name!r} does not report it; it reports "
-                    f"{', '.join(reported)}"
-                )
+        watched = es.metric if es is not None else None
+        if watched is not None and reported is not None and watched not in reported:
+            raise ValueError(
+                f"training.early_stopping.metric {watched!r}: objective "
+                f"{self.objective.name!r} does not report it; it reports {', '.join(reported)}"
+            )
         return self
 
     @property

@@ -1,6 +1,8 @@
 """Regression and language modelling on every strategy, on real ranks: 2 ranks and a
 2-stage pipeline of 4 microbatches train what one process trains; a killed rank's run
 resumes bit for bit; an elastic world that shrinks equals the smaller world's run.
+Each run also trains with the recipe (issue 34): an LR schedule with warmup, global-norm
+clipping, gradient accumulation across ranks, bf16 and early stopping through the kill.
 (Classification's are the other files' tests: test_ranks, test_pipelining, test_elastic.)
 Nothing here is mocked."""
 
@@ -45,6 +47,9 @@ OBJECTIVES = {
     },
 }
 METRICS = {"regression": ("mse", "mae", "r2"), "language_model": ("perplexity", "accuracy")}
+# global-norm clipping that clips some steps of each (their mean norms: ~700-4400, ~0.9)
+CLIP = {"regression": {"max_grad_norm": 2000.0}, "language_model": {"max_grad_norm": 1.0}}
+SCHEDULE = {"lr_schedule": "cosine", "warmup_ratio": 0.2, "min_lr_ratio": 0.1}
 
 
 def config(objective: str, tmp: Path, **kw) -> TrainConfig:
@@ -86,9 +91,13 @@ def steps_folder(tmp_path, monkeypatch) -> Path:
 @pytest.mark.parametrize("objective", list(OBJECTIVES))
 def test_two_ranks_and_a_two_stage_pipeline_train_what_one_process_trains(tmp_path, objective):
     steps = {"epochs": 2} if objective == "regression" else {"epochs": 1, "max_steps": 8}
+    steps |= SCHEDULE | CLIP[objective]  # the LR of the global step; the whole model's norm
     dp_backend, pp_backend = ("mpi", "torch") if objective == "regression" else ("torch", "mpi")
     one = config(objective, tmp_path / "one", **steps)
-    two = config(objective, tmp_path / "two", backend=dp_backend, ranks=2, **steps)
+    # 2 ranks accumulating 2 chunks each = 1 process in one chunk
+    two = config(
+        objective, tmp_path / "two", backend=dp_backend, ranks=2, accumulation_steps=2, **steps
+    )
     pipe = config(
         objective,
         tmp_path / "pipe",
@@ -111,16 +120,23 @@ def test_two_ranks_and_a_two_stage_pipeline_train_what_one_process_trains(tmp_pa
             for mine, theirs in zip(results[name].epochs, results["one"].epochs):
                 for m in ("train_loss", *(f"train_{x}" for x in METRICS[objective])):
                     assert mine[m] == pytest.approx(theirs[m], rel=1e-5), (name, m)
+                for m in ("lr", "grad_norm", "clip_rate"):  # the recipe's figures agree
+                    assert mine[m] == pytest.approx(theirs[m], rel=1e-5), (name, m)
                 assert mine["test_mse"] == pytest.approx(theirs["test_mse"], rel=1e-5)
         row = results["one"].epochs[-1]
         assert math.isclose(row["train_loss"], row["train_mse"])
+        assert 0 < row["clip_rate"] < 1 and row["lr"] < results["one"].epochs[0]["lr"]
         assert row["test_units"] == row["test_samples"] == 88  # one value per sample
 
 
 @pytest.mark.parametrize("objective", list(OBJECTIVES))
 def test_a_killed_rank_fails_named_and_the_run_resumes_bitwise(tmp_path, objective):
     steps = {"epochs": 4} if objective == "regression" else {"epochs": 2}
-    kw = {"backend": "torch", "ranks": 2, "checkpoint_every": 5, **steps}
+    recipe = {
+        **SCHEDULE, **CLIP[objective], "precision": "bf16", "accumulation_steps": 2,
+        "early_stopping": {"metric": "loss", "patience": 10},
+    }  # fmt: skip
+    kw = {"backend": "torch", "ranks": 2, "checkpoint_every": 5, **steps, **recipe}
     whole = run_training(config(objective, tmp_path / "whole", **kw), **QUIET)
     cfg = config(objective, tmp_path / "killed", **kw)
     faults = Faults((1, 22, signal.SIGKILL))
@@ -133,6 +149,7 @@ def test_a_killed_rank_fails_named_and_the_run_resumes_bitwise(tmp_path, objecti
     assert resumed.steps == whole.steps
     assert resumed.params_sha256 == whole.params_sha256  # bitwise
     assert resumed.epochs == whole.epochs  # every figure of every epoch, exactly
+    assert resumed.early_stop == whole.early_stop and "lr" in whole.epochs[-1]
     assert not faults.left()
 
 
@@ -140,7 +157,9 @@ def test_a_killed_rank_fails_named_and_the_run_resumes_bitwise(tmp_path, objecti
 @pytest.mark.parametrize("objective", list(OBJECTIVES))
 def test_an_elastic_world_that_shrinks_equals_the_smaller_worlds_run(tmp_path, objective):
     steps = {"epochs": 5} if objective == "regression" else {"epochs": 3}
-    kw = {"backend": "torch", "collective_timeout": 10, **steps}
+    # a warmup that does not depend on the run's length (the reference stops at step k)
+    recipe = {"warmup_steps": 6, **CLIP[objective], "accumulation_steps": 2}
+    kw = {"backend": "torch", "collective_timeout": 10, **steps, **recipe}
     cfg = config(objective, tmp_path / "elastic", ranks=2, min_ranks=1, **kw)
     faults = Faults((1, 15, signal.SIGKILL), (1, 15, signal.SIGKILL))
     res = run_training(cfg, on_start=faults, **QUIET)

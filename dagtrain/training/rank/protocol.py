@@ -30,7 +30,11 @@ class TrainStep(Protocol):
     rescue takes it to copy a whole step); ``fetch``: what the step calls for the next
     batch, whose result is ``prefetched`` after a step; ``out``: the last step's
     figures; ``buckets``: the gradient buckets (each with its ``flat`` buffer);
-    ``replica``/``replicas``: which share of each global batch this rank reads."""
+    ``replica``/``replicas``: which share of each global batch this rank reads;
+    the recipe (:mod:`.recipe`): ``total``, the run's steps (the trainer sets it: the LR
+    is a function of the step and of them), ``precision`` (autocast, fp16's scale, saved
+    with a checkpoint), and the last step's ``lr``, gradient ``norm`` before clipping
+    (None without clipping) and whether it was ``clipped``."""
 
     step: int
     completed: int
@@ -42,6 +46,11 @@ class TrainStep(Protocol):
     buckets: Sequence[Any]
     replica: int
     replicas: int
+    total: int
+    precision: Any
+    lr: float | None
+    norm: float | None
+    clipped: bool
 
     def run(self, batch: Batch, snapshot: bool = False, trace: str | None = None) -> StepOut:
         """One step on ``batch``; ``snapshot``: call the snapshot callback after it

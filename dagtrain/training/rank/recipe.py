@@ -188,7 +188,11 @@ class EarlyStop:
             if v is None or not math.isfinite(v):
                 since += 1
                 continue
-            gain = (v - best_v if self.direction == "max" else best_v - v) if best_v is not None else None
+            gain = (
+                (v - best_v if self.direction == "max" else best_v - v)
+                if best_v is not None
+                else None
+            )
             if gain is None or gain > self.min_delta:
                 best_i, best_v, since = i, v, 0
             else:

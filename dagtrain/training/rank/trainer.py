@@ -200,7 +200,6 @@ class RankRun:
                 "optim": copy.deepcopy(self.sg.optimizer_states()),  # tensors cloned
                 "step": step,
                 "epochs": json.dumps(self.figures.epochs),
-                "grads": json.dumps(self.figures.grads.state()),
                 "precision": json.dumps(self.sg.precision.state()),
                 "config": self.cfg.model_dump_json(),
             }
@@ -216,6 +215,8 @@ class RankRun:
         if self.writer is None:
             return
         snap = self.staged.pop()
+        # the step's own gradient figures are in now (the snapshot ran inside the step)
+        snap["grads"] = json.dumps(f.grads.state())
         totals = summed * self.backend.size + torch.tensor(f.carried, dtype=torch.float64)
         snap["sums"] = json.dumps(totals.tolist())
         for w in self.pending:
@@ -424,9 +425,7 @@ class RankRun:
         decided = self.early.decide(self.figures.epochs) if self.backend.rank == 0 else None
         best, stop = self.backend.broadcast_object(decided)
         if best:
-            self.best_state = {
-                k: v.detach().clone() for k, v in self.model.state_dict().items()
-            }
+            self.best_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         return best, stop
 
     def _restore_best(self) -> None:

@@ -215,3 +215,21 @@ def wide(in_shape, classes, width=2048):
         nn.Flatten(), nn.Linear(math.prod(in_shape), width), nn.Linear(width, width),
         nn.Linear(width, classes),
     )  # fmt: skip
+
+
+def loss_only():
+    """A DAG author's objective reporting its loss alone (cross-entropy of classes)."""
+    import torch
+
+    from dagtrain.training.rank.objective import Objective
+
+    class LossOnly(Objective):
+        metrics = {"loss": "min"}  # noqa: RUF012
+
+        def loss(self, output, target):
+            return torch.nn.functional.cross_entropy(output, target, reduction="sum")
+
+        def compute(self, sums):
+            return {"loss": sums["loss"] / sums["units"]}
+
+    return LossOnly()
