@@ -22,7 +22,7 @@ from dagtrain.config import OBJECTIVE_METRICS
 from dagtrain.phases.verdict import exact, shown
 from dagtrain.records.result import metric_names
 
-__all__ = ["init_line", "outcome_lines", "promotion_metric_of"]
+__all__ = ["early_stop_lines", "init_line", "outcome_lines", "promotion_metric_of"]
 
 
 def outcome_lines(
@@ -38,13 +38,20 @@ def outcome_lines(
     if said:
         lines.append(said)
     names = _names(train, (evaluation or {}).get("metrics"))
-    last = ((train or {}).get("epochs") or [{}])[-1]
+    rows = (train or {}).get("epochs") or [{}]
+    last = rows[-1]
+    lines += early_stop_lines(train)
+    kept = ((train or {}).get("early_stop") or {}).get("best_epoch")
+    if isinstance(kept, int) and 0 <= kept < len(rows):
+        last = rows[kept]  # the model kept is the best epoch's: its figures
     held = [n for n in names if n != "loss"] or names
     val = [(n, last[f"val_{n}"]) for n in held if isinstance(last.get(f"val_{n}"), int | float)]
     if train and not val and train.get("val_accuracy") is not None:
         val = [("accuracy", train["val_accuracy"])]  # a summary without its epoch rows
     if val:
         epochs = len(train.get("epochs") or []) if train else 0
+        if isinstance(kept, int):
+            epochs = kept + 1
         figures = ", ".join(f"{n} {v:.4f}" for n, v in val)
         lines.append(f"validation {figures} (after {epochs} epoch(s))")
     if not evaluation:
@@ -107,6 +114,26 @@ def init_line(train: dict[str, Any] | None) -> str | None:
     if init.get("note"):
         return "training.init champion: no champion yet, trained from scratch"
     return None
+
+
+def early_stop_lines(train: dict[str, Any] | None) -> list[str]:
+    """The lines of early stopping (the training summary's ``early_stop``): where it
+    stopped and why, and which epoch's model is kept; none without it."""
+    es = (train or {}).get("early_stop")
+    if not isinstance(es, dict) or es.get("best_epoch") is None:
+        return []
+    epochs = len((train or {}).get("epochs") or [])
+    metric = _said(str(es.get("metric", "")))
+    best, value = es["best_epoch"], es.get("best")
+    out = []
+    if es.get("stopped_after_epoch") is not None:
+        out.append(
+            f"stopped early after epoch {es['stopped_after_epoch'] + 1}: {metric} did not "
+            f"improve for {es.get('patience')} epoch(s)"
+        )
+    figure = f" ({metric} {value:.4f})" if isinstance(value, int | float) else ""
+    out.append(f"kept the best epoch, {best + 1} of {epochs}{figure}")
+    return out
 
 
 # the metrics a test line may show when the training task's summary is not at hand

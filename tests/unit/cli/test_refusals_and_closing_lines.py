@@ -299,3 +299,26 @@ def test_validate_accepts_an_object_storage_source_that_exists(tmp_path):
     cfg.write_text(f"name: p\ndata: {{source: '{(tmp_path / 'd.npz').as_uri()}'}}\n")
     r = runner.invoke(app, ["validate", str(cfg), "--home", str(tmp_path / "home")])
     assert r.exit_code == 0, r.output
+
+
+def test_closing_lines_of_an_early_stop_name_where_why_and_the_epoch_kept():
+    rows = [
+        {"epoch": i, "val_accuracy": a, "val_loss": 1 - a}
+        for i, a in enumerate([0.9, 0.95, 0.94, 0.93])
+    ]
+    stop = {
+        "metric": "val_loss", "best_epoch": 1, "best": 0.05, "stopped_after_epoch": 3,
+        "patience": 2, "min_delta": 0.0, "why": "...",
+    }  # fmt: skip
+    ev = {"metrics": METRICS, "champion": None, "better": True, "reason": "..."}
+    lines = outcome_lines({"epochs": rows, "early_stop": stop}, ev, {"version": 1})
+    assert lines[:3] == [
+        "stopped early after epoch 4: val loss did not improve for 2 epoch(s)",
+        "kept the best epoch, 2 of 4 (val loss 0.0500)",
+        "validation accuracy 0.9500 (after 2 epoch(s))",  # the kept epoch's
+    ]
+    ran = outcome_lines(
+        {"epochs": rows, "early_stop": stop | {"stopped_after_epoch": None}}, ev, None
+    )
+    assert ran[0] == "kept the best epoch, 2 of 4 (val loss 0.0500)"
+    assert all(len(line) <= 80 for line in lines + ran)
