@@ -231,6 +231,10 @@ class ModelCheck:
             "sequence_length": cfg.data.sequence_length,
             "vocab_size": cfg.data.vocab_size,
             "metric": cfg.evaluation.metric,
+            "early_stopping_metric": cfg.training.early_stopping.metric
+            if cfg.training.early_stopping
+            else None,
+            "precision": cfg.training.precision,
             # the ranks of a host list run elsewhere: their devices are theirs to check
             "device": "cpu"
             if cfg.distributed.hosts or cfg.distributed.hosts_connection

@@ -41,6 +41,11 @@ def check(spec: dict[str, Any]) -> dict[str, Any]:
             f"use (torch {torch.__version__}, CUDA build: {torch.version.cuda or 'none'}): "
             "set distributed.device to cpu, or auto (CUDA where a host has it)"
         )
+    if spec.get("precision") == "bf16" and device == "cuda" and not torch.cuda.is_bf16_supported():
+        raise InputError(
+            f"training.precision bf16: this machine's GPU ({torch.cuda.get_device_name()}) "
+            "has no bf16; use precision fp16 (with its gradient scaler) or fp32"
+        )
     model_spec = spec["model"]
     objective_spec = ObjectiveConfig.model_validate(spec.get("objective") or {})
     objective = objective_of(objective_spec)
@@ -50,6 +55,12 @@ def check(spec: dict[str, Any]) -> dict[str, Any]:
         raise InputError(
             f"evaluation.metric {metric!r}: objective {objective_spec.name!r} does not "
             f"report it; it reports {names}"
+        )
+    watched = spec.get("early_stopping_metric")
+    if watched and watched not in objective.metrics:
+        raise InputError(
+            f"training.early_stopping.metric {watched!r}: objective {objective_spec.name!r} "
+            f"does not report it; it reports {', '.join(objective.metrics)}"
         )
     form = data_form(
         TrainConfig(

@@ -182,6 +182,8 @@ def test_the_preflight_refuses_an_own_objective_and_a_metric_it_does_not_report(
     assert ok["ok"] and ok["classes"] == 1  # one value per sample
     with pytest.raises(InputError, match=r"evaluation.metric 'test_accuracy': objective"):
         check(spec | {"objective": {"name": "regression"}, "metric": "test_accuracy"})
+    with pytest.raises(InputError, match=r"training.early_stopping.metric 'within': objective"):
+        check(spec | {"objective": {"name": "regression"}, "early_stopping_metric": "within"})
 
 
 def test_a_trainconfig_names_its_objective_in_one_word():

@@ -131,3 +131,19 @@ def test_an_authors_objective_early_stopping_metric_it_lacks_is_refused():
     )
     with pytest.raises(InputError, match=r"training\.early_stopping\.metric 'accuracy'"):
         train(cfg)
+
+
+def test_fp16_is_refused_on_a_rank_without_a_gpu():
+    with pytest.raises(InputError, match="training.precision fp16 needs a CUDA device"):
+        train(TrainConfig(**BASE, max_steps=1, precision="fp16", device="auto"))
+
+
+def test_the_fp16_loss_scale_is_divided_out_in_the_averages_one_pass():
+    from dagtrain.training.rank.step import _average_checked, make_buckets
+
+    b = make_buckets(torch.nn.Linear(4, 2), 25)[0]
+    b.flat.fill_(8.0)  # the sum over 2 ranks of gradients scaled by 4
+    b.inv = torch.full((1,), 0.5 / 4.0)
+    assert _average_checked(b, 2, 0.5, 4.0) and bool((b.flat == 1.0).all())
+    b.flat[0] = float("inf")  # an overflow: the step is skipped, the scale halved
+    assert not _average_checked(b, 2, 0.5, 4.0)
