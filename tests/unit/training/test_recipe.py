@@ -134,7 +134,7 @@ def test_an_authors_objective_early_stopping_metric_it_lacks_is_refused():
 
 
 def test_fp16_is_refused_on_a_rank_without_a_gpu():
-    with pytest.raises(InputError, match="training.precision fp16 needs a CUDA device"):
+    with pytest.raises(InputError, match=r"training\.precision fp16 needs a CUDA device"):
         train(TrainConfig(**BASE, max_steps=1, precision="fp16", device="auto"))
 
 
