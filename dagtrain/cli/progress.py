@@ -10,9 +10,9 @@ Two sources, both JSON lines appended by the processes that know:
 
 Nothing here reads Airflow's tables or its log text. ``Display.poll()`` reads what is
 new and turns it into lines (each task as it starts and ends, with its duration; each
-epoch with its loss, the objective's validation metrics, samples/s and ETA; a retry as
-such), printed as plain lines — in a terminal, above a live table of the tasks
-(``table()``); piped, with no ANSI codes at all.
+epoch with its loss, the objective's validation metrics, the LR (and, with clipping,
+the gradient norm), samples/s and ETA; a retry as such), printed as plain lines — in a
+terminal, above a live table of the tasks (``table()``); piped, with no ANSI codes at all.
 """
 
 from __future__ import annotations
@@ -132,6 +132,42 @@ def _figure(value: Any) -> str:
     v = float(value)
     size = abs(v) if math.isfinite(v) else 0.0
     return f"{v:.{1 if size >= 1000 else 2 if size >= 100 else 4}f}"
+
+
+def _lr(value: Any) -> str:
+    """An LR as an epoch line shows it: two significant figures in a compact exponent
+    (``3.2e-3``, ``1.0e-1``); ``0`` (a schedule decayed to nothing) as such."""
+    v = float(value)
+    if v == 0 or not math.isfinite(v):
+        return f"{v:g}"
+    mantissa, _, exp = f"{v:.1e}".partition("e")
+    return f"{mantissa}e{int(exp)}"
+
+
+def _norm(value: Any) -> str:
+    """A gradient norm: three significant figures (``0.784``, ``12.3``), whole from 1000."""
+    v = float(value)
+    return f"{v:.0f}" if math.isfinite(v) and abs(v) >= 1000 else f"{v:.3g}"
+
+
+def _share(value: Any) -> str:
+    """A share in whole percent, never rounded to none or all where it is not
+    (``<1%``, ``>99%``)."""
+    v = float(value)
+    return "<1%" if 0 < v < 0.005 else ">99%" if 0.995 <= v < 1 else f"{v:.0%}"
+
+
+def _recipe_parts(m: dict[str, Any], level: int) -> list[str]:
+    """The training recipe's figures of an epoch row: ``lr 3.2e-3`` (the LR of its last
+    step), then with ``training.max_grad_norm`` ``gnorm 0.784`` (the mean norm before
+    clipping) and ``(12% clipped)`` (its steps' share clipped). ``level``: 2 all of it,
+    1 without the clipped share, 0 the LR alone."""
+    out = [f"lr {_lr(m['lr'])}"] if isinstance(m.get("lr"), (int, float)) else []
+    if level >= 1 and isinstance(m.get("grad_norm"), (int, float)):
+        clip = m.get("clip_rate") if level >= 2 else None
+        said = f" ({_share(clip)} clipped)" if isinstance(clip, (int, float)) else ""
+        out.append(f"gnorm {_norm(m['grad_norm'])}{said}")
+    return out
 
 
 def _held_parts(held: list[tuple[str, str, str]], short: bool, every: bool) -> list[str]:
@@ -296,13 +332,16 @@ class Display:
     def _epoch_line(
         label: str, info: dict[str, Any], m: dict[str, Any], width: int | None = None
     ) -> str:
-        """``train epoch 3/8: loss 0.1, val accuracy 0.9, 6322 samples/s, ETA 1.4 s``: the
-        training loss, then each of the objective's metrics on the validation (or test)
-        split but its loss, in the objective's order (``val mse 31.2, val mae 4.1, val r2
-        0.52``; :func:`metric_names`). In a terminal of ``width`` columns, shortened to
-        fit where it must (``val acc``, ``val mse 31.2, mae 4.1``; then without samples/s;
-        then the first metric only; then without the ETA), so that the terminal never
-        cuts it mid-word."""
+        """``train epoch 3/8: loss 0.1, val accuracy 0.9, lr 3.2e-3, 6322 samples/s, ETA
+        1.4 s``: the training loss, then each of the objective's metrics on the
+        validation (or test) split but its loss, in the objective's order (``val mse
+        31.2, val mae 4.1, val r2 0.52``; :func:`metric_names`), then the LR of the
+        epoch's last step and, with gradient clipping, the mean gradient norm and the
+        share of steps clipped (``gnorm 0.784 (12% clipped)``). In a terminal of
+        ``width`` columns, shortened to fit where it must (``val acc``, ``val mse 31.2,
+        mae 4.1``; then without the clipped share; then without samples/s; then the
+        first metric only; then without the gradient norm; then without the ETA; the LR
+        stays), so that the terminal never cuts it mid-word."""
         per = max(int(info.get("steps_per_epoch") or m.get("steps_per_epoch") or 1), 1)
         total = int(m.get("total_steps") or 0)
         epochs = math.ceil(total / per) if total else "?"
@@ -326,15 +365,18 @@ class Display:
         if total and step > first and elapsed > 0:
             eta = [f"ETA {_duration(elapsed / (step - first) * (total - step))}"]
         line = ""
-        forms = ((False, True, True), (True, True, True), (True, False, True))
-        forms += ((True, False, False),) if len(shown) > 1 else ()  # the first metric only
-        for short, keep_rate, every in forms:
-            parts = [*loss, *_held_parts(held, short, every), *(rate if keep_rate else [])]
-            line = head + ", ".join([*parts, *eta])
+        # (short names, samples/s, every metric, recipe level): each form narrower
+        forms = [(False, True, True, 2), (True, True, True, 2), (True, True, True, 1)]
+        forms += [(True, False, True, 1)]
+        forms += [(True, False, False, 1)] if len(shown) > 1 else []  # the first metric only
+        forms += [(True, False, False, 0)]  # the LR alone
+        for short, keep_rate, every, level in forms:
+            parts = [*loss, *_held_parts(held, short, every), *_recipe_parts(m, level)]
+            line = head + ", ".join([*parts, *(rate if keep_rate else []), *eta])
             if width is None or len(line) < width:
                 break
         else:  # still too wide: the ETA goes too
-            line = head + ", ".join([*loss, *_held_parts(held, True, False)])
+            line = head + ", ".join([*loss, *_held_parts(held, True, False), *_recipe_parts(m, 0)])
         return line
 
     def settle(self, states: dict[str, tuple[str, int]]) -> None:

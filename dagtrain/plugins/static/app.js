@@ -56,22 +56,72 @@ function axisWidth(u, values, i, cycle) {
   return cycle > 1 ? Math.max(axis._size ?? 0, w) : w;
 }
 
-// One chart: `lines` are [label, epochs, key, {dash, width}]; x is the epoch (from 1).
-function chart(el, title, lines) {
+// One chart: `lines` are [label, epochs, key, {dash, width, colour, scale, marker}]; x is
+// the epoch (from 1). A line on scale "share" (a fraction: the clipped steps') is read on
+// a right-hand axis in percent; a marker is a point alone (the best epoch), no line.
+// `fmt` writes the left axis's ticks and the legend's values (an LR: 3.2e-3).
+function chart(el, title, lines, fmt = null) {
   lines = lines.filter(([, epochs, key]) => epochs.some((e) => typeof e[key] === "number"));
   const n = Math.max(0, ...lines.map(([, epochs]) => Math.max(0, ...epochs.map((e) => e.epoch + 1))));
   if (!n) return;
   const xs = Array.from({ length: n }, (_, i) => i + 1);
   const data = [xs, ...lines.map(([, epochs, key]) => xs.map((x) => epochs.find((e) => e.epoch + 1 === x)?.[key] ?? null))];
+  const share = lines.some(([, , , o]) => o.scale === "share");
+  const shown = (f) => (u, v) => (v == null ? "--" : f(v));
   window.dagtrainCharts.push(new uPlot({
     title, width: 460, height: 260,
-    scales: { x: { time: false } },
-    series: [{ label: "epoch" }, ...lines.map(([label, , , o], i) => ({
-      label, stroke: COLOURS[i % COLOURS.length], width: o.width ?? 2, dash: o.dash, points: { show: true, size: o.dash ? 4 : 6 }, spanGaps: true,
-    }))],
+    scales: { x: { time: false }, ...(share ? { share: { range: [0, 1] } } : {}) },
+    series: [{ label: "epoch" }, ...lines.map(([label, , , o], i) => {
+      const stroke = o.colour ?? COLOURS[i % COLOURS.length];
+      return {
+        label, stroke, width: o.width ?? 2, dash: o.dash, scale: o.scale ?? "y", spanGaps: !o.marker,
+        points: o.marker ? { show: true, size: 12, width: 3, stroke, fill: "#fff" } : { show: true, size: o.dash ? 4 : 6 },
+        ...(o.scale === "share" ? { value: shown(pct) } : fmt ? { value: shown(fmt) } : {}),
+      };
+    })],
     // whole epochs on the x axis (no 1.5); the y axis as wide as its labels
-    axes: [{ label: "epoch", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000] }, { size: axisWidth }],
+    axes: [
+      { label: "epoch", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000] },
+      { size: axisWidth, ...(fmt ? { values: (u, ticks) => ticks.map(fmt) } : {}) },
+      ...(share ? [{ scale: "share", side: 1, grid: { show: false }, size: axisWidth, values: (u, ticks) => ticks.map(pct) }] : []),
+    ],
   }, data, el));
+}
+
+// A learning rate as the epoch lines write it: two significant figures (3.2e-3), 0 as such.
+const lrOf = (v) => (typeof v !== "number" ? "" : v === 0 ? "0" : v.toExponential(1).replace("e+", "e"));
+
+// Where the weights training started from came from (a training summary's or a registry
+// lineage's init: kind scratch | champion | file, version, path, note), in a few words.
+function initText(init) {
+  if (!init?.kind) return "";
+  if (init.kind === "champion") return `started from champion v${init.version}`;
+  if (init.kind === "file") return `started from the model file ${String(init.path ?? "").split("/").pop()}`;
+  return init.note ? "no champion yet: trained from scratch" : "trained from scratch";
+}
+
+// The Result panel's warm start: the champion (or file) training started from, or that
+// there was none yet to start from; its note (what the train task logged) on hover.
+function initView(init) {
+  const text = initText(init);
+  if (!text) return "";
+  const warn = init.kind === "scratch" && init.note;
+  return html`<p class="init" title="${init.note ?? init.path ?? ""}">${warn ? html`<span class="warn">no champion yet</span>: trained from scratch` : init.kind === "scratch" ? html`<span class="muted">${text}</span>` : text}${
+    init.kind !== "scratch" && init.path ? html` <span class="muted">(<code>${init.path}</code>)</span>` : ""}</p>`;
+}
+
+// The Result panel's early stop (result.early_stop): where training stopped and why, and
+// the epoch whose model is kept (the best, by the watched metric; numbered from 1 here
+// as in the charts and the epoch lines, from 0 in the record).
+function earlyStopView(es, last) {
+  if (!es) return "";
+  const m = said(es.metric ?? "");
+  const kept = es.best_epoch != null
+    ? html`best epoch <b>${es.best_epoch + 1}</b> (${m} ${num(es.best)})${es.best_epoch === last ? ", the last," : ""} is the model kept`
+    : html`no epoch had a finite ${m}: the last epoch's model is kept`;
+  return es.stopped_after_epoch != null
+    ? html`<p class="early-stop"><span class="warn">stopped early</span> after epoch ${es.stopped_after_epoch + 1}: ${es.why}; ${kept}</p>`
+    : html`<p class="early-stop">early stopping on ${m} (patience ${es.patience}, min_delta ${es.min_delta}) did not stop training: it ran to the last step; ${kept}</p>`;
 }
 
 async function pipelines() {
@@ -96,7 +146,7 @@ async function pipeline(dagId) {
 function registry(reg) {
   const lineage = (l) => l ? html`<details><summary>run ${l.run_id}</summary>${table(["", ""], [
     ["data version", l.data_version], ["data manifest", html`<code>${l.data_manifest}</code>`],
-    ["config", html`<code>${l.config}</code>`],
+    ["config", html`<code>${l.config}</code>`], ...(l.init?.kind ? [["initial weights", initText(l.init)]] : []),
     ...["model", "training", "distributed"].filter((s) => l.config_values?.[s]).map((s) => [s, html`<code>${JSON.stringify(l.config_values[s])}</code>`]),
   ])}</details>` : "";
   const mv = (v) => { const m = reg.mlflow?.[String(v.version)]; return m ? html` <a class="mlflow" href="${m.url}" target="_blank" rel="noopener">MLflow ${m.name} v${m.version}</a>` : ""; };
@@ -264,6 +314,9 @@ async function run(dagId, runId) {
   // the objective's metrics (the loss first), its first but the loss, the promotion metric
   const metrics = r.metrics ?? metricsOf(r.epochs), first = metrics.find((m) => m !== "loss") ?? "loss";
   const promo = r.promotion_metric ?? "test_accuracy", lastRow = r.epochs.at(-1) ?? {};
+  // with early stopping the best epoch's model is the run's: its row, not the last one
+  const es = res?.early_stop, best = es?.best_epoch;
+  const keptRow = (best != null && r.epochs.find((e) => e.epoch === best)) || lastRow;
   const failed = r.ranks.filter((k) => k.status === "failed");
   const changes = r.world_changes ?? [];
   const steps = r.trace_steps.map((s) => html`<option value="${s.step ?? ""}"${String(s.step ?? "") === (step ?? "") ? html` selected` : ""}>${s.label}</option>`);
@@ -274,7 +327,8 @@ async function run(dagId, runId) {
     <h2>Stages</h2>${table(["stage", "state", "try", "seconds"], r.stages.map((s) => [s.task_id + (s.map_index >= 0 ? `[${s.map_index}]` : ""), html`<span class="${stateCls(s.state)}">${s.state}</span>`, s.try_number, html`<span class="num">${num(s.duration, 1)}</span>`]))}
     <h2>Curves</h2><div class="charts" id="charts"></div>
     ${r.epochs.length ? (curves.length > 1 ? html`<p class="muted">dashed: validation of the pipeline's ${curves.length - 1} other newest run(s), for comparison</p>` : "") : html`<p class="muted">No epoch has ended yet.</p>`}
-    <h2>Result</h2>${res ? table([`validation ${said(first)}`, said(promo), "samples/s", "median step (s)", "skipped steps"], [[num(lastRow[`val_${first}`] ?? (first === "accuracy" ? res.val_accuracy : null)), num(ev?.metrics?.[promo]), num(res.samples_per_second, 0), num(res.median_step_seconds, 4), res.skipped_steps]]) : html`<p class="muted">No result yet.</p>`}
+    <h2>Result</h2>${res ? table([`validation ${said(first)}${keptRow !== lastRow ? ` (epoch ${keptRow.epoch + 1}, kept)` : ""}`, said(promo), "samples/s", "median step (s)", "skipped steps"], [[num(keptRow[`val_${first}`] ?? (first === "accuracy" ? res.val_accuracy : null)), num(ev?.metrics?.[promo]), num(res.samples_per_second, 0), num(res.median_step_seconds, 4), res.skipped_steps]]) : html`<p class="muted">No result yet.</p>`}
+    ${initView(res?.init)}${earlyStopView(es, lastRow.epoch)}
     ${pipelineSummary(res?.pipeline)}
     ${ev ? html`<p class="verdict">${ev.better ? "promoted" : "not promoted"}: ${ev.reason}</p>` : ""}
     ${r.mlflow ? html`<p class="mlflow">MLflow: <a href="${r.mlflow.url}" target="_blank" rel="noopener">run ${r.mlflow.run_id}</a> in experiment ${r.mlflow.experiment}${r.mlflow.pending ? html` <span class="bad">(some logging is waiting for the server)</span>` : ""}</p>` : ""}
@@ -308,12 +362,30 @@ async function run(dagId, runId) {
   // (validation, or test without eval_data); the other runs' held-out curves dashed
   const others = curves.filter((c) => c.run_id !== runId);
   const held = heldOf(r.epochs), heldName = held === "val" ? "validation" : "test";
+  const box = (key) => { const el = document.createElement("div"); el.className = "chart"; el.dataset.metric = key; charts.appendChild(el); return el; };
+  const has = (key) => r.epochs.some((e) => typeof e[key] === "number");
+  // the best epoch (early stopping's, the model kept) marked on its metric's held-out curve
+  const bestRow = best != null ? r.epochs.filter((e) => e.epoch === best) : [];
   for (const m of metrics) {
-    const el = document.createElement("div"); el.className = "chart"; el.dataset.metric = m; charts.appendChild(el);
-    chart(el, said(m), [
+    const marked = bestRow.length && es.metric === `${held}_${m}`;
+    chart(box(m), said(m), [
       ["train", r.epochs, `train_${m}`, {}], [heldName, r.epochs, `${held}_${m}`, {}],
       ...others.map((c) => { const h = heldOf(c.epochs); return [`${c.run_id.slice(0, 28)} (${h})`, c.epochs, `${h}_${m}`, { dash: [6, 4], width: 1 }]; }),
+      ...(marked ? [[`best epoch ${best + 1} (kept)`, bestRow, es.metric, { marker: true, colour: "#1f2933" }]] : []),
     ]);
+    if (m !== metrics[0]) continue;
+    // beside the loss: the LR of each epoch's last step, then (with training.max_grad_norm)
+    // the mean gradient norm before clipping, the threshold, and the share of steps clipped
+    if (has("lr")) chart(box("lr"), "learning rate", [["LR (epoch's last step)", r.epochs, "lr", { colour: "#7b3fbf" }]], lrOf);
+    if (has("grad_norm")) {
+      const limit = r.config?.training?.max_grad_norm;
+      const line = typeof limit === "number" ? r.epochs.map((e) => ({ epoch: e.epoch, limit })) : [];
+      chart(box("grad_norm"), "gradient norm", [
+        ["mean norm before clipping", r.epochs, "grad_norm", { colour: "#0b69a3" }],
+        [`max_grad_norm ${limit}`, line, "limit", { colour: "#52606d", dash: [4, 4], width: 1 }],
+        ["steps clipped (right axis)", r.epochs, "clip_rate", { colour: "#c8571e", scale: "share" }],
+      ]);
+    }
   }
   if (r.stages.some((s) => ["running", "queued", "scheduled", "up_for_retry", "restarting"].includes(s.state))) setTimeout(() => run(dagId, runId), 3000);
 }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 
+import pytest
 from rich.console import Console
 
 from dagtrain.cli.follow import RestFollower, task_order
@@ -98,6 +99,70 @@ def test_an_epoch_line_fits_an_80_column_terminal():
     assert wide.startswith("train epoch 2000/2001: loss 0.0002, val accuracy 0.9667, 58.0k")
     narrow = Display._epoch_line("round_12_train[3]", info, m, width=80)
     assert len(narrow) < 80 and "val acc 0.9667" in narrow, narrow
+
+
+# a classification's epoch row with the training recipe's figures: the LR of its last
+# step always; the mean gradient norm and the share of steps clipped with max_grad_norm
+RECIPE = {
+    **{"kind": "epoch", "epoch": 2, "train_loss": 0.1234, "train_accuracy": 0.9},
+    **{"val_loss": 0.2, "val_accuracy": 0.9667, "val_correct": 29, "val_samples": 30},
+    **{"lr": 0.0032, "grad_norm": 0.78431, "clip_rate": 0.125},
+    **{"samples_per_second": 6322.0, "step": 60, "total_steps": 120, "elapsed": 3.0},
+}
+NO_CLIP = {k: v for k, v in RECIPE.items() if k not in ("grad_norm", "clip_rate")}
+
+
+@pytest.mark.parametrize(
+    ("label", "row", "width", "expected"),
+    [
+        # piped: all of it, the clipped share said with the norm
+        (
+            "train",
+            RECIPE,
+            None,
+            "train epoch 3/6: loss 0.1234, val accuracy 0.9667, lr 3.2e-3, "
+            "gnorm 0.784 (12% clipped), 6322 samples/s, ETA 3.0 s",
+        ),
+        # 80 columns: short names, then the clipped share and samples/s go; the norm stays
+        (
+            "train",
+            RECIPE,
+            80,
+            "train epoch 3/6: loss 0.1234, val acc 0.9667, lr 3.2e-3, gnorm 0.784, ETA 3.0 s",
+        ),
+        # a round's shard has a longer label: the norm goes too, the LR and the ETA stay
+        (
+            "round_12_train[3]",
+            RECIPE,
+            80,
+            "round_12_train[3] epoch 3/6: loss 0.1234, val acc 0.9667, lr 3.2e-3, ETA 3.0 s",
+        ),
+        # narrower still: the ETA goes, never the LR
+        ("train", RECIPE, 60, "train epoch 3/6: loss 0.1234, val acc 0.9667, lr 3.2e-3"),
+        # without clipping: the LR alone
+        (
+            "train",
+            NO_CLIP,
+            None,
+            "train epoch 3/6: loss 0.1234, val accuracy 0.9667, lr 3.2e-3, 6322 samples/s, "
+            "ETA 3.0 s",
+        ),
+        # a schedule decayed to nothing, a norm in the thousands, a step in 400 clipped
+        (
+            "train",
+            RECIPE | {"lr": 0.0, "grad_norm": 1534.6, "clip_rate": 0.0025},
+            None,
+            "train epoch 3/6: loss 0.1234, val accuracy 0.9667, lr 0, "
+            "gnorm 1535 (<1% clipped), 6322 samples/s, ETA 3.0 s",
+        ),
+    ],
+)
+def test_an_epoch_line_shows_the_lr_and_with_clipping_the_gradient_norm(
+    label, row, width, expected
+):
+    line = Display._epoch_line(label, {"steps_per_epoch": 20, "step": 0}, row, width)
+    assert line == expected
+    assert width is None or len(line) < width, line
 
 
 # rank 0's epoch rows of a regression and of a language model: the objective's metrics

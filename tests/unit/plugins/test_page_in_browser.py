@@ -285,3 +285,80 @@ def test_a_regression_runs_page_draws_a_chart_per_metric_and_shows_test_mse(chro
         assert errors == []
     finally:
         page.close()
+
+
+@pytest.mark.parametrize(
+    ("early_stop", "init", "said"),
+    [
+        (
+            None,  # the record as the recipe wrote it: stopped after epoch 6, best 4
+            None,  # a champion's warm start
+            [
+                "started from champion v3 (/r/models/v0003/model.pt)",
+                "stopped early after epoch 6: val loss did not improve by more than 0.001 "
+                "for 2 epoch(s) after epoch 4; best epoch 4 (val loss 0.2000) is the model kept",
+            ],
+        ),
+        (
+            {"best_epoch": 5, "best": 0.26, "stopped_after_epoch": None, "why": "trained to..."},
+            {"kind": "scratch", "version": None, "path": None, "note": "no champion yet"},
+            [
+                "no champion yet: trained from scratch",
+                "early stopping on val loss (patience 2, min_delta 0.001) did not stop training: "
+                "it ran to the last step; best epoch 6 (val loss 0.2600), the last, is the "
+                "model kept",
+            ],
+        ),
+    ],
+)
+def test_a_runs_page_draws_its_lr_and_gradient_norm_and_says_its_early_stop_and_warm_start(
+    chromium, tmp_path, early_stop, init, said
+):
+    from .test_page_report import CHAMPION, STOPPED, recipe_run
+
+    root, data = recipe_run(tmp_path, STOPPED | (early_stop or {}), init or CHAMPION)
+    page = chromium.new_page(viewport={"width": 1280, "height": 900})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    browser.serve(page, root, data, "manual__recipe")
+    page.goto(browser.page_url("manual__recipe"))
+    try:
+        page.wait_for_selector("#registry", timeout=15_000)
+        charts = page.locator("#charts .chart")
+        # the LR beside the loss, then the gradient norm (its clipped share on the right)
+        assert [charts.nth(i).get_attribute("data-metric") for i in range(4)] == [
+            "loss",
+            "lr",
+            "grad_norm",
+            "accuracy",
+        ]
+        assert texts(page, "#charts .u-title")[1:3] == ["learning rate", "gradient norm"]
+        legend = texts(page, "#charts .chart[data-metric=grad_norm] .u-legend th")
+        assert legend[1:] == [
+            "mean norm before clipping",
+            "max_grad_norm 1",
+            "steps clipped (right axis)",
+        ]
+        # the cursor on epoch 1: the legend says its LR as the epoch lines do, its share clipped
+        hover = """([m, x]) => {
+          const u = window.dagtrainCharts.find((c) => c.root.parentNode.dataset.metric === m);
+          u.setCursor({ left: u.valToPos(x, "x"), top: 10 });
+          return [...u.root.querySelectorAll(".u-legend td")].map((td) => td.textContent);
+        }"""
+        assert page.evaluate(hover, ["lr", 1])[1] == "5.0e-2"
+        assert page.evaluate(hover, ["grad_norm", 1])[1:] == ["1.5", "1", "60%"]
+        assert [p.replace("\n", " ") for p in texts(page, "p.init, p.early-stop")] == said
+        heads = texts(page, "h2:has-text('Result') + div table th")
+        kept = early_stop is None  # the best epoch is not the last: its row is the result's
+        assert heads[0] == (
+            "validation accuracy (epoch 4, kept)" if kept else "validation accuracy"
+        )
+        assert texts(page, "h2:has-text('Result') + div table td")[0] == (
+            "0.7500" if kept else "0.8500"
+        )
+        marked = texts(page, "#charts .chart[data-metric=loss] .u-legend th")
+        assert ("best epoch 4 (kept)" in marked) == kept, marked
+        page.screenshot(path=str(tmp_path / "recipe.png"), full_page=True)
+        assert errors == []
+    finally:
+        page.close()

@@ -334,3 +334,57 @@ def test_a_registry_from_before_configs_were_kept_shows_accuracy_or_the_loss(tmp
     assert report.promotion_metric(None, {"test_mse": 3.0}) == "test_loss"
     assert report.promotion_metric({"objective": {"name": "pkg.mod:mine"}}) == "test_loss"
     assert report.registry_of(tmp_path)["columns"] == ["test_loss"]  # no registry: no entry
+
+
+# a classification with the training recipe: each row's LR (its last step's), mean
+# gradient norm and share of steps clipped; val loss best at epoch 4 (index 3), then worse
+RECIPE_ROWS = [
+    {
+        **{
+            "kind": "epoch",
+            "epoch": e,
+            "train_loss": 1.0 / (e + 1),
+            "train_accuracy": 0.5 + e / 20,
+        },
+        **{"val_loss": [0.9, 0.5, 0.3, 0.2, 0.25, 0.26][e], "val_accuracy": 0.6 + e / 20},
+        **{"val_correct": 60 + e, "val_samples": 100, "lr": 0.05 * (1 - e / 6)},
+        **{"grad_norm": 1.5 - e / 5, "clip_rate": max(0.0, 0.6 - e / 5)},
+        **{"step": 10 * (e + 1), "total_steps": 60},
+    }
+    for e in range(6)
+]
+STOPPED = {
+    **{"metric": "val_loss", "direction": "min", "better": "lower", "best_epoch": 3, "best": 0.2},
+    **{"stopped_after_epoch": 5, "patience": 2, "min_delta": 0.001},
+    "why": "val loss did not improve by more than 0.001 for 2 epoch(s) after epoch 4",
+}
+CHAMPION = {"kind": "champion", "version": 3, "path": "/r/models/v0003/model.pt", "note": None}
+
+
+def recipe_run(tmp_path, early_stop=STOPPED, init=CHAMPION):
+    """A finished run of RECIPE_ROWS whose result says its early stop and warm start."""
+    root, data = objective_run(tmp_path, RECIPE_ROWS, run_id="manual__recipe")
+    result = {"world": 2, "samples_per_second": 900.0, "epochs": RECIPE_ROWS}
+    result |= {"early_stop": early_stop, "init": init, "config": {"training": {}}}
+    train = report.run_dir_of(root, DAG, "manual__recipe") / "train"
+    (train / "result.json").write_text(json.dumps(result))
+    config = {"training": {"lr": 0.05, "max_grad_norm": 1.0, "lr_schedule": "cosine"}}
+    (train / "config.json").write_text(json.dumps(config))
+    return root, data
+
+
+def test_a_runs_report_carries_each_epochs_lr_and_its_early_stop_and_warm_start(tmp_path):
+    root, data = recipe_run(tmp_path)
+    r = report.run_report(root, DAG, "manual__recipe", [], None, data)
+    for key in ("lr", "grad_norm", "clip_rate"):  # each epoch's, for the page's curves
+        assert [e[key] for e in r["epochs"]] == [x[key] for x in RECIPE_ROWS], key
+    assert r["metrics"] == ["loss", "accuracy"]  # the recipe's figures are no metric
+    assert r["result"]["early_stop"] == STOPPED and r["result"]["init"] == CHAMPION
+    assert "epochs" not in r["result"] and r["config"]["training"]["max_grad_norm"] == 1.0
+    (curve,) = report.curves_of(root, DAG, ["manual__recipe"])
+    assert [e["lr"] for e in curve["epochs"]] == [x["lr"] for x in RECIPE_ROWS]
+    assert curve["metrics"] == ["loss", "accuracy"]
+    # a summary from before the recipe (or while init is being written): None, not missing
+    root, data = recipe_run(tmp_path / "old", early_stop=None, init=None)
+    old = report.run_report(root, DAG, "manual__recipe", [], None, data)["result"]
+    assert old["early_stop"] is None and old["init"] is None
