@@ -131,8 +131,9 @@ def early_stop_lines(train: dict[str, Any] | None) -> list[str]:
             f"stopped early after epoch {es['stopped_after_epoch'] + 1}: {metric} did not "
             f"improve for {es.get('patience')} epoch(s)"
         )
-    figure = f" ({metric} {value:.4f})" if isinstance(value, int | float) else ""
-    out.append(f"kept the best epoch, {best + 1} of {epochs}{figure}")
+    if out or best != epochs - 1:  # (the last epoch's model, as without early stopping)
+        figure = f" ({metric} {value:.4f})" if isinstance(value, int | float) else ""
+        out.append(f"kept the best epoch, {best + 1} of {epochs}{figure}")
     return out
 
 

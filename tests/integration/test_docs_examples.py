@@ -168,3 +168,20 @@ def test_the_recipe_example_of_training_md_runs():
     assert all(0 <= row["clip_rate"] <= 1 and row["grad_norm"] > 0 for row in result.epochs)
     assert result.early_stop["metric"] == "test_loss" and cfg.training.precision == "bf16"
     assert result.epochs[-1]["test_accuracy"] > 0.9, result.epochs[-1]
+
+
+def test_the_recipe_sections_yaml_validates():
+    import yaml
+
+    from dagtrain.config import validate
+
+    text = (ROOT / "docs/training.md").read_text(encoding="utf-8")
+    section = text.split("\n## The recipe", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"^```yaml\n(.*?)^```$", section, re.S | re.M)
+    assert blocks, "docs/training.md's recipe section lost its YAML"
+    guide = (ROOT / "docs/guide.md").read_text(encoding="utf-8")
+    blocks += [b for b in re.findall(r"^```yaml\n(.*?)^```$", guide, re.S | re.M) if "init:" in b]
+    assert len(blocks) >= 2, "docs/guide.md lost its warm-start YAML"
+    for block in blocks:
+        cfg = validate(yaml.safe_load(block))
+        assert cfg.training.init in ("champion", "scratch") or cfg.training.init.endswith(".pt")

@@ -225,10 +225,21 @@ def test_every_metric_of_an_objective_reaches_mlflow(monkeypatch, tmp_path):
     row |= {"train_loss": 900.0, "train_mse": 900.0, "train_mae": 25.0, "train_r2": 0.1}
     row |= {"val_loss": 950.0, "val_mse": 950.0, "val_mae": 26.0, "val_r2": 0.05}
     row |= {"val_abs_error": 2288.0, "val_target_sum": 13631, "val_units": 88}
+    row |= {"lr": 0.003, "grad_norm": 1.7, "clip_rate": 0.25}  # the recipe's, per epoch
     (train / "metrics.jsonl").write_text(json.dumps(row) + "\n")
     assert t.do("train", train_dir=str(train)) is True
     logged = {m.key: (m.value, m.step) for m in client.metrics}
-    for k in ("train_mse", "train_mae", "train_r2", "val_mse", "val_mae", "val_r2", "val_units"):
+    recipe = ("lr", "grad_norm", "clip_rate")
+    for k in (
+        "train_mse",
+        "train_mae",
+        "train_r2",
+        "val_mse",
+        "val_mae",
+        "val_r2",
+        "val_units",
+        *recipe,
+    ):
         assert logged[k] == (float(row[k]), 10), k
     assert not {"kind", "time", "total_steps"} & set(logged)
     tested = {"test_loss": 2.1, "test_perplexity": 8.17, "test_accuracy": 0.3}
