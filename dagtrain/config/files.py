@@ -84,12 +84,6 @@ def validate(data: dict[str, Any], where: str = "config", base_dir: str | None =
         cfg = PipelineConfig.model_validate(data)
     except ValidationError as e:
         raise explain(e, where) from e
-    if cfg.pipeline == "rounds" and cfg.training.init != "scratch":
-        raise ConfigError(
-            f"{where}: invalid config\n  training.init {cfg.training.init!r}: a rounds "
-            "pipeline starts round 0 from its seeded initialisation, not from a champion or "
-            "a model file; set training.init: scratch (or use pipeline: retraining)"
-        )
     cfg.base_dir = base_dir
     return cfg
 

@@ -178,6 +178,25 @@ class PipelineConfig(RunSections):
             )
         return self
 
+    @model_validator(mode="after")
+    def _rounds_recipe(self) -> PipelineConfig:
+        if self.pipeline != "rounds":
+            return self
+        t = self.training
+        if t.init != "scratch":
+            raise ValueError(
+                f"training.init {t.init!r}: a rounds pipeline starts round 0 from its seeded "
+                "initialisation, not from a champion or a model file; set training.init: "
+                "scratch (or use pipeline: retraining)"
+            )
+        if t.early_stopping is not None:
+            raise ValueError(
+                "training.early_stopping: a rounds pipeline's shards train "
+                "rounds.local_steps each round and the rounds decide when it ends; leave "
+                "early_stopping out (or use pipeline: retraining)"
+            )
+        return self
+
     @property
     def promotion_metric(self) -> str:
         """``evaluation.metric``, or the objective's first metric on the test split (the

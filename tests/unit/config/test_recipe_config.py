@@ -38,6 +38,7 @@ from dagtrain.config.schema import ConfigError
         ({"early_stopping": {"metric": "mse"}}, {}, "not report it; it reports accuracy, loss"),
         ({"early_stopping": {"patience": 0}}, {}, "training.early_stopping.patience"),
         ({"lr_schedule": "step"}, {}, "training.lr_schedule"),
+        ({"early_stopping": {}}, {"pipeline": "rounds"}, "the rounds decide when it ends"),
     ],
 )  # fmt: skip
 def test_a_recipe_that_cannot_run_is_refused_naming_the_field(training, extra, needle):
