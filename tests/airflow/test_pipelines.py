@@ -378,14 +378,14 @@ def test_the_language_model_example_trains_on_two_stages_and_promotes_on_perplex
     r = dagtrain_run(tmp_path, cfg, "training.epochs=1", "training.lr_schedule=constant")
     assert r.returncode == 0, r.stdout + r.stderr
     assert re.search(r"^promoted v1 \(.*\), the first champion$", r.stdout, re.M), r.stdout
-    assert re.search(r"^train epoch 1/1: .*, lr 3\.0e-3, gnorm [\d.]+", r.stdout, re.M), r.stdout
+    assert re.search(r"^train epoch 1/1: .*, lr 1\.0e-2, gnorm [\d.]+", r.stdout, re.M), r.stdout
     run = run_artifacts(tmp_path, "language_model")
     result = json.loads((run / "train" / "result.json").read_text())
     assert result["pipeline"]["stages"] == 2
     (epoch,) = result["epochs"]
     assert {"train_loss", "train_perplexity", "val_perplexity", "val_accuracy"} <= set(epoch)
     # the whole model's gradient norm, added over the 2 stages, clipped at 1.0
-    assert epoch["grad_norm"] > 0 and 0 <= epoch["clip_rate"] <= 1 and epoch["lr"] == 0.003
+    assert epoch["grad_norm"] > 0 and 0 <= epoch["clip_rate"] <= 1 and epoch["lr"] == 0.01
     assert result["early_stop"]["metric"] == "val_perplexity", result["early_stop"]
     ev = json.loads((run / "eval.json").read_text())
     m = ev["metrics"]
