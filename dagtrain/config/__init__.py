@@ -49,7 +49,6 @@ from .schema import (
     DATA_SUFFIXES,
     DEFAULT_LAUNCHER,
     FILE_ONLY,
-    INIT_KINDS,
     OBJECTIVE_METRICS,
     RUN_SECTIONS,
     BackendName,
@@ -57,16 +56,15 @@ from .schema import (
     ConfigError,
     DataConfig,
     DistributedConfig,
-    EarlyStoppingConfig,
     ExecutorConfig,
     Launcher,
     ModelConfig,
     ObjectiveConfig,
     ParallelConfig,
     TrainConfig,
-    TrainingConfig,
     is_factory,
 )
+from .training import INIT_KINDS, EarlyStoppingConfig, TrainingConfig
 
 __all__ = [
     "BUILTIN_OBJECTIVES",

@@ -9,7 +9,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from .pipeline import PipelineConfig
-from .schema import BUILTIN_MODELS, FILE_ONLY, INIT_KINDS, NOT_APPLICABLE, ConfigError
+from .schema import BUILTIN_MODELS, FILE_ONLY, NOT_APPLICABLE, ConfigError
+from .training import INIT_KINDS
 
 __all__ = [
     "apply_sets",

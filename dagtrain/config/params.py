@@ -7,7 +7,8 @@ import functools
 from typing import Any
 
 from .pipeline import PipelineConfig
-from .schema import BUILTIN_MODELS, FILE_ONLY, INIT_KINDS, NOT_APPLICABLE
+from .schema import BUILTIN_MODELS, FILE_ONLY, NOT_APPLICABLE
+from .training import INIT_KINDS
 
 __all__ = ["config_schema", "dag_params", "fixed_sections"]
 

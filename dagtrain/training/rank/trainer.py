@@ -233,12 +233,13 @@ class RankRun:
             )
         ]
 
-    def best_step(self) -> int | None:
+    def best_step(self, rows: list[dict[str, Any]] | None = None) -> int | None:
         """The step of the best epoch's checkpoint (early stopping keeps it whatever
-        ``keep_checkpoints`` says); None without early stopping or a best epoch."""
+        ``keep_checkpoints`` says) by ``rows`` (the closed epochs' rows, this run's by
+        default); None without early stopping or a best epoch."""
         if not self.early.on:
             return None
-        best, _, _ = self.early.best(self.figures.epochs)
+        best, _, _ = self.early.best(self.figures.epochs if rows is None else rows)
         return None if best is None else min((best + 1) * self.per_epoch, self.total)
 
     def rescued(self) -> dict[str, Any] | None:
@@ -280,7 +281,8 @@ class RankRun:
         if found is not None and found[0].parent != Path(cfg.checkpoint_dir):
             step = int(found[1]["step"])
             keep = cfg.training.keep_checkpoints
-            saved = checkpoint.save(found[1], cfg.checkpoint_dir, step, keep)
+            protect = self.best_step(json.loads(found[1]["epochs"]))  # not rotated out
+            saved = checkpoint.save(found[1], cfg.checkpoint_dir, step, keep, protect)
             log.info(
                 "rank 0 takes the rescue of step %d (%s) as checkpoint %s", step, found[0], saved
             )
