@@ -90,7 +90,14 @@ def steps_folder(tmp_path, monkeypatch) -> Path:
 
 @pytest.mark.parametrize("objective", list(OBJECTIVES))
 def test_two_ranks_and_a_two_stage_pipeline_train_what_one_process_trains(tmp_path, objective):
-    steps = {"epochs": 2} if objective == "regression" else {"epochs": 1, "max_steps": 8}
+    # regression: early stopping that no epoch after the first satisfies, so the ranks
+    # stop after 2 of 3 epochs together and keep the first epoch's model
+    stop = {"metric": "mse", "patience": 1, "min_delta": 1e9}
+    steps = (
+        {"epochs": 3, "early_stopping": stop}
+        if objective == "regression"
+        else {"epochs": 1, "max_steps": 8}
+    )
     steps |= SCHEDULE | CLIP[objective]  # the LR of the global step; the whole model's norm
     dp_backend, pp_backend = ("mpi", "torch") if objective == "regression" else ("torch", "mpi")
     one = config(objective, tmp_path / "one", **steps)
@@ -123,6 +130,10 @@ def test_two_ranks_and_a_two_stage_pipeline_train_what_one_process_trains(tmp_pa
                 for m in ("lr", "grad_norm", "clip_rate"):  # the recipe's figures agree
                     assert mine[m] == pytest.approx(theirs[m], rel=1e-5), (name, m)
                 assert mine["test_mse"] == pytest.approx(theirs["test_mse"], rel=1e-5)
+        for name, res in results.items():  # stopped together, the first epoch's model kept
+            assert len(res.epochs) == 2 and res.early_stop["stopped_after_epoch"] == 1, name
+            assert res.early_stop["best_epoch"] == 0 and res.checkpoint.endswith("12.pt"), name
+            assert res.params_sha256 == ckpt.state_digest(ckpt.load(res.checkpoint)["model"])
         row = results["one"].epochs[-1]
         assert math.isclose(row["train_loss"], row["train_mse"])
         assert 0 < row["clip_rate"] < 1 and row["lr"] < results["one"].epochs[0]["lr"]

@@ -17,6 +17,7 @@ gradient, shared by the data-parallel step and the pipeline's stages:
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,7 +28,9 @@ import torch
 from dagtrain.config import TrainConfig, TrainingConfig
 from dagtrain.errors import InputError
 
-__all__ = ["EarlyStop", "GradStats", "Precision", "clip_factor", "lr_at"]
+__all__ = ["EarlyStop", "GradStats", "Precision", "clip_factor", "cpu_has_bf16", "lr_at"]
+
+log = logging.getLogger(__name__)
 
 
 def lr_at(t: TrainingConfig, step: int, total: int) -> float:
@@ -107,6 +110,15 @@ class GradStats:
         return cls(float(norms), int(clipped), int(steps), None if lr is None else float(lr))
 
 
+def cpu_has_bf16() -> bool:
+    """Whether this CPU has bf16 instructions oneDNN uses (AVX512-BF16, AMX)."""
+    check = getattr(getattr(torch.ops, "mkldnn", None), "_is_mkldnn_bf16_supported", None)
+    try:
+        return bool(check()) if check is not None else False
+    except RuntimeError:
+        return False
+
+
 # fp16's loss scale (torch.amp.GradScaler's defaults)
 INIT_SCALE = 2.0**16
 GROWTH_INTERVAL = 2000
@@ -129,6 +141,13 @@ class Precision:
             raise InputError(
                 f"training.precision bf16: this rank's GPU ({torch.cuda.get_device_name(device)}) "
                 "has no bf16; use precision fp16 (with its gradient scaler) or fp32"
+            )
+        if self.name == "bf16" and device.type == "cpu" and not cpu_has_bf16():
+            log.warning(
+                "training.precision bf16 on a CPU without bf16 instructions (AVX512-BF16 or "
+                "AMX; this one: %s): torch emulates them, many times slower than fp32 "
+                "(9-27x on the machine of docs/benchmarks.md); fp32 is faster here",
+                torch.backends.cpu.get_cpu_capability(),
             )
         self.scale = INIT_SCALE if self.name == "fp16" else 1.0
         self.good = 0  # steps since the scale last changed
