@@ -75,4 +75,10 @@ def config_reference() -> str:
                 f"| `{section}.{k}` | {_type(p)} | `{json.dumps(default)}` | "
                 f"{_limits(p)} | {_mark(f'{section}.{k}')}{p.get('description', '')} |"
             )
+            nested = next((q for q in [p, *p.get("anyOf", [])] if "properties" in q), None)
+            for f, q in (nested or {}).get("properties", {}).items():  # a sub-section's
+                lines.append(
+                    f"| `{section}.{k}.{f}` | {_type(q)} | `{json.dumps(q.get('default'))}` | "
+                    f"{_limits(q)} | {q.get('description', '')} |"
+                )
     return "\n".join(lines) + "\n"

@@ -184,12 +184,16 @@ def start_preflight(cfg: PipelineConfig, home: Path | None = None) -> ModelCheck
     the MLflow client when the pipeline has ``tracking`` (its connection is read when
     each task starts); exits 2 naming the field. Returns the model check, started in its
     own process (``ModelCheck``), whose ``verdict()`` is the rest."""
+    from dagtrain.config import INIT_KINDS
     from dagtrain.phases.sources import check_source
+    from dagtrain.phases.train import init_file
     from dagtrain.sync import require
     from dagtrain.tracking import require_client
 
     try:
         check_source(cfg)
+        if cfg.training.init not in INIT_KINDS:  # a model file the DAG's author names
+            init_file(cfg)
         require(cfg.distributed.backend)
         require_client(cfg)
         return ModelCheck(cfg, home)
@@ -221,6 +225,7 @@ class ModelCheck:
                 f"({sys.prefix}): pip install 'airflow-provider-dagtrain[train]'"
             )
         self.name = cfg.model.name
+        self.cfg = cfg
         plugins = (home or Path(".dagtrain")).resolve() / "airflow" / "plugins"
         spec = {
             "model": cfg.model.model_dump(mode="json"),
@@ -289,6 +294,12 @@ class ModelCheck:
             )
         if not result.get("ok"):
             raise InputError(str(result.get("error")))
+        if result.get("samples") and self.cfg.pipeline == "retraining":
+            from dagtrain.phases.prep import split_sizes
+
+            # the run's steps, on the training split the data-prep phase will cut
+            t = self.cfg.training
+            t.check_warmup(t.steps(split_sizes(result["samples"], self.cfg.data)[2]))
         return True
 
     def stop(self) -> None:

@@ -147,7 +147,8 @@ def _lr(value: Any) -> str:
 def _norm(value: Any) -> str:
     """A gradient norm: three significant figures (``0.784``, ``12.3``), whole from 1000."""
     v = float(value)
-    return f"{v:.0f}" if math.isfinite(v) and abs(v) >= 1000 else f"{v:.3g}"
+    # "#": the trailing zeros kept, as the figures beside it show them (0.500, not 0.5)
+    return f"{v:.0f}" if math.isfinite(v) and abs(v) >= 1000 else f"{v:#.3g}".rstrip(".")
 
 
 def _share(value: Any) -> str:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import ValidationError
 
@@ -36,6 +37,8 @@ def unknown_key(loc: tuple[Any, ...]) -> str:
     for part in loc[:-1]:
         field = getattr(model, "model_fields", {}).get(part)
         model = getattr(field, "annotation", None)
+        # an optional sub-section (``EarlyStoppingConfig | None``): its model
+        model = next((m for m in (model, *get_args(model)) if hasattr(m, "model_fields")), model)
     known = sorted(getattr(model, "model_fields", {}))
     name = str(loc[-1])
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
@@ -64,6 +67,8 @@ def explain(e: ValidationError, where: str) -> ConfigError:
     for err in e.errors():
         loc = ".".join(str(x) for x in err["loc"] if not _is_member(x))
         msg = err["msg"].removeprefix("Value error, ")
+        # (a sub-section given as a word: say what it should be, not its class's name)
+        msg = re.sub(r"a valid dictionary or instance of \w+", "a mapping of its fields", msg)
         if err["type"] == "extra_forbidden":
             lines.append(f"  {unknown_key(tuple(err['loc']))}")
         elif not loc or isinstance(err.get("input"), dict):  # a check across fields:
@@ -244,10 +249,16 @@ def merge_conf(
         )
     init = _get(conf, "training.init")
     if init is not _MISSING and init != cfg.training.init and init not in INIT_KINDS:
+        meant = next((k for k in INIT_KINDS if str(init).lower() == k), None)
         raise ConfigError(
-            f"{where}: training.init {init!r} names a file on the workers; a run's conf may "
-            f"choose only {' or '.join(INIT_KINDS)} or the file's own "
-            f"({cfg.training.init!r}); put a model file's path in the config file"
+            f"{where}: training.init {init!r} "
+            + (
+                f"is not a value: did you mean {meant}?"
+                if meant
+                else "names a file on the workers; a run's conf may "
+                f"choose only {' or '.join(INIT_KINDS)} or the file's own "
+                f"({cfg.training.init!r}); put a model file's path in the config file"
+            )
         )
     merged = deep_merge(cfg.model_dump(mode="json"), conf)
     for field, value in _author_only(cfg).items():  # the file's own, not as a conf gave it

@@ -189,6 +189,12 @@ class PipelineConfig(RunSections):
                 "initialisation, not from a champion or a model file; set training.init: "
                 "scratch (or use pipeline: retraining)"
             )
+        if t.warmup_steps >= self.rounds.local_steps:
+            raise ValueError(
+                f"training.warmup_steps {t.warmup_steps} is not shorter than a shard's "
+                f"training in a round (rounds.local_steps {self.rounds.local_steps} a round, "
+                "the run the schedule spans): warm up for fewer steps, or use warmup_ratio"
+            )
         if t.early_stopping is not None:
             raise ValueError(
                 "training.early_stopping: a rounds pipeline's shards train "

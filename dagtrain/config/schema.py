@@ -604,16 +604,6 @@ class TrainConfig(RunSections):
         "end (metrics, step, samples/s) and at its end: progress to tail",
     )
 
-    @model_validator(mode="after")
-    def _init_resolved(self) -> TrainConfig:
-        if self.training.init == "champion" and self.init_from is None:
-            raise ValueError(
-                "training.init champion: a training run alone has no model registry to take "
-                "the champion from; run it as a pipeline (dagtrain run, or its DAG), or "
-                "name a model file in training.init"
-            )
-        return self
-
     @model_validator(mode="before")
     @classmethod
     def _shorthand(cls, data: Any) -> Any:

@@ -4,9 +4,12 @@ checkpoints, and the training task's retries. Pydantic only: no torch."""
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import Field, model_validator
+
+from dagtrain.errors import InputError
 
 from .section import SEED_MAX, Section
 
@@ -135,3 +138,21 @@ class TrainingConfig(Section):
     def warmup(self, total: int) -> int:
         """The warmup's steps in a run of ``total`` steps."""
         return self.warmup_steps or int(self.warmup_ratio * total)
+
+    def steps(self, samples: int) -> int:
+        """The run's optimizer steps on ``samples`` training samples: its epochs', or
+        ``max_steps`` if fewer (the LR schedule spans them)."""
+        total = self.epochs * math.ceil(samples / self.batch_size)
+        return total if self.max_steps is None else min(total, self.max_steps)
+
+    def check_warmup(self, total: int) -> None:
+        """Refuse a warmup that is not shorter than the run (``total`` steps)."""
+        warm = self.warmup(total)
+        if warm and warm >= total:
+            field = "warmup_steps" if self.warmup_steps else "warmup_ratio"
+            raise InputError(
+                f"training.{field}: the warmup ({warm} steps) is not shorter than the run "
+                f"({total} steps: training.epochs {self.epochs} over the training data"
+                f"{f', training.max_steps {self.max_steps}' if self.max_steps else ''}); "
+                "warm up for fewer steps or train longer"
+            )

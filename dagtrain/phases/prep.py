@@ -65,10 +65,17 @@ def _targets_key(cfg: PipelineConfig) -> dict[str, str]:
     return {} if targets == "classes" else {"targets": targets}
 
 
+def split_sizes(n: int, d: Any) -> tuple[int, int, int]:
+    """How many of ``n`` samples the split of data section ``d`` puts in test, val and
+    train."""
+    n_test, n_val = round(n * d.test_fraction), round(n * d.val_fraction)
+    return n_test, n_val, n - n_test - n_val
+
+
 def _split(n: int, d: Any) -> dict[str, np.ndarray]:
     """The seeded split of ``n`` samples' positions: test, val, train."""
     order = np.random.default_rng(d.seed).permutation(n)
-    n_test, n_val = round(n * d.test_fraction), round(n * d.val_fraction)
+    n_test, n_val, _ = split_sizes(n, d)
     return {
         "test": order[:n_test],
         "val": order[n_test : n_test + n_val],

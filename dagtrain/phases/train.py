@@ -50,6 +50,7 @@ from .prep import data_file, manifest_of
 __all__ = [
     "code_path",
     "connection_hosts",
+    "init_file",
     "record_try",
     "resolve_hosts",
     "resolve_init",
@@ -324,16 +325,25 @@ def _resolved(
             )
         record = {"kind": "champion", "version": champ.version, "path": str(path), "note": None}
     else:
-        path, source = cfg.path(init), f"file {init!r}"
-        if not path.is_file():
-            raise InputError(
-                f"training.init: there is no model file {str(path)!r} ({init!r} resolved "
-                "against the config file's folder); name a model file there, or set "
-                "training.init: scratch or champion"
-            )
+        path, source = init_file(cfg), f"file {init!r}"
         record = {"kind": "file", "version": None, "path": str(path), "note": None}
     check_init_fits(cfg, manifest, path, source, code_dirs)
     return record
+
+
+def init_file(cfg: PipelineConfig) -> Path:
+    """The model file ``training.init`` names, resolved against the config file's
+    folder; InputError naming the field where there is none."""
+    init = cfg.training.init
+    path = cfg.path(init)
+    if not path.is_file():
+        hint = f" (did you mean {init.lower()}?)" if init.lower() in ("scratch", "champion") else ""
+        raise InputError(
+            f"training.init: there is no model file {str(path)!r} ({init!r} resolved "
+            f"against the config file's folder){hint}; name a model file there, or set "
+            "training.init: scratch or champion"
+        )
+    return path
 
 
 def check_init_fits(

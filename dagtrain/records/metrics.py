@@ -92,8 +92,13 @@ def epoch_line(
     }
 
 
-def end_line(step: int, total_steps: int) -> dict[str, Any]:
-    return {"kind": Kind.END, "step": step, "total_steps": total_steps, "time": time.time()}
+def end_line(
+    step: int, total_steps: int, early_stop: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The run's end; with early stopping, its record (the result's ``early_stop``):
+    ``step`` short of ``total_steps`` where it stopped early."""
+    line = {"kind": Kind.END, "step": step, "total_steps": total_steps, "time": time.time()}
+    return line if early_stop is None else line | {"early_stop": early_stop}
 
 
 @dataclass

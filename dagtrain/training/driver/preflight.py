@@ -11,8 +11,9 @@ batch of that shape through it (a small model: built again on the CPU, where the
 passes faster than through the meta device's kernels). Data it cannot read is the
 data-prep stage's to refuse, naming it, in the run: then the factory is imported and
 ``model.args`` bound to its signature only. It prints one JSON line: ``{"ok": true,
-"in_shape": [...], "classes": C, "parameters": N}``, or ``{"ok": false, "error": "..."}``
-whose message names the field; its exit code is 0 either way (1: it could not run).
+"in_shape": [...], "classes": C, "parameters": N, "samples": N or null}``, or
+``{"ok": false, "error": "..."}`` whose message names the field; its exit code is 0
+either way (1: it could not run).
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ def check(spec: dict[str, Any]) -> dict[str, Any]:
             "distributed.device is cuda but this machine has no CUDA device that torch can "
             f"use (torch {torch.__version__}, CUDA build: {torch.version.cuda or 'none'}): "
             "set distributed.device to cpu, or auto (CUDA where a host has it)"
+        )
+    if spec.get("precision") == "fp16" and device != "cuda" and not torch.cuda.is_available():
+        raise InputError(
+            f"training.precision fp16 needs a CUDA device and this machine has none "
+            f"(distributed.device {device}): use precision bf16 or fp32 here"
         )
     if spec.get("precision") == "bf16" and device == "cuda" and not torch.cuda.is_bf16_supported():
         raise InputError(
@@ -70,6 +76,7 @@ def check(spec: dict[str, Any]) -> dict[str, Any]:
         )
     )
     sample: Any = None  # two samples (inputs, targets) of the data, where it is arrays
+    samples = None  # how many the data has, where it is arrays (a text's windows)
     if is_factory(spec["data"]):  # the DAG author's code: imported and checked here
         in_shape, classes, sample = _factory_shape(spec["data"], spec.get("data_workers", 0), form)
     else:
@@ -81,6 +88,7 @@ def check(spec: dict[str, Any]) -> dict[str, Any]:
             # the data's own faults are prepare_data's to name, in the run
             return _signature(model_spec)
         sample = (torch.from_numpy(x[:2]), torch.from_numpy(y[:2]))
+        samples = len(x)
     info = None
     if sample is not None:
         from dagtrain.training.rank.items import leaves
@@ -167,6 +175,7 @@ def check(spec: dict[str, Any]) -> dict[str, Any]:
         "in_shape": list(in_shape),
         "classes": counted if sample is not None else classes,
         "parameters": _numel(model),
+        "samples": samples,
     }
 
 

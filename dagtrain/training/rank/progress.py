@@ -59,8 +59,8 @@ class Progress:
         self.t_last, self.step_last = now, step
         self._write(metrics.epoch_line(row, step, self.total, rate, now - self.t0))
 
-    def end(self, step: int) -> None:
-        self._write(metrics.end_line(step, self.total))
+    def end(self, step: int, early_stop: dict[str, Any] | None = None) -> None:
+        self._write(metrics.end_line(step, self.total, early_stop))
 
 
 class RankStatus:

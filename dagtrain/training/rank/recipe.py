@@ -50,19 +50,6 @@ def lr_at(t: TrainingConfig, step: int, total: int) -> float:
     return t.lr * factor
 
 
-def check_warmup(t: TrainingConfig, total: int) -> None:
-    """Refuse a warmup that is not shorter than the run (``total`` steps)."""
-    warm = t.warmup(total)
-    if warm and warm >= total:
-        field = "warmup_steps" if t.warmup_steps else "warmup_ratio"
-        raise InputError(
-            f"training.{field}: the warmup ({warm} steps) is not shorter than the run "
-            f"({total} steps: training.epochs {t.epochs} over the training data"
-            f"{f', training.max_steps {t.max_steps}' if t.max_steps else ''}); warm up for "
-            "fewer steps or train longer"
-        )
-
-
 def clip_factor(norm: float, max_norm: float) -> float:
     """The factor the gradients are multiplied by: 1 when ``norm`` is within
     ``max_norm`` (as torch's ``clip_grad_norm_``, which clamps the same quotient)."""

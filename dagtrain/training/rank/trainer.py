@@ -39,7 +39,7 @@ from .objective import checked_loss, objective_of
 from .pipelining import StageStep
 from .progress import Progress, RankStatus
 from .protocol import TrainStep
-from .recipe import EarlyStop, GradStats, check_warmup
+from .recipe import EarlyStop, GradStats
 from .rescue import Rescue, newest, remove_rescues
 from .samples import loader
 from .step import StepGraph
@@ -136,7 +136,7 @@ class RankRun:
             )
         self.objective = objective_of(cfg.objective)
         self.ds = _dataset(cfg)
-        check_warmup(cfg.training, self.total)  # the run's steps are known with the data
+        cfg.training.check_warmup(self.total)  # the run's steps are known with the data
         torch.manual_seed(cfg.training.seed)
         self.model = bounded_model(cfg.model, self.ds.in_shape, self.ds.classes, self.ds.info)
         self.model.to(backend.device)
@@ -414,9 +414,7 @@ class RankRun:
     @property
     def total(self) -> int:
         """The run's steps: its epochs', or ``training.max_steps`` if fewer."""
-        t = self.cfg.training
-        total = t.epochs * self.per_epoch
-        return total if t.max_steps is None else min(total, t.max_steps)
+        return self.cfg.training.steps(len(self.ds.train))
 
     def early_decision(self) -> tuple[bool, bool]:
         """At an epoch's end, every rank: (this epoch is the best so far, stop now), as
@@ -467,7 +465,7 @@ class RankRun:
         if times:
             result.samples_per_second = self.cfg.training.batch_size / times[len(times) // 2]
         if result.stopped_for is None:
-            progress.end(sg.step)
+            progress.end(sg.step, result.early_stop)
             status.done()
         else:  # the run goes on in the next world: not the end, and not done
             status.flush()

@@ -138,6 +138,13 @@ def initial_weights(cfg: TrainConfig, model: nn.Module) -> None:
     checking that they fit it (InputError naming ``training.init`` otherwise). The
     optimizer's state is never taken from them."""
     source = source_of(cfg)
+    if cfg.training.init == "champion" and not source:
+        # the train phase gives a pipeline's ranks the champion's file (or scratch)
+        raise InputError(
+            "training.init champion: a training run alone has no model registry to take "
+            "the champion from; run it as a pipeline (dagtrain run, or its DAG), or name a "
+            "model file in training.init"
+        )
     if not source:
         return
     field = init_field(cfg)

@@ -163,6 +163,22 @@ def small_mlp(in_shape, classes, width=64):
     return nn.Sequential(
         nn.Flatten(), nn.Linear(math.prod(in_shape), width), nn.ReLU(), nn.Linear(width, classes)
     )
+
+
+def huber():  # an objective of the DAG author's own, its loss alone reported
+    import torch
+    from dagtrain.training.rank.objective import Objective
+
+    class Huber(Objective):
+        metrics = {"loss": "min"}
+
+        def loss(self, output, target):
+            return torch.nn.functional.cross_entropy(output, target, reduction="sum")
+
+        def compute(self, sums):
+            return {"loss": sums["loss"] / sums["units"]}
+
+    return Huber()
 """
 
 
@@ -177,6 +193,21 @@ def small_mlp(in_shape, classes, width=64):
         ("model: {name: 'my_models:big_mlp'}\n", "module 'my_models' has no 'big_mlp'"),
         ("model: {name: 'not_beside:small_mlp'}\n", "no module 'not_beside' can be imported"),
         ("trainig: {epochs: 3}\n", "unknown section 'trainig' — did you mean 'training'?"),
+        # the recipe: digits' 1257 training samples of 64 are 20 steps an epoch
+        (
+            "training: {epochs: 2, warmup_steps: 40}\n",
+            "training.warmup_steps: the warmup (40 steps) is not shorter than the run (40 steps",
+        ),
+        ("training: {init: models/gone.pt}\n", "training.init: there is no model file"),
+        ("training: {init: Champion}\n", "(did you mean champion?)"),
+        (
+            "training: {precision: fp16}\ndistributed: {device: auto}\n",
+            "training.precision fp16 needs a CUDA device and this machine has none",
+        ),
+        (
+            "objective: {name: 'my_models:huber'}\ntraining: {early_stopping: {metric: r2}}\n",
+            "training.early_stopping.metric 'r2': objective 'my_models:huber' does not report",
+        ),
     ],
 )
 def test_validate_refuses_what_the_ranks_would_refuse_naming_the_field(tmp_path, text, needle):

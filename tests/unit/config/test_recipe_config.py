@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dagtrain.config import PipelineConfig, TrainConfig
+from dagtrain.config import PipelineConfig
 from dagtrain.config.files import validate
 from dagtrain.config.schema import ConfigError
 
@@ -39,6 +39,8 @@ from dagtrain.config.schema import ConfigError
         ({"early_stopping": {"patience": 0}}, {}, "training.early_stopping.patience"),
         ({"lr_schedule": "step"}, {}, "training.lr_schedule"),
         ({"early_stopping": {}}, {"pipeline": "rounds"}, "the rounds decide when it ends"),
+        ({"warmup_steps": 20}, {"pipeline": "rounds"}, "rounds.local_steps 20 a round"),
+        ({"lr_schedule": "cosin"}, {}, "training.lr_schedule"),
     ],
 )  # fmt: skip
 def test_a_recipe_that_cannot_run_is_refused_naming_the_field(training, extra, needle):
@@ -60,8 +62,3 @@ def test_a_recipe_that_can_run_validates_and_reaches_the_ranks():
     t = cfg.train_config(init_from="/models/v1/model.pt").training
     assert (t.lr_schedule, t.accumulation_steps, t.early_stopping.metric) == ("cosine", 2, "loss")
     assert t.warmup(200) == 10
-
-
-def test_champion_without_a_registry_is_refused():
-    with pytest.raises(ValueError, match="a training run alone has no model registry"):
-        TrainConfig(init="champion")

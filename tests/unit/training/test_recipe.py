@@ -5,6 +5,7 @@ that need the data (a warmup longer than the run)."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -98,6 +99,8 @@ def test_early_stopping_keeps_and_restores_the_best_epoch(tmp_path):
     assert res.checkpoint.endswith(f"{per_epoch:08d}.pt"), res.checkpoint
     best = checkpoint.load(res.checkpoint)["model"]
     assert res.params_sha256 == checkpoint.state_digest(best)  # the run's model: the best
+    end = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()][-1]
+    assert end["kind"] == "end" and end["early_stop"] == stop  # for a tail of the file too
     kept = sorted(p.name for p in (tmp_path / "ckpt").glob("ckpt-*.pt"))
     assert kept == [f"ckpt-{per_epoch:08d}.pt", f"ckpt-{2 * per_epoch:08d}.pt"], kept
 
@@ -147,3 +150,9 @@ def test_the_fp16_loss_scale_is_divided_out_in_the_averages_one_pass():
     assert _average_checked(b, 2, 0.5, 4.0) and bool((b.flat == 1.0).all())
     b.flat[0] = float("inf")  # an overflow: the step is skipped, the scale halved
     assert not _average_checked(b, 2, 0.5, 4.0)
+
+
+def test_champion_without_a_registry_is_refused_by_a_rank_alone():
+    # (a pipeline's train phase gives its ranks the champion's file, or scratch)
+    with pytest.raises(InputError, match="a training run alone has no model registry"):
+        train(TrainConfig(**BASE, max_steps=1, init="champion"))
