@@ -177,7 +177,7 @@ class StageStep:
         self.precision = Precision(cfg, self.device)
         self.lr: float | None = None
         self.norm: float | None = None
-        self.clipped = False
+        self.factor = 1.0
         self.graph = self._build()
 
     # ------------------------------------------------------------------ graph
@@ -429,10 +429,9 @@ class StageStep:
                 self.skipped += 1
             elif max_norm is not None:
                 self.norm = float(got[1].item()) ** 0.5
-                factor = clip_factor(self.norm, max_norm)
-                self.clipped = factor < 1.0
-                if self.clipped and have:
-                    torch._foreach_mul_([g for _, g in have], factor)
+                self.factor = clip_factor(self.norm, max_norm)
+                if self.factor < 1.0 and have:
+                    torch._foreach_mul_([g for _, g in have], self.factor)
 
     def _update(self) -> None:
         if self.finite and self.optimizer is not None:
@@ -458,7 +457,7 @@ class StageStep:
         self.sums = [0.0, *(0,) * (len(self.none) - 1)]
         self._pending_w: dict[int, Any] = {}
         self.lr = lr_at(self.cfg.training, self.step, self.total)
-        self.norm, self.clipped = None, False
+        self.norm, self.factor = None, 1.0
         self._counting = trace is not None or not self._counted
         self._counted = True
         self._final_m = max((m for m in range(self.M) if sizes[m]), default=-1)

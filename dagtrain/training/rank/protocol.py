@@ -34,7 +34,7 @@ class TrainStep(Protocol):
     the recipe (:mod:`.recipe`): ``total``, the run's steps (the trainer sets it: the LR
     is a function of the step and of them), ``precision`` (autocast, fp16's scale, saved
     with a checkpoint), and the last step's ``lr``, gradient ``norm`` before clipping
-    (None without clipping) and whether it was ``clipped``."""
+    (None without clipping) and the ``factor`` it was clipped by (1: not clipped)."""
 
     step: int
     completed: int
@@ -50,7 +50,7 @@ class TrainStep(Protocol):
     precision: Any
     lr: float | None
     norm: float | None
-    clipped: bool
+    factor: float
 
     def run(self, batch: Batch, snapshot: bool = False, trace: str | None = None) -> StepOut:
         """One step on ``batch``; ``snapshot``: call the snapshot callback after it

@@ -60,41 +60,48 @@ def clip_factor(norm: float, max_norm: float) -> float:
 class GradStats:
     """An epoch's gradient figures so far, the same on every rank (they are computed
     from the averaged gradient): the sum of the pre-clip norms, the steps clipped, the
-    steps counted, and the LR of the newest step."""
+    steps counted, the LR of the newest step and the sum of the clip factors."""
 
     norms: float = 0.0
     clipped: int = 0
     steps: int = 0
     lr: float | None = None
+    factors: float = 0.0
 
-    def add(self, norm: float | None, clipped: bool, lr: float | None) -> None:
+    def add(self, norm: float | None, factor: float, lr: float | None) -> None:
+        """A step's norm before clipping (None: not computed), the factor its
+        gradient was multiplied by (1: not clipped) and its LR."""
         if norm is not None and math.isfinite(norm):
             self.norms += norm
-            self.clipped += int(clipped)
+            self.clipped += int(factor < 1.0)
+            self.factors += factor
             self.steps += 1
         if lr is not None:
             self.lr = lr
 
     def row(self) -> dict[str, float]:
         """The epoch row's ``lr``, ``grad_norm`` (the mean pre-clip norm) and
-        ``clip_rate`` (the fraction of steps clipped); what is known."""
+        ``clip_rate`` (the fraction of steps clipped), ``clip_factor`` (the mean factor
+        the gradients were multiplied by, 1 for a step not clipped); what is known."""
         out: dict[str, float] = {}
         if self.lr is not None:
             out["lr"] = self.lr
         if self.steps:
             out["grad_norm"] = self.norms / self.steps
             out["clip_rate"] = self.clipped / self.steps
+            out["clip_factor"] = self.factors / self.steps
         return out
 
     def state(self) -> list[float | None]:
-        return [self.norms, self.clipped, self.steps, self.lr]
+        return [self.norms, self.clipped, self.steps, self.lr, self.factors]
 
     @classmethod
     def of(cls, state: Sequence[Any] | None) -> GradStats:
         if not state:
             return cls()
-        norms, clipped, steps, lr = state
-        return cls(float(norms), int(clipped), int(steps), None if lr is None else float(lr))
+        norms, clipped, steps, lr, factors = state
+        lr = None if lr is None else float(lr)
+        return cls(float(norms), int(clipped), int(steps), lr, float(factors))
 
 
 def cpu_has_bf16() -> bool:

@@ -155,7 +155,7 @@ class StepGraph:
         self._final_chunk = True  # backward of a step's last chunk: buckets may go
         self.lr: float | None = None  # the newest step's LR, its norm before clipping
         self.norm: float | None = None
-        self.clipped = False
+        self.factor = 1.0
         # every update waits for every bucket's average where a step may be skipped
         # (nonfinite: skip, fp16's scale) or the gradient is clipped (its global norm)
         self.gated = t.nonfinite == "skip" or t.max_grad_norm is not None or self.precision.scaled
@@ -334,10 +334,9 @@ class StepGraph:
         if max_norm is not None:
             norms = torch._foreach_norm([b.flat for b in self.buckets])
             self.norm = float(torch.linalg.vector_norm(torch.stack(norms)))
-            factor = clip_factor(self.norm, max_norm)
-            self.clipped = factor < 1.0
-            if self.clipped:
-                torch._foreach_mul_([b.flat for b in self.buckets], factor)
+            self.factor = clip_factor(self.norm, max_norm)
+            if self.factor < 1.0:
+                torch._foreach_mul_([b.flat for b in self.buckets], self.factor)
 
     def _update(self, b: Bucket) -> None:
         if self.gated and not self.finite:
@@ -375,7 +374,7 @@ class StepGraph:
         self.batch = batch
         self.want_snapshot = snapshot
         self.finite = True
-        self.norm, self.clipped = None, False
+        self.norm, self.factor = None, 1.0
         self.lr = lr_at(self.cfg.training, self.step, self.total)
         for b in self.buckets:  # a few dict writes: the step's LR, a function of the step
             for group in b.optimizer.param_groups:

@@ -254,7 +254,7 @@ class RankRun:
         grads = GradStats.of(f.grads.state())
         if f.summed < step:  # the step's own figures, not added yet
             sums = [a + float(b) for a, b in zip(sums, sg.out)]
-            grads.add(sg.norm, sg.clipped, sg.lr)
+            grads.add(sg.norm, sg.factor, sg.lr)
         return {
             "model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
             "optim": copy.deepcopy(sg.optimizer_states()),
@@ -366,7 +366,7 @@ class RankRun:
                 with sg.guard:  # a rescue copies the figures with the step they count
                     for i, v in enumerate(out):
                         f.sums[i] += v
-                    f.grads.add(sg.norm, sg.clipped, sg.lr)
+                    f.grads.add(sg.norm, sg.factor, sg.lr)
                     f.summed = sg.step
                 status.step(time.perf_counter() - t0, len(batch[1]))
                 regrow = stop = False
