@@ -351,9 +351,14 @@ class RankRun:
             if start and len(f.epochs) < start // per_epoch:
                 # a rescue at an epoch's last step, before the epoch was closed: close it
                 progress.epoch(self.close_epoch(start // per_epoch - 1), start)
+            if self.early.on and start < total and f.epochs:
+                # a retry of a run that had already stopped early (its checkpoint is the
+                # stop's) stops again at once, as rank 0 decides from its rows
+                decided = self.early.decide(f.epochs)[1] if rank == 0 else None
+                self.stopped = bool(backend.broadcast_object(decided))
             status = RankStatus(cfg.status_dir, rank, prompt=cfg.distributed.elastic)
             status.start(start, total, resumed_epochs=result.resumed_epochs, **sg.placement())
-            while upcoming is not None and sg.step < total:
+            while upcoming is not None and sg.step < total and not self.stopped:
                 epoch, k, batch = upcoming
                 last_in_epoch = k == per_epoch - 1
                 want = self._checkpoints_after(sg.step, total, last_in_epoch)

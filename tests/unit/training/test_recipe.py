@@ -104,6 +104,9 @@ def test_early_stopping_keeps_and_restores_the_best_epoch(tmp_path):
     assert end["kind"] == "end" and end["early_stop"] == stop  # for a tail of the file too
     kept = sorted(p.name for p in (tmp_path / "ckpt").glob("ckpt-*.pt"))
     assert kept == [f"ckpt-{per_epoch:08d}.pt", f"ckpt-{2 * per_epoch:08d}.pt"], kept
+    again = train(cfg)  # a retry of the stopped run: it stops again, training nothing
+    assert again.resumed_from_step == res.steps == again.steps
+    assert again.params_sha256 == res.params_sha256 and again.early_stop == stop
 
 
 def test_early_stopping_without_a_stop_says_it_ran_to_the_end():
