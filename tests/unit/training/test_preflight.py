@@ -22,6 +22,7 @@ def test_a_small_model_that_takes_the_batch_passes():
     assert got == {
         "ok": True, "in_shape": [1, 8, 8], "classes": 10,
         "parameters": 64 * 16 + 16 + 16 * 10 + 10,
+        "samples": 1797,  # the run's steps are counted from them (a warmup checked)
     }  # fmt: skip
 
 
