@@ -236,9 +236,6 @@ def train_phase(
     return summary
 
 
-INIT_RECORD = "init.json"  # a training task's resolution of training.init, kept for its retries
-
-
 def resolve_init(
     cfg: PipelineConfig,
     manifest: dict[str, Any],
@@ -258,7 +255,7 @@ def resolve_init(
     there, and a retry uses it (a champion promoted meanwhile does not change where a
     run started from)."""
     init = cfg.training.init
-    kept = Path(keep_in) / INIT_RECORD if keep_in is not None else None
+    kept = TrainFiles(Path(keep_in)).init if keep_in is not None else None
     record = _kept(kept, init)
     if record is None:
         record = _resolved(cfg, manifest, code_dirs)

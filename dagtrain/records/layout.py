@@ -143,6 +143,10 @@ class TrainFiles:
         return self.dir / "metrics.jsonl"
 
     @property
+    def init(self) -> Path:  # where the initial weights came from (training.init), kept
+        return self.dir / "init.json"  # by the first try for its retries
+
+    @property
     def checkpoints(self) -> Path:
         return self.dir / "checkpoints"
 
@@ -354,6 +358,7 @@ def _train_file(rest: tuple[str, ...]) -> str | None:
         t.config.name: "config",
         t.result.name: "result",
         t.metrics.name: "metrics",
+        t.init.name: "initial weights",
         t.delta.name: "round delta",
         t.delta_sidecar.name: "round delta sidecar",
     }

@@ -327,13 +327,20 @@ def test_the_training_page_in_a_real_browser(airflow, two_epochs, failed_run):
             page.goto(page_of % ("dagtrain_tiny", quote(two_epochs, safe="")))
             page.wait_for_selector("svg.timeline", timeout=30_000)
             # this run's train and validation curves: one point per epoch (2 epochs)
+            # (the metrics' charts: their first line is "train"; the LR's beside the loss)
+            metric_charts = 'window.dagtrainCharts.filter((u) => u.series[1]?.label === "train")'
             points = page.evaluate(
-                "window.dagtrainCharts.map((u) => [1, 2].map((i) =>"
+                f"{metric_charts}.map((u) => [1, 2].map((i) =>"
                 " u.data[i].filter((v) => v != null).length))"
             )
             assert points == [[2, 2], [2, 2]], points
-            overlaid = page.evaluate("window.dagtrainCharts.map((u) => u.series.length - 1)")
+            overlaid = page.evaluate(f"{metric_charts}.map((u) => u.series.length - 1)")
             assert min(overlaid) >= 3, overlaid  # train, validation, and another run's
+            lr = page.evaluate(
+                'window.dagtrainCharts.filter((u) => u.series[1]?.label.startsWith("LR"))'
+                ".map((u) => u.data[1].filter((v) => v != null).length)"
+            )
+            assert lr == [2], lr  # the LR of each epoch
             assert int(page.get_attribute("svg.timeline", "data-lanes")) == len(lanes)
             assert {pid for pid, _ in lanes} == {0, 1}  # a lane per worker per rank
             assert page.locator("svg.timeline rect.critical").count() >= 2

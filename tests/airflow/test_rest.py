@@ -34,7 +34,9 @@ def test_run_in_a_terminal_shows_the_stage_table_with_train_running_before_the_e
     end = re.search(r"^run manual__\S+: success", plain, re.M).start()  # the summary
     running = re.search(r"│ train\s+│ running\s+│", plain)
     assert running is not None and running.start() < end, plain[-3000:]
-    assert re.search(r"train epoch 1/1: loss [\d.]+, val accuracy [\d.]+", plain[:end]), plain
+    # (80 columns: the metric's name shortened to leave room for the LR and samples/s)
+    line = r"train epoch 1/1: loss [\d.]+, val acc [\d.]+, lr [\d.]+e-\d"
+    assert re.search(line, plain[:end]), plain
     # nothing of Airflow's own output on the screen; paths whole, never hard-wrapped
     assert "[info" not in plain and "DagRun Finished" not in plain, plain[-3000:]
     log = re.search(r"its output: (\S+)\)", plain)
