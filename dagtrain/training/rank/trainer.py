@@ -394,6 +394,10 @@ class RankRun:
                     result.stopped_for = "regrow"
                     break
                 if stop:  # early stopping: no better epoch for `patience` epochs
+                    if trace is not None:  # this step was the run's last: its trace is
+                        last = Path(trace).with_name(LAST_TRACE(rank=rank))  # the last's
+                        os.replace(trace, last)
+                        result.trace = str(last)
                     break
             self._finish(progress, status)
             return result

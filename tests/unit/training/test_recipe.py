@@ -89,8 +89,16 @@ def test_early_stopping_keeps_and_restores_the_best_epoch(tmp_path):
         early_stopping={"metric": "loss", "patience": 1, "min_delta": 100.0},
         checkpoint_dir=str(tmp_path / "ckpt"),
         metrics_file=str(tmp_path / "metrics.jsonl"),
+        trace_dir=str(tmp_path / "traces"),
     )
     res = train(cfg)
+    # the step it stopped after is the run's last: its trace is the last step's, as the
+    # page opens it first (the epoch before keeps its own)
+    traces = sorted(p.name for p in (tmp_path / "traces").iterdir())
+    assert res.trace.endswith("step-rank0.json") and traces == [
+        "step-rank0.json",
+        "step0000023-rank0.json",
+    ], traces
     per_epoch = math.ceil(1437 / 64)
     assert len(res.epochs) == 2 and res.steps == 2 * per_epoch  # stopped early
     stop = res.early_stop
