@@ -54,6 +54,7 @@ from .names import (
     MLFLOW_PENDING,
     MLFLOW_RECORD,
     RANK_RECORD,
+    SHARD,
     SIDECAR,
     Name,
 )
@@ -371,6 +372,8 @@ def _train_file(rest: tuple[str, ...]) -> str | None:
     folder, name = rest
     if folder == t.checkpoints.name and _sidecar_of(name, CHECKPOINT):
         return "checkpoint"
+    if folder == t.checkpoints.name and _sidecar_of(name, SHARD):
+        return "checkpoint shard"
     if folder == t.traces.name and (LAST_TRACE.match(name) or EPOCH_TRACE.match(name)):
         return "step trace"
     if folder == t.ranks.name and RANK_RECORD.match(name):

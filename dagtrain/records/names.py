@@ -21,6 +21,7 @@ __all__ = [
     "MLFLOW_PENDING",
     "MLFLOW_RECORD",
     "RANK_RECORD",
+    "SHARD",
     "SIDECAR",
     "Name",
 ]
@@ -61,6 +62,9 @@ class Name:
 # a checkpoint of a training run (and a round's global model), with its sidecar
 # (``SIDECAR(name=...)``: size and sha256) beside it
 CHECKPOINT = Name("ckpt-{step:08d}.pt")
+# a pipeline's checkpoint: stage 0's part is CHECKPOINT's file, which lists the others,
+# each stage's written by that stage's first replica (``SIDECAR`` beside each too)
+SHARD = Name("ckpt-{step:08d}.stage{stage:d}.pt")
 SIDECAR = Name("{name}.json")
 # a rank's trace of a step: the run's last step, and each epoch's last (step counted
 # from 1)

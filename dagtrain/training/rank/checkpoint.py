@@ -9,6 +9,18 @@ Both files are written to a temporary name, fsynced, then renamed; the sidecar c
 last, so a checkpoint without a sidecar (a crash in between) or whose bytes do not
 match it (truncated, corrupted) is skipped with a warning, and the previous one used.
 Loading uses ``torch.load(weights_only=True)``: a checkpoint holds no code.
+
+A pipeline's checkpoint is sharded by stage, with no gather: each stage's first
+replica writes its own parameters and optimizer state, in parallel::
+
+    ckpt-00000120.pt          stage 0's part, the run's figures, and ``shards``: the
+                              other stages' files with the keys and parameters each holds
+    ckpt-00000120.stage1.pt   stage 1's part (and its sidecar), ...
+
+It is valid when every file it lists is (each against its own sidecar). :func:`load`
+consolidates the shards into one state (the model any consumer sees: evaluation, the
+registry, a data-parallel resume), or, given ``keys``, reads only the shards holding
+those (a pipeline rank resuming its stage, on any split).
 """
 
 from __future__ import annotations
@@ -25,9 +37,9 @@ import torch
 
 from dagtrain.atomic import atomic_write, fsync_dir
 from dagtrain.errors import InputError
-from dagtrain.records.names import CHECKPOINT, SIDECAR
+from dagtrain.records.names import CHECKPOINT, SHARD, SIDECAR
 
-__all__ = ["latest", "load", "save", "state_digest"]
+__all__ = ["combine_digests", "latest", "load", "save", "state_digest", "tensor_digests"]
 
 log = logging.getLogger(__name__)
 
@@ -38,63 +50,129 @@ def save(
     step: int,
     keep: int = 3,
     protect: int | None = None,
+    stage: int = 0,
 ) -> Path:
-    """Write ``state`` as the checkpoint of ``step``; keep the newest ``keep``, and the
-    checkpoint of step ``protect`` (early stopping's best epoch) whatever its age."""
+    """Write ``state`` as the checkpoint of ``step`` (``stage`` > 0: that stage's shard
+    of a pipeline's); keep the newest ``keep``, and the checkpoint of step ``protect``
+    (early stopping's best epoch) whatever its age. One writer per stage and directory."""
     if keep < 1:
         raise ValueError(f"keep must be >= 1, not {keep}")
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    for stale in d.glob(".ckpt-*"):  # temp files of a writer killed mid-write (one
-        stale.unlink(missing_ok=True)  # writer per directory: rank 0, one at a time)
+    for stale in d.glob(".ckpt-*"):  # temp files of this stage's writer killed mid-write
+        of = stale.name.lstrip(".").rsplit(".", 1)[0].removesuffix(".json")
+        if _stage_of(of) == stage:
+            stale.unlink(missing_ok=True)
     buf = io.BytesIO()
     torch.save(state, buf)
     data = buf.getvalue()
-    path = d / CHECKPOINT(step=step)
+    path = d / _name(step, stage)
     atomic_write(path, data)
     meta = {"step": step, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
     atomic_write(_sidecar(path), json.dumps(meta).encode())
     fsync_dir(d)
-    for old in _steps(d)[:-keep]:
+    for old in _steps(d, stage)[:-keep]:
         if old == protect:
             continue
-        p = d / CHECKPOINT(step=old)
+        p = d / _name(old, stage)
         _sidecar(p).unlink(missing_ok=True)
         p.unlink(missing_ok=True)
     return path
 
 
+def _name(step: int, stage: int) -> str:
+    return CHECKPOINT(step=step) if stage == 0 else SHARD(step=step, stage=stage)
+
+
+def _stage_of(name: str) -> int | None:
+    """The stage whose file ``name`` is (0: a checkpoint's own file), None: neither."""
+    if CHECKPOINT.match(name):
+        return 0
+    m = SHARD.match(name)
+    return None if m is None else m["stage"]
+
+
 def state_digest(state: dict[str, torch.Tensor]) -> str:
-    """sha256 of a model state (names and bytes, in name order): equal digests,
-    bitwise-equal models."""
+    """sha256 of a model state (each tensor's name and bytes): equal digests,
+    bitwise-equal models. :func:`combine_digests` of :func:`tensor_digests`, so the
+    stages of a pipeline, each digesting its own tensors, give the whole model's."""
+    return combine_digests(tensor_digests(state))
+
+
+def tensor_digests(state: dict[str, torch.Tensor]) -> dict[str, str]:
+    """Each tensor's sha256 (of its bytes), by name."""
+    return {
+        k: hashlib.sha256(v.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
+        for k, v in state.items()
+    }
+
+
+def combine_digests(digests: dict[str, str]) -> str:
+    """One sha256 of the tensors' digests, in name order."""
     h = hashlib.sha256()
-    for k in sorted(state):
+    for k in sorted(digests):
         h.update(k.encode())
-        h.update(state[k].detach().cpu().contiguous().numpy().tobytes())
+        h.update(digests[k].encode())
     return h.hexdigest()
 
 
-def _steps(d: Path) -> list[int]:
+def _steps(d: Path, stage: int = 0) -> list[int]:
     if not d.is_dir():
         return []
-    return sorted(m["step"] for p in d.iterdir() if (m := CHECKPOINT.match(p.name)))
+    name = CHECKPOINT if stage == 0 else SHARD
+    return sorted(
+        m["step"] for p in d.iterdir() if (m := name.match(p.name)) and m.get("stage", 0) == stage
+    )
 
 
 def _sidecar(path: Path) -> Path:
     return path.with_name(SIDECAR(name=path.name))
 
 
-def load(path: str | os.PathLike) -> dict[str, Any]:
-    """Load one checkpoint after checking it against its sidecar; raise ValueError if bad."""
+def load(path: str | os.PathLike, keys: set[str] | None = None) -> dict[str, Any]:
+    """Load one checkpoint after checking it against its sidecar; InputError if bad.
+
+    A pipeline's (sharded) checkpoint is consolidated: every shard checked, and the
+    model and optimizer state of those holding any of ``keys`` (all, when None) merged
+    in; with ``keys``, ``model`` holds only those."""
     path = Path(path)
+    state = _load_one(path)
+    shards = state.pop("shards", None)
+    if shards:
+        model, optim = dict(state["model"]), state["optim"]
+        for sh in shards:
+            f = path.with_name(sh["file"])
+            if keys is not None and not keys.intersection(sh["keys"]):
+                _checked_bytes(f)  # not read, but the checkpoint is whole only with it
+                continue
+            part = _load_one(f)
+            model.update(part["model"])
+            for mine, theirs in zip(optim, part["optim"]):
+                mine["state"].update(theirs["state"])
+        state["model"] = model
+    if keys is not None:
+        state["model"] = {k: v for k, v in state["model"].items() if k in keys}
+    return state
+
+
+def _checked_bytes(path: Path) -> bytes:
+    """``path``'s bytes, checked against its sidecar (InputError if bad)."""
     side = _sidecar(path)
     try:
         meta = json.loads(side.read_text())
     except (OSError, ValueError) as e:
         raise InputError(f"{path.name}: no valid sidecar {side.name} ({e})") from e
-    data = path.read_bytes()
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise InputError(f"{path.name}: cannot be read ({e})") from e
     if len(data) != meta.get("bytes") or hashlib.sha256(data).hexdigest() != meta.get("sha256"):
         raise InputError(f"{path.name}: checksum mismatch (truncated or corrupted)")
+    return data
+
+
+def _load_one(path: Path) -> dict[str, Any]:
+    data = _checked_bytes(path)
     try:
         # map_location: a GPU run's checkpoint loads anywhere (load_state_dict then
         # copies it to the model's device)
@@ -109,13 +187,16 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
     return state
 
 
-def latest(directory: str | os.PathLike) -> tuple[Path, dict[str, Any]] | None:
-    """The newest checkpoint that loads and matches its checksum, or None."""
+def latest(
+    directory: str | os.PathLike, keys: set[str] | None = None
+) -> tuple[Path, dict[str, Any]] | None:
+    """The newest checkpoint that loads and matches its checksum (every shard of a
+    pipeline's), as :func:`load` gives it, or None."""
     d = Path(directory)
     for step in reversed(_steps(d)):
         path = d / CHECKPOINT(step=step)
         try:
-            return path, load(path)
+            return path, load(path, keys)
         except Exception as e:  # any unreadable checkpoint is skipped
             log.warning("skipping checkpoint %s: %s; trying the previous one", path, e)
     return None

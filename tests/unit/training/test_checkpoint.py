@@ -68,3 +68,76 @@ def test_temp_files_of_a_killed_writer_are_cleared_by_the_next_save(tmp_path):
         "ckpt-00000003.pt",
         "ckpt-00000003.pt.json",
     ]
+
+
+def sharded(tmp_path, step: int, v: float, write_shard: bool = True, keep: int = 3):
+    """A 2-stage pipeline's checkpoint: stage 0's file (listing stage 1's) and the shard."""
+    n = 2  # parameters: "a" (index 0, stage 0) and "b" (index 1, stage 1)
+    groups = [{"lr": 0.1, "params": [0, 1]}]
+    if write_shard:
+        shard = {
+            "model": {"b": torch.full((3,), v + 0.5)},
+            "optim": [{"state": {1: {"m": torch.full((3,), -v)}}, "param_groups": groups}],
+            "step": step,
+        }
+        checkpoint.save(shard, tmp_path, step, keep=keep, stage=1)
+    main = {
+        "model": {"a": torch.full((2,), v)},
+        "optim": [{"state": {0: {"m": torch.full((2,), v)}}, "param_groups": groups}],
+        "step": step,
+        "shards": [
+            {"file": f"ckpt-{step:08d}.stage1.pt", "stage": 1, "keys": ["b"], "params": [1]}
+        ],
+    }
+    assert n == len(groups[0]["params"])
+    return checkpoint.save(main, tmp_path, step, keep=keep)
+
+
+def test_a_sharded_checkpoint_loads_whole_or_by_keys_and_needs_every_shard(tmp_path, caplog):
+    sharded(tmp_path, 10, 1.0)
+    path, whole = checkpoint.latest(tmp_path)
+    assert path.name == "ckpt-00000010.pt" and "shards" not in whole
+    assert set(whole["model"]) == {"a", "b"} and torch.equal(
+        whole["model"]["b"], torch.full((3,), 1.5)
+    )
+    assert set(whole["optim"][0]["state"]) == {0, 1}  # merged: one optimizer over both
+    # a stage-1 rank reads its keys (and the shard holding them) only
+    mine = checkpoint.load(path, {"b"})
+    assert set(mine["model"]) == {"b"} and 1 in mine["optim"][0]["state"]
+    # a newer checkpoint whose stage-1 shard was never written is not whole: skipped
+    sharded(tmp_path, 20, 2.0, write_shard=False)
+    with caplog.at_level(logging.WARNING):
+        path, got = checkpoint.latest(tmp_path, {"a"})
+    assert path.name == "ckpt-00000010.pt" and set(got["model"]) == {"a"}
+    assert "ckpt-00000020.stage1.pt" in caplog.text
+    # a corrupt shard too, though the reader does not need its keys
+    sharded(tmp_path, 30, 3.0)
+    shard = tmp_path / "ckpt-00000030.stage1.pt"
+    shard.write_bytes(shard.read_bytes()[:-5])
+    assert checkpoint.latest(tmp_path, {"a"})[0].name == "ckpt-00000010.pt"
+
+
+def test_each_stage_keeps_its_last_k_and_clears_only_its_own_temp_files(tmp_path):
+    (tmp_path / ".ckpt-00000005.stage1.pt.abc").write_bytes(b"stage 1 writing")
+    (tmp_path / ".ckpt-00000005.pt.xyz").write_bytes(b"stage 0 killed")
+    for step in (1, 2, 3):
+        sharded(tmp_path, step, float(step), keep=2)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert ".ckpt-00000005.stage1.pt.abc" not in names  # stage 1's writer cleared its own
+    assert [n for n in names if not n.startswith(".")] == [
+        "ckpt-00000002.pt", "ckpt-00000002.pt.json",
+        "ckpt-00000002.stage1.pt", "ckpt-00000002.stage1.pt.json",
+        "ckpt-00000003.pt", "ckpt-00000003.pt.json",
+        "ckpt-00000003.stage1.pt", "ckpt-00000003.stage1.pt.json",
+    ]  # fmt: skip
+    (tmp_path / ".ckpt-00000009.stage1.pt.abc").write_bytes(b"stage 1 writing")
+    checkpoint.save(state(4), tmp_path, 4)  # stage 0's writer leaves stage 1's alone
+    assert (tmp_path / ".ckpt-00000009.stage1.pt.abc").exists()
+
+
+def test_the_digest_combines_per_tensor_digests_so_stages_can_each_digest_their_own():
+    a = {"x": torch.arange(3.0), "y": torch.ones(2)}
+    whole = checkpoint.state_digest(a)
+    parts = checkpoint.tensor_digests({"x": a["x"]}) | checkpoint.tensor_digests({"y": a["y"]})
+    assert checkpoint.combine_digests(parts) == whole
+    assert checkpoint.state_digest({"x": a["x"], "y": torch.zeros(2)}) != whole
