@@ -146,21 +146,33 @@ def test_a_killed_stage_rank_fails_named_and_the_run_resumes_bitwise(
 
 
 def test_a_pipeline_checkpoint_resumes_with_another_number_of_stages(tmp_path):
-    # 20 steps on 2 stages, then on to 40 on 4 stages, against 40 steps in one process
-    cfg = dict(SLOW, model_args={"seconds": 0.0}, max_steps=40, backend="torch")
+    # 20 steps on 2 stages, then on to 50 on 4 stages (epoch 0 ends at step 45: its
+    # evaluation runs as a 4-stage pipeline), against 50 steps in one process
+    cfg = dict(SLOW, model_args={"seconds": 0.0}, max_steps=50, backend="torch")
     one = run_training(TrainConfig(**cfg, checkpoint_dir=str(tmp_path / "one")), 1, **QUIET)
     d = str(tmp_path / "pp")
     two = {"stages": 2, "microbatches": 4, "order": "zero-bubble"}
     run_training(
         TrainConfig(**{**cfg, "max_steps": 20}, ranks=2, parallel=two, checkpoint_dir=d), **QUIET
     )
+    # each stage wrote its own shard: no rank held the whole model
+    assert sorted(p.name for p in Path(d).glob("ckpt-00000020*.pt")) == [
+        "ckpt-00000020.pt",
+        "ckpt-00000020.stage1.pt",
+    ]
     four = {"stages": 4, "microbatches": 2, "order": "gpipe"}
     r = run_training(TrainConfig(**cfg, ranks=4, parallel=four, checkpoint_dir=d), **QUIET)
-    assert r.resumed_from_step == 20 and r.steps == 40
-    assert one.steps == 40
+    assert r.resumed_from_step == 20 and r.steps == 50
+    assert one.steps == 50
+    assert 0 < r.pipeline["held_parameters"] < r.pipeline["parameters"]
     a, b = final_params(tmp_path / "one"), final_params(Path(d))
     for k in a:
         assert torch.allclose(a[k], b[k], rtol=1e-5, atol=1e-6), k
+    # the pipeline's evaluation gives the whole model's figures
+    row, ref = r.epochs[0], one.epochs[0]
+    assert row["test_samples"] == ref["test_samples"] > 0
+    assert row["test_correct"] == ref["test_correct"], (row, ref)
+    assert abs(row["test_loss"] - ref["test_loss"]) <= 1e-5 * abs(ref["test_loss"]), (row, ref)
 
 
 @pytest.mark.alone  # a 5 s collective deadline

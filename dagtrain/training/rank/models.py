@@ -27,7 +27,16 @@ from dagtrain.errors import InputError
 from .factories import import_factory
 from .objective import Classification, Objective
 
-__all__ = ["MODELS", "DataInfo", "build_model", "evaluate", "factory_of"]
+__all__ = [
+    "MODELS",
+    "DataInfo",
+    "build_model",
+    "construct",
+    "evaluate",
+    "factory_of",
+    "output_sums",
+    "split_metrics",
+]
 
 
 def mlp(
@@ -288,13 +297,23 @@ def build_model(
 ) -> nn.Module:
     """A built-in by name, or ``"pkg.module:factory"``; errors say what is allowed.
     ``data`` reaches a factory that has a parameter named ``data``."""
+    try:
+        return construct(name, in_shape, classes, data, **args)
+    except InputError:  # (what construct says itself)
+        raise
+    except (TypeError, ValueError, RuntimeError) as e:  # torch: "negative dimension -8"
+        raise InputError(f"model.args {args}: bad model_args for model {name!r}: {e}") from e
+
+
+def construct(
+    name: str, in_shape: Sequence[int], classes: int, data: DataInfo | None = None, **args
+) -> nn.Module:
+    """:func:`build_model` with the factory's own errors as they are (a pipeline stage's
+    build: :mod:`.materialize` says why it cannot build one stage alone)."""
     factory = factory_of(name)
     if data is not None and _takes_data(factory):
         args = {**args, "data": data}
-    try:
-        model = factory(in_shape, classes, **args)
-    except (TypeError, ValueError, RuntimeError) as e:  # torch: "negative dimension -8"
-        raise InputError(f"model.args {args}: bad model_args for model {name!r}: {e}") from e
+    model = factory(in_shape, classes, **args)
     if isinstance(model, (list, tuple)) and model and all(isinstance(m, nn.Module) for m in model):
         model = nn.Sequential(*model)  # blocks in sequence: a pipeline can split them
     if not isinstance(model, nn.Module):
@@ -355,7 +374,7 @@ def evaluate(
     an int), ``{split}_units`` and ``{split}_samples``. An accuracy is the exact
     fraction of the counts (correct / units, in float64): 27 right of 30 is 0.9, not
     float32's 0.89999998."""
-    return _metrics(_sums(model, x, y, objective or Classification()), split, objective)
+    return split_metrics(_sums(model, x, y, objective or Classification()), split, objective)
 
 
 def _sums(model: nn.Module, x: Any, y: Any, objective: Objective) -> dict[str, float]:
@@ -367,17 +386,26 @@ def _sums(model: nn.Module, x: Any, y: Any, objective: Objective) -> dict[str, f
     if first is not None and first.device.type != "cpu":  # a GPU model, host data
         x, y = to_device(x, first.device), to_device(y, first.device)
     with torch.no_grad():
-        out = model(x)
+        return output_sums(model(x), y, objective)
+
+
+def output_sums(out: torch.Tensor, y: Any, objective: Objective) -> dict[str, float]:
+    """The objective's sums of a model's output ``out`` on targets ``y`` (on out's
+    device), and the samples: what :func:`split_metrics` turns into the metrics."""
+    with torch.no_grad():
         sums = {"loss": objective.loss(out, y).item()}
         tallied = objective.tally(out, y)
-        sums.update(
-            (k, v if isinstance(v, (int, float)) else float(v))
-            for k, v in zip(objective.tallies, tallied)
-        )
+    sums.update(
+        (k, v if isinstance(v, (int, float)) else float(v))
+        for k, v in zip(objective.tallies, tallied)
+    )
     return sums | {"units": objective.units(y), "samples": len(y)}
 
 
-def _metrics(sums: dict[str, float], split: str, objective: Objective | None) -> dict[str, float]:
+def split_metrics(
+    sums: dict[str, float], split: str, objective: Objective | None
+) -> dict[str, float]:
+    """The metrics of ``split`` from its :func:`output_sums` (added up over batches)."""
     objective = objective or Classification()
     metrics = objective.compute(sums)
     out = {f"{split}_{k}": v for k, v in metrics.items()}
@@ -406,7 +434,7 @@ def evaluate_samples(
     n = len(samples)
     if not n:
         total = dict.fromkeys(("loss", *objective.tallies, "units", "samples"), 0)
-        return _metrics(total, split, objective)
+        return split_metrics(total, split, objective)
     size = eval_batch(model, samples.batch(torch.arange(1))[0])
     if n <= size:
         return evaluate(model, *samples.batch(torch.arange(n)), split, objective)
@@ -414,7 +442,7 @@ def evaluate_samples(
     for x, y in evaluate_batches(samples, size):
         for k, v in _sums(model, x, y, objective).items():
             total[k] = total.get(k, 0) + v
-    return _metrics(total, split, objective)
+    return split_metrics(total, split, objective)
 
 
 # the most output values one evaluation forward pass makes (256 MB of float32 logits): a

@@ -47,6 +47,7 @@ import torch
 from torch import nn
 
 from dagtrain.config import TrainConfig
+from dagtrain.records.names import SHARD
 from dagtrain.records.trace import Op, bubble
 from dagtrain.sync import Backend
 from dagtrain.taskgraph import Event, Ref, TaskGraph, TraceFile
@@ -56,8 +57,9 @@ from .batches import cut, length, to_device
 from .buckets import StageBucket, stage_buckets
 from .objective import Objective, objective_of
 from .recipe import Precision, clip_factor, lr_at
-from .split import agreed_split, blocks_of, boundary_shapes
+from .split import blocks_of, boundary_shapes
 from .split_backward import input_grad, weight_grads
+from .stages import Stages, evaluate
 from .step import NonFiniteGradients, make_optimizer, scaled_loss, step_seed
 from .transfers import Transfers
 
@@ -73,15 +75,15 @@ class StageStep:
     """One rank's pipeline step (a :class:`~.protocol.TrainStep`):
     ``run(batch, snapshot, trace)`` -> the objective's sums (the last stage's).
 
-    Every rank holds the whole model (built from the same seed), trains its stage's
-    blocks, and :meth:`gather` brings the other stages' parameters, buffers and optimizer
-    state to every rank (collective), for evaluation and checkpoints.
+    A rank holds its stage's blocks alone (:mod:`.stages`: the other stages' tensors
+    are on the meta device); it evaluates as a pipeline (:meth:`evaluate`), and its
+    checkpoint is its stage's shard (:meth:`optimizer_states`, :meth:`shards`).
     """
 
     def __init__(
         self,
         cfg: TrainConfig,
-        model: nn.Module,
+        stages: Stages,
         backend: Backend,
         sample: torch.Tensor,
         snapshot: Callable[..., None] | None = None,
@@ -89,6 +91,7 @@ class StageStep:
     ) -> None:
         p = cfg.parallel
         self.objective = objective or objective_of(cfg.objective)
+        model = stages.model
         self.cfg, self.model, self.backend = cfg, model, backend
         self.S, self.M = p.stages, p.microbatches
         self.D = backend.size // self.S
@@ -97,15 +100,14 @@ class StageStep:
         self.replicas = self.D
         self.first, self.last = self.stage == 0, self.stage == self.S - 1
         blocks = blocks_of(model)
-        mb = max(1, cfg.training.batch_size // (self.D * self.M))
-        self.split = agreed_split(backend, blocks, self.S, p.split, cut(sample, 0, mb))
+        self.split, self.keys = stages.split, stages.keys
         a, b = self.split.ranges[self.stage]
-        self.blocks = blocks
         self.module = nn.Sequential(*blocks[a:b])
-        first = next(model.parameters(), None)
-        self.device = first.device if first is not None else torch.device("cpu")
-        one = to_device(cut(sample, 0, 1), self.device)
-        self.shapes = boundary_shapes(model, blocks, self.split, one)
+        first = next(self.module.parameters(), None)
+        self.device = first.device if first is not None else torch.device(backend.device)
+        described = blocks_of(stages.meta)  # the boundaries' shapes, from the description
+        one = to_device(cut(sample, 0, 1), torch.device("meta"))
+        self.shapes = boundary_shapes(stages.meta, described, self.split, one)
         # the global order of the trainable parameters (the data-parallel step's bucket
         # order: reversed), which the checkpoint's optimizer state follows
         self.global_params = [q for _, q in reversed(list(model.named_parameters()))]
@@ -168,7 +170,6 @@ class StageStep:
         self.snapshot = snapshot
         self.want_snapshot = False
         self.finite = True
-        self._gathered_optim: list[dict[str, Any]] | None = None
         self.activations = ActivationBytes(model)  # alive now, and the most in any step
         self.bubble: float | None = None
         # the recipe (see .recipe): the LR of the global step, autocast, and the
@@ -477,10 +478,8 @@ class StageStep:
         if trace is not None:
             self.bubble = self._bubble()
         self.step += 1
-        if snapshot:
-            self.gather()
-            if self.snapshot is not None:
-                self.snapshot(self.step)
+        if snapshot and self.snapshot is not None:
+            self.snapshot(self.step)
         return tuple(self.sums) if self.last else self.none
 
     def _bubble(self) -> float | None:
@@ -490,49 +489,47 @@ class StageStep:
 
     # ------------------------------------------------------------------ state
     # The checkpoint's optimizer state has the data-parallel step's format: per
-    # parameter, in reversed ``named_parameters`` order (the order backward fills the
-    # buckets in), whatever the buckets or the split, so a checkpoint resumes on any
-    # number of stages or without a pipeline.
-    def gather(self) -> None:
-        """Every stage's parameters, buffers and optimizer state onto every rank (all
-        ranks call it): broadcast from each stage's first replica."""
-        optim: list[tuple[int, dict[str, Any]]] = []
-        probe = make_optimizer(self.cfg, [nn.Parameter(torch.zeros(1))])
-        hyper = {k: v for k, v in probe.state_dict()["param_groups"][0].items() if k != "params"}
-        for s, (a, b) in enumerate(self.split.ranges):
-            root = s * self.D
-            stage = nn.Sequential(*self.blocks[a:b])
-            tensors = [t for t in stage.state_dict(keep_vars=True).values()]
-            self.backend.broadcast([t.data for t in tensors], root=root)
-            states = self._stage_states() if s == self.stage and self.replica == 0 else None
-            layout = self.backend.broadcast_object(
-                None
-                if states is None
-                else [[i, {k: _layout(v) for k, v in st.items()}] for i, st in states],
-                root=root,
-            )
-            got: list[tuple[int, dict[str, Any]]] = []
-            for i, desc in layout:
-                st = {}
-                for k, d in desc.items():
-                    if isinstance(d, dict) and "shape" in d:
-                        st[k] = (
-                            dict(states)[i][k].contiguous()
-                            if states is not None
-                            else torch.empty(d["shape"], dtype=getattr(torch, d["dtype"]))
-                        )
-                    else:
-                        st[k] = d
-                got.append((i, st))
-            tensors = [v for _, st in got for _, v in sorted(st.items()) if torch.is_tensor(v)]
-            self.backend.broadcast(tensors, root=root)
-            optim.extend(got)
-        per, n = dict(optim), len(self.global_params)
-        self._gathered_optim = [
+    # parameter, indexed in reversed ``named_parameters`` order (the order backward
+    # fills the buckets in), whatever the buckets or the split; a stage's shard holds
+    # its parameters' entries, so a checkpoint resumes on any number of stages or
+    # without a pipeline once its shards are merged (:func:`.checkpoint.load`).
+    def evaluate(self, samples: Any, split: str) -> dict[str, float]:
+        """The split's metrics, evaluated as a pipeline; on every rank (all call it)."""
+        return evaluate(self, samples, split)
+
+    def optimizer_states(self) -> list[dict[str, Any]]:
+        """This stage's part of the whole model's optimizer state (its parameters'
+        entries, by global index). Its tensors are the live state: copy to keep."""
+        n = len(self.global_params)
+        if self.optimizer is not None:
+            hyper = self.optimizer.state_dict()["param_groups"][0]
+        else:  # a stage with no parameters: the optimizer's defaults
+            hyper = make_optimizer(self.cfg, [nn.Parameter(torch.zeros(1))]).state_dict()[
+                "param_groups"
+            ][0]
+        hyper = {k: v for k, v in hyper.items() if k != "params"}
+        return [
             {
-                "state": {i: per[i] for i in range(n) if per.get(i)},
+                "state": {i: st for i, st in self._stage_states() if st},
                 "param_groups": [{**hyper, "params": list(range(n))}],
             }
+        ]
+
+    def shards(self, step: int) -> list[dict[str, Any]]:
+        """What a checkpoint of ``step`` lists of the other stages' shards (stage 0's
+        part is the checkpoint's own file): each one's file, keys and parameters."""
+        stage_of = {}
+        for s, (a, b) in enumerate(self.split.ranges):
+            for blk in blocks_of(self.model)[a:b]:
+                stage_of.update((id(q), s) for q in blk.parameters())
+        return [
+            {
+                "file": SHARD(step=step, stage=s),
+                "stage": s,
+                "keys": self.keys[s],
+                "params": [i for i, q in enumerate(self.global_params) if stage_of[id(q)] == s],
+            }
+            for s in range(1, self.S)
         ]
 
     def _stage_states(self) -> list[tuple[int, dict[str, Any]]]:
@@ -540,23 +537,7 @@ class StageStep:
         if self.optimizer is None:
             return []
         state = self.optimizer.state_dict()["state"]
-        return [
-            (
-                self.index[id(q)],
-                {
-                    k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v)
-                    for k, v in state.get(j, {}).items()
-                },
-            )
-            for j, q in enumerate(self.params)
-        ]
-
-    def optimizer_states(self) -> list[dict[str, Any]]:
-        """The whole model's optimizer state, as the data-parallel step saves it (one
-        entry over every parameter, in its order); valid after :meth:`gather`."""
-        if self._gathered_optim is None:
-            raise RuntimeError("StageStep.optimizer_states() before gather()")
-        return self._gathered_optim
+        return [(self.index[id(q)], dict(state.get(j, {}))) for j, q in enumerate(self.params)]
 
     def load_optimizer_states(self, states: list[dict[str, Any]]) -> None:
         """Load the part of a checkpoint's optimizer state (any split's, or a
@@ -609,6 +590,9 @@ class StageStep:
             "replica": self.replica,
             "peak_activation_bytes": self.activations.peak,
             "bubble": self.bubble,
+            # what this rank holds of the model (the others' tensors are only described)
+            "held_parameters": sum(q.numel() for q in self.params),
+            "parameters": sum(q.numel() for q in self.global_params),
         }
 
     def close(self) -> None:
@@ -617,10 +601,3 @@ class StageStep:
         for w in self._waiters.values():
             w.close()
         sys.setswitchinterval(self._switch_interval)
-
-
-def _layout(v: Any) -> Any:
-    """An optimizer state's value as a broadcast object: a tensor's shape and dtype."""
-    if isinstance(v, torch.Tensor):
-        return {"shape": list(v.shape), "dtype": str(v.dtype).removeprefix("torch.")}
-    return v

@@ -57,13 +57,14 @@ class TrainStep(Protocol):
         (a checkpoint step); ``trace``: write the step's trace there."""
         ...
 
-    def gather(self) -> None:
-        """The whole model and its optimizer state where evaluation and a checkpoint
-        read them (all ranks call it)."""
+    def evaluate(self, samples: Any, split: str) -> dict[str, float]:
+        """The split's metrics of the model (all ranks call it): rank 0 gets them (a
+        pipeline's every rank), the others may get {}."""
         ...
 
     def optimizer_states(self) -> list[dict[str, Any]]:
-        """The optimizer state as the checkpoint holds it (after :meth:`gather`)."""
+        """The optimizer state as the checkpoint holds it: the whole model's, or a
+        pipeline stage's part of it (its shard)."""
         ...
 
     def load_optimizer_states(self, states: list[dict[str, Any]]) -> None:

@@ -117,13 +117,16 @@ class Rescue:
         )
 
 
-def newest(checkpoint_dir: str | Path) -> tuple[Path, dict[str, Any]] | None:
+def newest(
+    checkpoint_dir: str | Path, keys: set[str] | None = None
+) -> tuple[Path, dict[str, Any]] | None:
     """The newest valid state in ``checkpoint_dir``: its newest checkpoint, or a rescue
     of a later step, in the checkpoint's format. A rescue's ``sums`` are its rank's
     own: those of the rescues of the same step and job are added to the ``carried``
     figures, so the epoch's running figures count every survivor's samples (a lost
-    rank's since the launch are gone)."""
-    found = checkpoint.latest(checkpoint_dir)
+    rank's since the launch are gone). ``keys``: a pipeline stage's (see
+    :func:`.checkpoint.load`)."""
+    found = checkpoint.latest(checkpoint_dir, keys)
     rescues = []
     for d in sorted((Path(checkpoint_dir) / RESCUE_DIR).glob("rank*")):
         got = checkpoint.latest(d)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,34 +118,42 @@ class Split:
 
 
 def profile_blocks(
-    blocks: Sequence[nn.Module], x: torch.Tensor, repeats: int = 3
+    blocks: Sequence[nn.Module],
+    x: torch.Tensor,
+    repeats: int = 3,
+    real: Callable[[nn.Module], nn.Module] | None = None,
 ) -> list[BlockCost]:
     """Each block's median forward and backward seconds on input ``x`` (a microbatch),
-    and its output's bytes per sample. The parameters' gradients are left as they were."""
-    saved = [[p.grad for p in b.parameters()] for b in blocks]
-    fwd = [[] for _ in blocks]
-    bwd = [[] for _ in blocks]
-    out_bytes = [0] * len(blocks)
-    for _ in range(repeats + 1):  # the first pass warms up
-        h = x
-        for i, b in enumerate(blocks):
+    and its output's bytes per sample. The parameters' gradients are left as they were.
+
+    ``real``: for blocks described on the meta device (a pipeline rank builds only its
+    stage), a real copy of one to time; one block at a time is alive then."""
+    costs = []
+    h = x
+    for b in blocks:
+        blk = b if real is None else real(b)
+        saved = [p.grad for p in blk.parameters()]
+        fwd, bwd = [], []
+        out_bytes = 0
+        for _ in range(repeats + 1):  # the first pass warms up
             inp = h.detach().requires_grad_(h.is_floating_point())
             t0 = time.perf_counter()
-            out = b(inp)
+            out = blk(inp)
             t1 = time.perf_counter()
             grad = torch.ones_like(out)
             t2 = time.perf_counter()
             if out.requires_grad:
                 out.backward(grad)
             t3 = time.perf_counter()
-            fwd[i].append(t1 - t0)
-            bwd[i].append(t3 - t2)
-            out_bytes[i] = out[:1].numel() * out.element_size()
-            h = out.detach()
-    for b, grads in zip(blocks, saved):
-        for p, g in zip(b.parameters(), grads):
-            p.grad = g
-    return [BlockCost(_median(f[1:]), _median(k[1:]), n) for f, k, n in zip(fwd, bwd, out_bytes)]
+            fwd.append(t1 - t0)
+            bwd.append(t3 - t2)
+            out_bytes = out[:1].numel() * out.element_size()
+        for q, g in zip(blk.parameters(), saved):
+            q.grad = g
+        costs.append(BlockCost(_median(fwd[1:]), _median(bwd[1:]), out_bytes))
+        h = out.detach()
+        del blk, out
+    return costs
 
 
 def balanced_split(costs: Sequence[float], stages: int, sizes: Sequence[int] = ()) -> list[int]:
@@ -185,7 +193,11 @@ def balanced_split(costs: Sequence[float], stages: int, sizes: Sequence[int] = (
 
 
 def choose_split(
-    blocks: Sequence[nn.Module], stages: int, split: str | list[int], sample: torch.Tensor
+    blocks: Sequence[nn.Module],
+    stages: int,
+    split: str | list[int],
+    sample: torch.Tensor,
+    real: Callable[[nn.Module], nn.Module] | None = None,
 ) -> Split:
     """The split ``parallel.split`` asks for: its boundaries checked against the model,
     or (``auto``) the balanced one measured on ``sample``. InputError names the field."""
@@ -203,7 +215,7 @@ def choose_split(
                 f"boundary must be between 1 and {n - 1}"
             )
         return Split(bounds, n, "explicit")
-    costs = profile_blocks(blocks, sample)
+    costs = profile_blocks(blocks, sample, real=real)
     bounds = balanced_split([c.total for c in costs], stages, [c.out_bytes for c in costs])
     return Split(bounds, n, "auto", costs)
 
@@ -239,7 +251,12 @@ def _median(xs: list[float]) -> float:
 
 
 def agreed_split(
-    backend: Any, blocks: list[nn.Module], stages: int, spec: str | list[int], sample: torch.Tensor
+    backend: Any,
+    blocks: list[nn.Module],
+    stages: int,
+    spec: str | list[int],
+    sample: torch.Tensor,
+    real: Callable[[nn.Module], nn.Module] | None = None,
 ) -> Split:
     """The split every rank uses: rank 0 chooses it (measuring ``sample``, one
     microbatch, where ``spec`` says ``auto``) and broadcasts it; an InputError it met is
@@ -247,7 +264,7 @@ def agreed_split(
     split: Split | str | None = None
     if backend.rank == 0:
         try:
-            split = choose_split(blocks, stages, spec, sample)
+            split = choose_split(blocks, stages, spec, sample, real)
         except InputError as e:
             split = str(e)
     chosen = backend.broadcast_object(

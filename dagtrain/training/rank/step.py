@@ -49,6 +49,7 @@ from dagtrain.taskgraph import TaskGraph, TraceFile
 
 from .batches import cut, length, to_device
 from .buckets import Bucket, make_buckets
+from .models import evaluate_samples
 from .objective import Objective, objective_of
 from .overlap import OverlapChoice
 from .recipe import Precision, clip_factor, lr_at
@@ -396,9 +397,11 @@ class StepGraph:
         self.step += 1
         return self.out
 
-    def gather(self) -> None:
-        """Every rank already holds the whole model: nothing to gather (a pipeline's
-        step brings its stages together here)."""
+    def evaluate(self, samples: Any, split: str) -> dict[str, float]:
+        """The split's metrics of the model, evaluated by rank 0 ({} elsewhere)."""
+        if self.backend.rank != 0:
+            return {}
+        return evaluate_samples(self.model, samples, split, self.objective)
 
     def optimizer_states(self) -> list[dict[str, Any]]:
         """Per bucket, the ``state_dict`` an optimizer over the bucket's parameters one

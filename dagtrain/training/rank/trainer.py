@@ -34,7 +34,7 @@ from . import checkpoint
 from .batches import to_device
 from .data import Dataset, data_form, load_dataset, shard_batches
 from .device import choose_device
-from .models import bounded_model, evaluate_samples
+from .models import bounded_model, construct
 from .objective import checked_loss, objective_of
 from .pipelining import StageStep
 from .progress import Progress, RankStatus
@@ -42,6 +42,7 @@ from .protocol import TrainStep
 from .recipe import EarlyStop, GradStats
 from .rescue import Rescue, newest, remove_rescues
 from .samples import loader
+from .stages import build_stages, load_own, own_state
 from .step import StepGraph
 from .warmstart import initial_weights
 
@@ -138,17 +139,35 @@ class RankRun:
         self.ds = _dataset(cfg)
         cfg.training.check_warmup(self.total)  # the run's steps are known with the data
         torch.manual_seed(cfg.training.seed)
-        self.model = bounded_model(cfg.model, self.ds.in_shape, self.ds.classes, self.ds.info)
-        self.model.to(backend.device)
-        self.check_objective()
+        self.keys: set[str] | None = None  # a pipeline rank's state keys (its stage's)
+        if cfg.parallel.stages > 1:
+            # a stage's ranks of one replica read the same share of each batch
+            n = min(len(self.ds.train), cfg.training.batch_size)
+            first = self.ds.train.batch(torch.arange(n))[0]
+            ds, spec = self.ds, cfg.model
+            stages = build_stages(
+                cfg, backend, lambda: construct(
+                    spec.name, ds.in_shape, ds.classes, ds.info, **spec.args
+                ), first,
+            )  # fmt: skip
+            self.model = stages.model  # its stage built, the others described (meta)
+            self.keys = set(stages.keys[stages.stage])
+        else:
+            self.model = bounded_model(cfg.model, self.ds.in_shape, self.ds.classes, self.ds.info)
+            self.model.to(backend.device)
+            self.check_objective()
         initial_weights(cfg, self.model)  # training.init / init_from; scratch: as built
         self.result = TrainResult(
             rank=rank, world=world, backend=backend.name, config=cfg.model_dump(mode="json")
         )
+        # rank 0 writes the checkpoints; in a pipeline, each stage's first replica its
+        # stage's shard of them too
+        stage, replica = divmod(rank, world // cfg.parallel.stages)
+        self.stage = stage
         self.writer = (
-            ThreadPoolExecutor(1, thread_name_prefix="checkpoint-writer") if rank == 0 else None
+            ThreadPoolExecutor(1, thread_name_prefix="checkpoint-writer") if replica == 0 else None
         )
-        self.pending: list[Future] = []  # rank 0's checkpoint write in flight
+        self.pending: list[Future] = []  # this rank's checkpoint write in flight
         self.staged: list[dict[str, Any]] = []  # a snapshot not yet handed to the writer
         self.figures = Figures(sums=self.zeros(), carried=self.zeros())
         self.rescue: Rescue | None = None  # an elastic run's, once armed
@@ -158,10 +177,7 @@ class RankRun:
         self.stopped = False  # early stopping stopped the run
         snap = self.snapshot if cfg.checkpoint_dir else None
         if cfg.parallel.stages > 1:
-            # a stage's ranks of one replica read the same share of each batch
-            n = min(len(self.ds.train), cfg.training.batch_size)
-            first = self.ds.train.batch(torch.arange(n))[0]
-            self.sg: TrainStep = StageStep(cfg, self.model, backend, first, snap, self.objective)
+            self.sg: TrainStep = StageStep(cfg, stages, backend, first, snap, self.objective)
         else:
             self.sg = StepGraph(cfg, self.model, backend, snap, self.objective)
 
@@ -196,7 +212,7 @@ class RankRun:
             return
         self.staged.append(
             {
-                "model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
+                "model": {k: v.detach().clone() for k, v in own_state(self.model).items()},
                 "optim": copy.deepcopy(self.sg.optimizer_states()),  # tensors cloned
                 "step": step,
                 "epochs": json.dumps(self.figures.epochs),
@@ -208,13 +224,30 @@ class RankRun:
     def commit(self) -> None:
         """Every rank: the epoch's running sums, summed over the ranks, go with the
         staged snapshot; rank 0 writes it (one write at a time: a failed write fails
-        the run at the next commit or at the end)."""
+        the run at the next commit or at the end), and in a pipeline each other
+        stage's first replica its stage's shard, which rank 0's file lists."""
         f = self.figures
         summed = torch.tensor([float(v) for v in f.sums], dtype=torch.float64)
         self.backend.allreduce(summed, "checkpoint-sums")
+        protect = self.best_step()  # (rank 0's rows hold the evaluation: its answer)
+        if self.keys is not None:
+            protect = self.backend.broadcast_object(protect)
         if self.writer is None:
             return
         snap = self.staged.pop()
+        if self.stage > 0:  # a pipeline stage's shard
+            for w in self.pending:
+                w.result()
+            part = {k: snap[k] for k in ("model", "optim", "step")}
+            self.pending[:] = [
+                self.writer.submit(
+                    checkpoint.save, part, self.cfg.checkpoint_dir, snap["step"],
+                    self.cfg.training.keep_checkpoints, protect, self.stage,
+                )
+            ]  # fmt: skip
+            return
+        if self.keys is not None:
+            snap["shards"] = self.sg.shards(snap["step"])
         # the step's own gradient figures are in now (the snapshot ran inside the step)
         snap["grads"] = json.dumps(f.grads.state())
         totals = summed * self.backend.size + torch.tensor(f.carried, dtype=torch.float64)
@@ -229,7 +262,7 @@ class RankRun:
                 self.cfg.checkpoint_dir,
                 snap["step"],
                 t.keep_checkpoints,
-                self.best_step(),
+                protect,
             )
         ]
 
@@ -256,7 +289,7 @@ class RankRun:
             sums = [a + float(b) for a, b in zip(sums, sg.out)]
             grads.add(sg.norm, sg.factor, sg.lr)
         return {
-            "model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
+            "model": {k: v.detach().clone() for k, v in own_state(self.model).items()},
             "optim": copy.deepcopy(sg.optimizer_states()),
             "step": step,
             "epochs": json.dumps(f.epochs),
@@ -277,7 +310,7 @@ class RankRun:
         cfg, backend = self.cfg, self.backend
         if not cfg.checkpoint_dir:
             return 0
-        found = newest(cfg.checkpoint_dir) if backend.rank == 0 else None
+        found = newest(cfg.checkpoint_dir, self.keys) if backend.rank == 0 else None
         if found is not None and found[0].parent != Path(cfg.checkpoint_dir):
             step = int(found[1]["step"])
             keep = cfg.training.keep_checkpoints
@@ -292,8 +325,8 @@ class RankRun:
             remove_rescues(cfg.checkpoint_dir)  # older than the checkpoint, or saved as one
         if path is None:
             return 0
-        snap = found[1] if found else checkpoint.load(path)
-        self.model.load_state_dict(snap["model"])
+        snap = found[1] if found else checkpoint.load(path, self.keys)
+        load_own(self.model, snap["model"], Path(path).name)
         self.sg.load_optimizer_states(snap["optim"])
         self.figures.epochs = json.loads(snap["epochs"])
         self.figures.grads = GradStats.of(json.loads(snap.get("grads", "null")))
@@ -314,9 +347,9 @@ class RankRun:
         backend.allreduce(t, "epoch-metrics")
         t = t * backend.size + torch.tensor(f.carried, dtype=torch.float64)
         row = {"epoch": epoch, **self.objective.figures(t.tolist(), "train"), **f.grads.row()}
-        if backend.rank == 0 and len(self.ds.test):
+        if len(self.ds.test):  # rank 0's (a pipeline's: every rank's)
             split = "val" if cfg.eval_data else "test"
-            row.update(evaluate_samples(self.model, self.ds.test, split, self.objective))
+            row.update(self.sg.evaluate(self.ds.test, split))
         with self.sg.guard:  # a rescue sees the epoch closed, or its figures still running
             f.epochs.append(row)
             f.sums[:] = self.zeros()
@@ -334,7 +367,7 @@ class RankRun:
                 mark_ready()  # in its status record, for the launcher
                 print(f"dagtrain rank {rank} {FIRST_COLLECTIVE}", file=sys.stderr, flush=True)
             start = self.resume()
-            if start == 0:
+            if start == 0 and self.keys is None:  # (a pipeline's stages: built seeded)
                 backend.broadcast([p.data for p in self.model.state_dict().values()])
             sg.step = sg.completed = f.summed = f.start = start
             per_epoch = self.per_epoch
@@ -376,7 +409,6 @@ class RankRun:
                 status.step(time.perf_counter() - t0, len(batch[1]))
                 regrow = stop = False
                 if last_in_epoch:
-                    sg.gather()  # a pipeline's stages onto every rank: evaluation, checkpoint
                     progress.epoch(self.close_epoch(epoch), sg.step)
                     status.flush()
                     best, stop = self.early_decision()
@@ -434,7 +466,7 @@ class RankRun:
         decided = self.early.decide(self.figures.epochs) if self.backend.rank == 0 else None
         best, stop = self.backend.broadcast_object(decided)
         if best:
-            self.best_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+            self.best_state = {k: v.detach().clone() for k, v in own_state(self.model).items()}
         return best, stop
 
     def _restore_best(self) -> None:
@@ -452,15 +484,24 @@ class RankRun:
         if self.cfg.checkpoint_dir:
             kept = Path(self.cfg.checkpoint_dir) / CHECKPOINT(step=step)
             if state is None:  # the best epoch was before a resume: its checkpoint
-                state = checkpoint.load(kept)["model"]
+                state = checkpoint.load(kept, self.keys)["model"]
         if state is not None:
-            self.model.load_state_dict(state)
+            load_own(self.model, state, "the best epoch's state")
             if kept is not None and self.backend.rank == 0:
                 self.result.checkpoint = str(kept)
 
+    def digest(self) -> str:
+        """The model's :func:`.checkpoint.state_digest` (all ranks call it): a
+        pipeline's stages each digest their own tensors, and every rank combines them."""
+        digests = checkpoint.tensor_digests(own_state(self.model))
+        if self.keys is not None:
+            replicas = self.backend.size // self.cfg.parallel.stages
+            for s in range(self.cfg.parallel.stages):
+                digests |= self.backend.broadcast_object(digests, root=s * replicas)
+        return checkpoint.combine_digests(digests)
+
     def _finish(self, progress: Progress, status: RankStatus) -> None:
         sg, result = self.sg, self.result
-        sg.gather()
         for w in self.pending:
             result.checkpoint = str(w.result())  # the newest write, rank 0
         self._restore_best()
@@ -469,7 +510,7 @@ class RankRun:
         result.bucket_bytes = [b.flat.numel() * b.flat.element_size() for b in sg.buckets]
         result.epochs = self.figures.epochs
         result.pipeline = sg.describe()
-        result.params_sha256 = checkpoint.state_digest(self.model.state_dict())
+        result.params_sha256 = self.digest()
         times = sorted(result.step_seconds)
         if times:
             result.samples_per_second = self.cfg.training.batch_size / times[len(times) // 2]

@@ -29,6 +29,7 @@ from dagtrain.errors import InputError
 from dagtrain.records.names import SIDECAR
 
 from . import checkpoint
+from .stages import load_own
 
 __all__ = ["check_fits", "init_field", "initial_weights", "load_weights", "shapes_of"]
 
@@ -157,4 +158,4 @@ def initial_weights(cfg: TrainConfig, model: nn.Module) -> None:
         else f"global model {Path(source).name!r}"
     )
     check_fits(state, model, said, repr(cfg.model.name), field)
-    model.load_state_dict(state)
+    load_own(model, state, said)  # (a pipeline rank: its stage's tensors)

@@ -1,0 +1,48 @@
+"""A pipeline rank's model: each stage's keys, refused ties, loading its own part."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from dagtrain.errors import InputError
+from dagtrain.training.rank.materialize import materialize
+from dagtrain.training.rank.split import Split, blocks_of
+from dagtrain.training.rank.stages import load_own, own_state, stage_keys
+
+
+def model() -> nn.Sequential:
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 8), nn.BatchNorm1d(8))
+
+
+def test_each_stage_holds_its_blocks_keys_and_loads_only_them():
+    with torch.device("meta"):
+        meta = model()
+    split = Split([2], 4, "explicit")
+    keys = stage_keys(meta, blocks_of(meta), split)
+    assert keys[0] == ["0.weight", "0.bias"]
+    assert keys[1][:2] == ["2.weight", "2.bias"] and "3.running_mean" in keys[1]
+    torch.manual_seed(0)
+    whole = model()
+    torch.manual_seed(0)
+    stage1 = materialize(model, set(keys[1]))
+    assert set(own_state(stage1)) == set(keys[1])  # the other stage only described
+    ref = {k: v + 1 for k, v in whole.state_dict().items()}
+    load_own(stage1, ref, "ckpt-00000004.pt")  # the whole state: its part taken
+    assert torch.equal(stage1[2].weight, ref["2.weight"])
+    assert stage1[0].weight.is_meta
+    with pytest.raises(InputError, match=r"ckpt-00000004.pt has no \['2.weight'\]"):
+        load_own(stage1, {k: v for k, v in ref.items() if k != "2.weight"}, "ckpt-00000004.pt")
+
+
+def test_a_tensor_shared_by_two_stages_is_refused_naming_it():
+    tied = nn.Sequential(nn.Embedding(5, 4), nn.Linear(4, 5))
+    tied[1].weight = tied[0].weight  # an input embedding tied to the output layer
+    with pytest.raises(
+        InputError, match=r"'0.weight' and '1.weight' are one tensor, used by stage 0 and stage 1"
+    ):
+        stage_keys(tied, blocks_of(tied), Split([1], 2, "explicit"))
+    assert stage_keys(tied, blocks_of(tied), Split([], 2, "explicit")) == [
+        ["0.weight", "1.weight", "1.bias"]
+    ]
