@@ -47,9 +47,7 @@ SPLITS = {1: None, 2: [7], 4: [5, 7, 9]}  # blocks: Flatten, (Linear, ReLU) x 5,
 
 def config(width: int, stages: int, steps: int) -> dict[str, Any]:
     cfg: dict[str, Any] = {
-        "model": "mlp",
-        "model_args": {"hidden": [width] * 5},
-        "max_parameters": 10**10,
+        "model": {"name": "mlp", "args": {"hidden": [width] * 5}, "max_parameters": 10**10},
         "optimizer": "adam",
         "lr": 1e-4,
         "epochs": 1,
