@@ -164,7 +164,8 @@ def test_a_pipeline_checkpoint_resumes_with_another_number_of_stages(tmp_path):
     r = run_training(TrainConfig(**cfg, ranks=4, parallel=four, checkpoint_dir=d), **QUIET)
     assert r.resumed_from_step == 20 and r.steps == 50
     assert one.steps == 50
-    assert 0 < r.pipeline["held_parameters"] < r.pipeline["parameters"]
+    # rank 0 holds its stage's part of the model (split auto: maybe only the Flatten)
+    assert r.pipeline["held_parameters"] < r.pipeline["parameters"]
     a, b = final_params(tmp_path / "one"), final_params(Path(d))
     for k in a:
         assert torch.allclose(a[k], b[k], rtol=1e-5, atol=1e-6), k

@@ -143,9 +143,14 @@ def load(path: str | os.PathLike, keys: set[str] | None = None) -> dict[str, Any
         for sh in shards:
             f = path.with_name(sh["file"])
             if keys is not None and not keys.intersection(sh["keys"]):
-                _checked_bytes(f)  # not read, but the checkpoint is whole only with it
+                _verify(f)  # not read, but the checkpoint is whole only with it
                 continue
             part = _load_one(f)
+            if set(part["model"]) != set(sh["keys"]):  # a shard of another split's run
+                raise InputError(
+                    f"{f.name} does not hold the keys {path.name} lists for stage "
+                    f"{sh['stage']} (a shard of another run's split): not this checkpoint's"
+                )
             model.update(part["model"])
             for mine, theirs in zip(optim, part["optim"]):
                 mine["state"].update(theirs["state"])
@@ -169,6 +174,22 @@ def _checked_bytes(path: Path) -> bytes:
     if len(data) != meta.get("bytes") or hashlib.sha256(data).hexdigest() != meta.get("sha256"):
         raise InputError(f"{path.name}: checksum mismatch (truncated or corrupted)")
     return data
+
+
+def _verify(path: Path) -> None:
+    """``path`` checked against its sidecar, read in chunks (InputError if bad)."""
+    side = _sidecar(path)
+    try:
+        meta = json.loads(side.read_text())
+        h, n = hashlib.sha256(), 0
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 24):
+                h.update(chunk)
+                n += len(chunk)
+    except (OSError, ValueError) as e:
+        raise InputError(f"{path.name}: cannot be checked against {side.name} ({e})") from e
+    if n != meta.get("bytes") or h.hexdigest() != meta.get("sha256"):
+        raise InputError(f"{path.name}: checksum mismatch (truncated or corrupted)")
 
 
 def _load_one(path: Path) -> dict[str, Any]:

@@ -53,7 +53,7 @@ def build_stages(
 ) -> Stages:
     """Describe the model ``build`` makes, agree on its split, and build this rank's
     stage (seeded with ``training.seed``, as a whole-model build is) on its device."""
-    from .materialize import describe, materialize
+    from .materialize import describe, materialize, owned_names
 
     p = cfg.parallel
     replicas = backend.size // p.stages
@@ -76,9 +76,12 @@ def build_stages(
         real=lambda b: _real(b, device),
     )  # fmt: skip
     keys = stage_keys(meta, blocks, split)
-    torch.manual_seed(cfg.training.seed)  # (rank 0's timing drew from the generator)
-    model = materialize(build, set(keys[stage]), described)
     a, b = split.ranges[stage]
+    # every tensor of the stage's blocks: its checkpointed keys, and buffers that are
+    # not saved (persistent=False: a causal mask, rotary frequencies)
+    owned = owned_names(meta, blocks[a:b])
+    torch.manual_seed(cfg.training.seed)  # (rank 0's timing drew from the generator)
+    model = materialize(build, owned, described)
     nn.Sequential(*blocks_of(model)[a:b]).to(device)
     return Stages(model, meta, split, keys, stage)
 

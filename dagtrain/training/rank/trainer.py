@@ -242,7 +242,7 @@ class RankRun:
             self.pending[:] = [
                 self.writer.submit(
                     checkpoint.save, part, self.cfg.checkpoint_dir, snap["step"],
-                    self.cfg.training.keep_checkpoints, protect, self.stage,
+                    self.cfg.training.keep_checkpoints + 1, protect, self.stage,
                 )
             ]  # fmt: skip
             return
@@ -261,7 +261,10 @@ class RankRun:
                 snap,
                 self.cfg.checkpoint_dir,
                 snap["step"],
-                t.keep_checkpoints,
+                # a pipeline's: the stages' writers run apart, up to one checkpoint (rank 0
+                # waits for its own write only), so each keeps older files, and the newest
+                # checkpoint whose every shard is written is always there
+                t.keep_checkpoints + (2 if self.keys is not None else 0),
                 protect,
             )
         ]
@@ -367,8 +370,12 @@ class RankRun:
                 mark_ready()  # in its status record, for the launcher
                 print(f"dagtrain rank {rank} {FIRST_COLLECTIVE}", file=sys.stderr, flush=True)
             start = self.resume()
-            if start == 0 and self.keys is None:  # (a pipeline's stages: built seeded)
+            if start == 0 and self.keys is None:
                 backend.broadcast([p.data for p in self.model.state_dict().values()])
+            elif start == 0 and getattr(sg, "group", None) is not None:
+                # a stage's replicas start from its first replica's values (a factory
+                # drawing from another generator than torch's would differ otherwise)
+                sg.group.broadcast([v for v in own_state(self.model).values()])
             sg.step = sg.completed = f.summed = f.start = start
             per_epoch = self.per_epoch
             total = self.total

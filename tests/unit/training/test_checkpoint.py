@@ -115,6 +115,11 @@ def test_a_sharded_checkpoint_loads_whole_or_by_keys_and_needs_every_shard(tmp_p
     shard = tmp_path / "ckpt-00000030.stage1.pt"
     shard.write_bytes(shard.read_bytes()[:-5])
     assert checkpoint.latest(tmp_path, {"a"})[0].name == "ckpt-00000010.pt"
+    # and a whole shard of another split's run (an earlier try's, same step): foreign
+    sharded(tmp_path, 40, 4.0, keep=5)
+    other = {"model": {"c": torch.zeros(1)}, "optim": [{"state": {}}], "step": 40}
+    checkpoint.save(other, tmp_path, 40, keep=5, stage=1)
+    assert checkpoint.latest(tmp_path)[0].name == "ckpt-00000010.pt"
 
 
 def test_each_stage_keeps_its_last_k_and_clears_only_its_own_temp_files(tmp_path):

@@ -46,3 +46,45 @@ def test_a_tensor_shared_by_two_stages_is_refused_naming_it():
     assert stage_keys(tied, blocks_of(tied), Split([], 2, "explicit")) == [
         ["0.weight", "1.weight", "1.bias"]
     ]
+
+
+class Masked(nn.Module):
+    """A block with a buffer the checkpoint does not hold (persistent=False)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("mask", torch.tril(torch.ones(4, 4)), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) @ self.mask
+
+
+class Stage1Of2:
+    """What build_stages asks of a backend, as rank 1 of 2 sees it."""
+
+    rank, size, device = 1, 2, "cpu"
+
+    def broadcast_object(self, obj, root=0):
+        return {"bounds": [1], "blocks": 2, "how": "explicit"}
+
+
+def test_a_stage_builds_its_blocks_unsaved_buffers_too():
+    from dagtrain.training import TrainConfig
+    from dagtrain.training.rank.stages import build_stages
+
+    cfg = TrainConfig(
+        backend="torch", ranks=2, batch_size=8, seed=3,
+        parallel={"stages": 2, "microbatches": 1, "split": [1]},
+    )  # fmt: skip
+
+    def build() -> nn.Sequential:
+        return nn.Sequential(nn.Linear(4, 4), Masked())
+
+    got = build_stages(cfg, Stage1Of2(), build, torch.zeros(8, 4))
+    torch.manual_seed(3)
+    whole = build()
+    assert got.keys == [["0.weight", "0.bias"], ["1.lin.weight", "1.lin.bias"]]
+    assert not got.model[1].mask.is_meta and torch.equal(got.model[1].mask, whole[1].mask)
+    assert torch.equal(got.model[1].lin.weight, whole[1].lin.weight)
+    assert got.model[0].weight.is_meta
