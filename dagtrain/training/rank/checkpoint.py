@@ -143,7 +143,7 @@ def load(path: str | os.PathLike, keys: set[str] | None = None) -> dict[str, Any
         for sh in shards:
             f = path.with_name(sh["file"])
             if keys is not None and not keys.intersection(sh["keys"]):
-                _verify(f)  # not read, but the checkpoint is whole only with it
+                _checked_bytes(f, keep=False)  # the checkpoint is whole only with it
                 continue
             part = _load_one(f)
             if set(part["model"]) != set(sh["keys"]):  # a shard of another split's run
@@ -160,36 +160,30 @@ def load(path: str | os.PathLike, keys: set[str] | None = None) -> dict[str, Any
     return state
 
 
-def _checked_bytes(path: Path) -> bytes:
-    """``path``'s bytes, checked against its sidecar (InputError if bad)."""
+def _checked_bytes(path: Path, keep: bool = True) -> bytes:
+    """``path``'s bytes (``keep``; else only checked, read in chunks), checked against
+    its sidecar (InputError if bad)."""
     side = _sidecar(path)
     try:
         meta = json.loads(side.read_text())
     except (OSError, ValueError) as e:
         raise InputError(f"{path.name}: no valid sidecar {side.name} ({e})") from e
+    h, data, n = hashlib.sha256(), b"", 0
     try:
-        data = path.read_bytes()
+        if keep:
+            data = path.read_bytes()
+            h.update(data)
+            n = len(data)
+        else:
+            with path.open("rb") as f:
+                while chunk := f.read(1 << 24):
+                    h.update(chunk)
+                    n += len(chunk)
     except OSError as e:
         raise InputError(f"{path.name}: cannot be read ({e})") from e
-    if len(data) != meta.get("bytes") or hashlib.sha256(data).hexdigest() != meta.get("sha256"):
-        raise InputError(f"{path.name}: checksum mismatch (truncated or corrupted)")
-    return data
-
-
-def _verify(path: Path) -> None:
-    """``path`` checked against its sidecar, read in chunks (InputError if bad)."""
-    side = _sidecar(path)
-    try:
-        meta = json.loads(side.read_text())
-        h, n = hashlib.sha256(), 0
-        with path.open("rb") as f:
-            while chunk := f.read(1 << 24):
-                h.update(chunk)
-                n += len(chunk)
-    except (OSError, ValueError) as e:
-        raise InputError(f"{path.name}: cannot be checked against {side.name} ({e})") from e
     if n != meta.get("bytes") or h.hexdigest() != meta.get("sha256"):
         raise InputError(f"{path.name}: checksum mismatch (truncated or corrupted)")
+    return data
 
 
 def _load_one(path: Path) -> dict[str, Any]:
