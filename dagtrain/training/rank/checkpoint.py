@@ -54,9 +54,19 @@ def save(
 ) -> Path:
     """Write ``state`` as the checkpoint of ``step`` (``stage`` > 0: that stage's shard
     of a pipeline's); keep the newest ``keep``, and the checkpoint of step ``protect``
-    (early stopping's best epoch) whatever its age. One writer per stage and directory."""
+    (early stopping's best epoch) whatever its age. One writer per stage and directory.
+
+    A sharded checkpoint (a shard, or stage 0's file listing ``shards``) keeps more:
+    the stages' writers run up to one checkpoint apart, so stage 0 keeps ``keep`` + 2
+    files and each other stage ``keep`` + 1 shards, and the newest checkpoint whose
+    every shard is written is still there (with ``keep`` 1 alone, a crash could leave
+    none whole)."""
     if keep < 1:
         raise ValueError(f"keep must be >= 1, not {keep}")
+    if stage > 0:
+        keep += 1
+    elif state.get("shards"):
+        keep += 2
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     for stale in d.glob(".ckpt-*"):  # temp files of this stage's writer killed mid-write

@@ -140,6 +140,8 @@ class RankRun:
         cfg.training.check_warmup(self.total)  # the run's steps are known with the data
         torch.manual_seed(cfg.training.seed)
         self.keys: set[str] | None = None  # a pipeline rank's state keys (its stage's)
+        self.stage = 0  # a pipeline rank's stage, whose shard of each checkpoint it writes
+        snap = self.snapshot if cfg.checkpoint_dir else None
         if cfg.parallel.stages > 1:
             # a stage's ranks of one replica read the same share of each batch
             n = min(len(self.ds.train), cfg.training.batch_size)
@@ -151,21 +153,24 @@ class RankRun:
                 ), first,
             )  # fmt: skip
             self.model = stages.model  # its stage built, the others described (meta)
-            self.keys = set(stages.keys[stages.stage])
+            self.keys, self.stage = set(stages.keys[stages.stage]), stages.stage
+            initial_weights(cfg, self.model)  # training.init / init_from; scratch: as built
+            self.sg: TrainStep = StageStep(cfg, stages, backend, first, snap, self.objective)
         else:
             self.model = bounded_model(cfg.model, self.ds.in_shape, self.ds.classes, self.ds.info)
             self.model.to(backend.device)
             self.check_objective()
-        initial_weights(cfg, self.model)  # training.init / init_from; scratch: as built
+            initial_weights(cfg, self.model)
+            self.sg = StepGraph(cfg, self.model, backend, snap, self.objective)
         self.result = TrainResult(
             rank=rank, world=world, backend=backend.name, config=cfg.model_dump(mode="json")
         )
         # rank 0 writes the checkpoints; in a pipeline, each stage's first replica its
-        # stage's shard of them too
-        stage, replica = divmod(rank, world // cfg.parallel.stages)
-        self.stage = stage
+        # stage's shard of them too (a data-parallel rank is a replica of its own)
         self.writer = (
-            ThreadPoolExecutor(1, thread_name_prefix="checkpoint-writer") if replica == 0 else None
+            ThreadPoolExecutor(1, thread_name_prefix="checkpoint-writer")
+            if self.sg.replica == 0
+            else None
         )
         self.pending: list[Future] = []  # this rank's checkpoint write in flight
         self.staged: list[dict[str, Any]] = []  # a snapshot not yet handed to the writer
@@ -175,11 +180,6 @@ class RankRun:
         self.early = EarlyStop(cfg, dict(self.objective.metrics), split)
         self.best_state: dict[str, torch.Tensor] | None = None  # the best epoch's model
         self.stopped = False  # early stopping stopped the run
-        snap = self.snapshot if cfg.checkpoint_dir else None
-        if cfg.parallel.stages > 1:
-            self.sg: TrainStep = StageStep(cfg, stages, backend, first, snap, self.objective)
-        else:
-            self.sg = StepGraph(cfg, self.model, backend, snap, self.objective)
 
     def check_objective(self) -> None:
         """An author's objective's loss of the model's output on two training samples,
@@ -235,39 +235,24 @@ class RankRun:
         if self.writer is None:
             return
         snap = self.staged.pop()
-        if self.stage > 0:  # a pipeline stage's shard
-            for w in self.pending:
-                w.result()
-            part = {k: snap[k] for k in ("model", "optim", "step")}
-            self.pending[:] = [
-                self.writer.submit(
-                    checkpoint.save, part, self.cfg.checkpoint_dir, snap["step"],
-                    self.cfg.training.keep_checkpoints + 1, protect, self.stage,
-                )
-            ]  # fmt: skip
-            return
-        if self.keys is not None:
-            snap["shards"] = self.sg.shards(snap["step"])
-        # the step's own gradient figures are in now (the snapshot ran inside the step)
-        snap["grads"] = json.dumps(f.grads.state())
-        totals = summed * self.backend.size + torch.tensor(f.carried, dtype=torch.float64)
-        snap["sums"] = json.dumps(totals.tolist())
+        if self.stage > 0:  # a pipeline stage's shard: its own part alone
+            snap = {k: snap[k] for k in ("model", "optim", "step")}
+        else:
+            if self.keys is not None:
+                snap["shards"] = self.sg.shards(snap["step"])
+            # the step's own gradient figures are in now (the snapshot ran inside the step)
+            snap["grads"] = json.dumps(f.grads.state())
+            totals = summed * self.backend.size + torch.tensor(f.carried, dtype=torch.float64)
+            snap["sums"] = json.dumps(totals.tolist())
         for w in self.pending:
             w.result()
-        t = self.cfg.training
+        # (checkpoint.save keeps a sharded checkpoint's older files: its writers run apart)
         self.pending[:] = [
             self.writer.submit(
-                checkpoint.save,
-                snap,
-                self.cfg.checkpoint_dir,
-                snap["step"],
-                # a pipeline's: the stages' writers run apart, up to one checkpoint (rank 0
-                # waits for its own write only), so each keeps older files, and the newest
-                # checkpoint whose every shard is written is always there
-                t.keep_checkpoints + (2 if self.keys is not None else 0),
-                protect,
+                checkpoint.save, snap, self.cfg.checkpoint_dir, snap["step"],
+                self.cfg.training.keep_checkpoints, protect, self.stage,
             )
-        ]
+        ]  # fmt: skip
 
     def best_step(self, rows: list[dict[str, Any]] | None = None) -> int | None:
         """The step of the best epoch's checkpoint (early stopping keeps it whatever

@@ -126,10 +126,12 @@ def test_each_stage_keeps_its_last_k_and_clears_only_its_own_temp_files(tmp_path
     (tmp_path / ".ckpt-00000005.stage1.pt.abc").write_bytes(b"stage 1 writing")
     (tmp_path / ".ckpt-00000005.pt.xyz").write_bytes(b"stage 0 killed")
     for step in (1, 2, 3):
-        sharded(tmp_path, step, float(step), keep=2)
+        sharded(tmp_path, step, float(step), keep=1)
     names = sorted(p.name for p in tmp_path.iterdir())
     assert ".ckpt-00000005.stage1.pt.abc" not in names  # stage 1's writer cleared its own
+    # (keep 1 and a sharded checkpoint's margin: stage 0 keeps 3, stage 1 keeps 2)
     assert [n for n in names if not n.startswith(".")] == [
+        "ckpt-00000001.pt", "ckpt-00000001.pt.json",
         "ckpt-00000002.pt", "ckpt-00000002.pt.json",
         "ckpt-00000002.stage1.pt", "ckpt-00000002.stage1.pt.json",
         "ckpt-00000003.pt", "ckpt-00000003.pt.json",
@@ -138,6 +140,28 @@ def test_each_stage_keeps_its_last_k_and_clears_only_its_own_temp_files(tmp_path
     (tmp_path / ".ckpt-00000009.stage1.pt.abc").write_bytes(b"stage 1 writing")
     checkpoint.save(state(4), tmp_path, 4)  # stage 0's writer leaves stage 1's alone
     assert (tmp_path / ".ckpt-00000009.stage1.pt.abc").exists()
+
+
+@pytest.mark.parametrize("ahead", [0, 1])
+def test_a_sharded_checkpoint_keeps_two_more_files_and_each_shard_one_more(tmp_path, ahead):
+    """The stages' writers run apart (rank 0 waits for its own write only): with keep 1,
+    stage 0 keeps 3 files and stage 1 keeps 2 shards, so whichever writer is a
+    checkpoint ahead, a whole checkpoint is there."""
+    for step in range(1, 6):
+        sharded(tmp_path, step, float(step), keep=1)
+    assert sorted(p.name for p in tmp_path.glob("ckpt-*.pt")) == [
+        "ckpt-00000003.pt",
+        "ckpt-00000004.pt", "ckpt-00000004.stage1.pt",
+        "ckpt-00000005.pt", "ckpt-00000005.stage1.pt",
+    ]  # fmt: skip
+    assert len(list(tmp_path.glob("ckpt-*.pt.json"))) == 5  # each with its sidecar
+    if ahead == 0:  # stage 0's file of checkpoint 6 written, stage 1's shard not yet
+        sharded(tmp_path, 6, 6.0, write_shard=False, keep=1)
+    else:  # stage 1's shard of checkpoint 6 written, stage 0's file not yet
+        shard = {"model": {"b": torch.zeros(3)}, "optim": [{"state": {}}], "step": 6}
+        checkpoint.save(shard, tmp_path, 6, keep=1, stage=1)
+    found = checkpoint.latest(tmp_path)
+    assert found is not None and found[0].name == "ckpt-00000005.pt"
 
 
 def test_the_digest_combines_per_tensor_digests_so_stages_can_each_digest_their_own():
