@@ -13,6 +13,10 @@ dags/data/corpus.txt, 4,096 tokens a step:
   dagtrain gpipe / 1f1b / zero-bubble   ``parallel.order`` of dagtrain's pipeline step
                       (``parallel: {stages: 2, microbatches: 4, split: [k]}``),
                       each rank calling ``dagtrain.training.train`` with the config
+  dagtrain <order>-v2 the same order with ``parallel.chunks: 2`` on the 4-piece split
+                      (looped: rank 0 holds pieces 0 and 2, rank 1 pieces 1 and 3, as
+                      torch's looped classes): gpipe-v2 is looped BFS, 1f1b-v2
+                      interleaved 1F1B, zero-bubble-v2 interleaved zero-bubble
   torch <Schedule>    torch.distributed.pipelining: ``PipelineStage`` of
                       ``nn.Sequential(*blocks[a:b])``, the schedule class, SGD after
                       each ``step()``; ScheduleGPipe and Schedule1F1B on the same 2
@@ -86,7 +90,25 @@ WARMUP = 2
 DATA = "digits"
 TEST_FRACTION = 0.2  # dagtrain's default; the torch side cuts its batches the same way
 LR, MOMENTUM = 0.01, 0.9
-ORDERS = ["gpipe", "1f1b", "zero-bubble"]
+ORDERS = ["gpipe", "1f1b", "zero-bubble", "gpipe-v2", "1f1b-v2", "zero-bubble-v2"]
+# the families the issue compares: dagtrain's orders and torch's classes of each
+FAMILIES: dict[str, tuple[list[str], list[str]]] = {
+    "gpipe": (["gpipe"], ["ScheduleGPipe"]),
+    "1f1b": (["1f1b"], ["Schedule1F1B"]),
+    "interleaved": (["1f1b-v2", "gpipe-v2"], ["ScheduleInterleaved1F1B", "ScheduleLoopedBFS"]),
+    "zero-bubble": (
+        ["zero-bubble", "zero-bubble-v2"],
+        ["ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble", "ScheduleDualPipeV"],
+    ),
+}
+# an order and the torch class it is the same schedule as
+PAIRS = {
+    "gpipe": "ScheduleGPipe",
+    "1f1b": "Schedule1F1B",
+    "gpipe-v2": "ScheduleLoopedBFS",
+    "1f1b-v2": "ScheduleInterleaved1F1B",
+    "zero-bubble-v2": "ScheduleInterleavedZeroBubble",
+}
 # torch's schedule classes that run on 2 ranks, and how their stages are placed
 SCHEDULES: dict[str, str] = {
     "ScheduleGPipe": "single",
@@ -438,8 +460,9 @@ def _dagtrain_config(spec: dict):
         parallel={
             "stages": 2,
             "microbatches": spec["microbatches"],
-            "order": spec["order"],
-            "split": spec["split2"],
+            "order": spec["order"].removesuffix("-v2"),
+            "chunks": 2 if spec["order"].endswith("-v2") else 1,
+            "split": spec["split4"] if spec["order"].endswith("-v2") else spec["split2"],
         },
         data=spec.get("data", DATA),
         objective={"name": spec.get("objective", "classification")},
@@ -828,7 +851,12 @@ def main() -> None:
                     "dagtrain_best": bo,
                     "torch_best": bt,
                 }
-                for o, t in (("gpipe", "ScheduleGPipe"), ("1f1b", "Schedule1F1B")):
+                for fam, (os_, ts) in FAMILIES.items():
+                    a = [sps[f"dagtrain {o}"] for o in os_ if f"dagtrain {o}" in sps]
+                    b = [sps[f"torch {t}"] for t in ts if f"torch {t}" in sps]
+                    if a and b:
+                        ratios[f"family_{fam}_best_vs_torch_best"] = max(a) / max(b)
+                for o, t in PAIRS.items():
                     if f"dagtrain {o}" in sps and f"torch {t}" in sps:
                         ratios[f"{o}_vs_torch_{t}"] = sps[f"dagtrain {o}"] / sps[f"torch {t}"]
                         # peak activations per rank, dagtrain's counted as torch's / torch's

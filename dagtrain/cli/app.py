@@ -77,7 +77,9 @@ def validate(config: ConfigArg, sets: Sets = None, home: HomeOpt = Path(".dagtra
             f"{eff.distributed.backend} rank(s)"
             + (
                 f" ({eff.parallel.stages} pipeline stages x {eff.replicas} replica(s), "
-                f"{eff.parallel.microbatches} microbatches, {eff.parallel.order_used})"
+                f"{eff.parallel.microbatches} microbatches, "
+                + (f"{eff.parallel.chunks} chunks a rank, " if eff.parallel.chunks > 1 else "")
+                + f"order {eff.parallel.order})"
                 if eff.parallel.stages > 1
                 else ""
             )

@@ -365,17 +365,27 @@ class ParallelConfig(Section):
         description="microbatches M each replica's share of a step's batch is cut into "
         "(training.batch_size must divide by M x replicas)",
     )
+    chunks: int = Field(
+        1,
+        ge=1,
+        le=16,
+        description="model chunks v per rank, looped: the blocks are cut into S x v parts "
+        "and rank s holds parts s, s + S, ... (with order 1f1b: interleaved 1F1B, gpipe: "
+        "looped BFS, zero-bubble: interleaved zero-bubble); a smaller bubble for more "
+        "transfers. 1: one contiguous stage per rank",
+    )
     order: Order = Field(
         "auto",
         description="gpipe (every forward first: M microbatches alive), 1f1b (a backward "
         "as soon as it can: about S - s alive on stage s), zero-bubble (backward split into "
         "input and weight gradients, weights late: fills the bubble at 1f1b's memory, "
-        "but splitting the backward costs more than that on CPU); auto: 1f1b",
+        "but splitting the backward costs more than that on CPU); auto: the fastest of "
+        "gpipe and 1f1b, measured on the first steps",
     )
     split: Literal["auto"] | list[int] = Field(
         "auto",
-        description="auto: by each block's measured forward+backward time; or S - 1 "
-        "block indices, the first block of each stage after the first (e.g. [3] for 2 "
+        description="auto: by each block's measured forward+backward time; or S x v - 1 "
+        "block indices, the first block of each part after the first (e.g. [3] for 2 "
         "stages: blocks 0-2, then 3 on)",
     )
 
@@ -387,12 +397,28 @@ class ParallelConfig(Section):
                 "microbatches are a pipeline's; set parallel.stages to 2 or more, or "
                 "parallel.microbatches to 1"
             )
+        if self.chunks > 1 and self.stages == 1:
+            raise ValueError(
+                f"parallel.chunks is {self.chunks} with parallel.stages 1: chunks are a "
+                "pipeline's; set parallel.stages to 2 or more, or parallel.chunks to 1"
+            )
+        interleaved = self.order in ("1f1b", "zero-bubble", "auto")
+        if self.chunks > 1 and interleaved and self.microbatches % self.stages:
+            raise ValueError(
+                f"parallel.microbatches {self.microbatches} with parallel.chunks "
+                f"{self.chunks}: an interleaved {self.order} order sends microbatches "
+                f"round in groups of parallel.stages {self.stages}; make microbatches a "
+                f"multiple of {self.stages} (e.g. "
+                f"{_multiple_of(self.microbatches, self.stages)}), or use order gpipe "
+                "(looped BFS)"
+            )
         if isinstance(self.split, list):
-            cuts = self.split
-            if len(cuts) != self.stages - 1:
+            cuts, parts = self.split, self.stages * self.chunks
+            if len(cuts) != parts - 1:
+                per = f" x {self.chunks} chunks" if self.chunks > 1 else ""
                 raise ValueError(
-                    f"parallel.split {cuts} has {len(cuts)} boundaries; {self.stages} stages "
-                    f"need {self.stages - 1} (the first block of each stage after the "
+                    f"parallel.split {cuts} has {len(cuts)} boundaries; {self.stages} stages"
+                    f"{per} need {parts - 1} (the first block of each part after the "
                     "first), or split: auto"
                 )
             if any(c < 1 for c in cuts) or any(b <= a for a, b in zip(cuts, cuts[1:])):
@@ -403,9 +429,15 @@ class ParallelConfig(Section):
         return self
 
     @property
-    def order_used(self) -> str:
-        """``order``, with ``auto`` resolved."""
-        return "1f1b" if self.order == "auto" else self.order
+    def parts(self) -> int:
+        """S x v: the parts the model's blocks are cut into (rank stage s holds parts
+        s, s + S, ...)."""
+        return self.stages * self.chunks
+
+
+def _multiple_of(n: int, k: int) -> int:
+    """The smallest multiple of ``k`` that is at least ``n``."""
+    return -(-n // k) * k
 
 
 class ExecutorConfig(Section):

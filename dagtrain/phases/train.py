@@ -195,7 +195,9 @@ def train_phase(
             if dist.elastic
             else "",
             f" as {p.stages} pipeline stages x {tcfg.replicas} replica(s), "
-            f"{p.microbatches} microbatches a step, order {p.order_used}, split {p.split}"
+            f"{p.microbatches} microbatches a step"
+            f"{f', {p.chunks} chunks a rank' if p.chunks > 1 else ''}, order {p.order}, "
+            f"split {p.split}"
             if p.stages > 1
             else "",
             tcfg.checkpoint_dir,

@@ -3,7 +3,9 @@
 A stage rank's step graph names each compute op by its kind and microbatch (``F3``:
 the forward of microbatch 3, ``B3`` its backward or input gradient, ``W3`` its weight
 gradient) and each transfer by direction and microbatch (``send-act3``,
-``recv-grad3``). The pipeline step builds the names with :class:`Op`; the training
+``recv-grad3``); with chunks (``parallel.chunks`` > 1: a rank holds several parts of
+the model) the name ends with the chunk, ``F3.1`` the forward of microbatch 3 through
+the rank's chunk 1. The pipeline step builds the names with :class:`Op`; the training
 page reads them back with :func:`parse_op`, and its merged trace hands each op's kind
 and microbatch to the page's script as the span's ``args`` (:func:`op_args`): the
 script never reads a name. The bubble, one definition for the step (its result) and
@@ -17,11 +19,12 @@ from collections.abc import Iterable
 from enum import StrEnum
 from typing import Any
 
-__all__ = ["COMPUTE", "Op", "bubble", "is_compute", "op_args", "parse_op"]
+__all__ = ["COMPUTE", "Op", "bubble", "chunk_of", "is_compute", "op_args", "parse_op"]
 
 
 class Op(StrEnum):
-    """A pipeline op's kind; ``Op.FORWARD(3)`` is its name for microbatch 3."""
+    """A pipeline op's kind; ``Op.FORWARD(3)`` is its name for microbatch 3,
+    ``Op.FORWARD(3, 1)`` for microbatch 3 through the rank's chunk 1."""
 
     FORWARD = "F"
     BACKWARD = "B"  # the input gradient where the order splits backward, else all of it
@@ -31,8 +34,8 @@ class Op(StrEnum):
     SEND_GRAD = "send-grad"
     RECV_GRAD = "recv-grad"
 
-    def __call__(self, m: int) -> str:
-        return f"{self.value}{m}"
+    def __call__(self, m: int, chunk: int | None = None) -> str:
+        return f"{self.value}{m}" if chunk is None else f"{self.value}{m}.{chunk}"
 
     @property
     def way(self) -> str | None:
@@ -48,7 +51,7 @@ class Op(StrEnum):
 
 COMPUTE = frozenset({Op.FORWARD, Op.BACKWARD, Op.WEIGHT})
 
-_NAME = re.compile(r"(F|B|W|send-act|recv-act|send-grad|recv-grad)(\d+)")
+_NAME = re.compile(r"(F|B|W|send-act|recv-act|send-grad|recv-grad)(\d+)(?:\.(\d+))?")
 
 
 def parse_op(name: str) -> tuple[Op, int] | None:
@@ -57,16 +60,26 @@ def parse_op(name: str) -> tuple[Op, int] | None:
     return (Op(m.group(1)), int(m.group(2))) if m else None
 
 
+def chunk_of(name: str) -> int | None:
+    """The chunk of a pipeline op's name (``F3.1``: 1); None without one."""
+    m = _NAME.fullmatch(name)
+    return int(m.group(3)) if m and m.group(3) is not None else None
+
+
 def op_args(name: str) -> dict[str, Any]:
     """What a span named ``name`` is, as fields for its trace event's ``args``: ``op``
     (the :class:`Op`'s value: ``F``, ``B``, ``W``, ``send-act``, ...) and
-    ``microbatch``, and for a transfer ``way`` (``send``, ``recv``) and ``carries``
-    (``act``, ``grad``); none for any other task."""
+    ``microbatch`` (and ``chunk`` where the rank holds several), and for a transfer
+    ``way`` (``send``, ``recv``) and ``carries`` (``act``, ``grad``); none for any other
+    task."""
     got = parse_op(name)
     if got is None:
         return {}
     op, m = got
     fields: dict[str, Any] = {"op": op.value, "microbatch": m}
+    chunk = chunk_of(name)
+    if chunk is not None:
+        fields["chunk"] = chunk
     if op.way is not None:
         fields |= {"way": op.way, "carries": op.carries}
     return fields

@@ -25,16 +25,20 @@ def alive(pid: int) -> bool:
         return False
 
 
-def signal_rank(job_dir: Path, pids: Path, rank: int, sig: int, after: str, box: dict):
+def signal_rank(
+    job_dir: Path, pids: Path, rank: int, sig: int, after: str | tuple[str, ...], box: dict
+):
     """An ``on_start`` for run_training: ``sig`` to rank ``rank`` (its pid from the
-    ``DAGTRAIN_PID_DIR`` folder ``pids``) once ``job_dir / after`` exists; ``box`` gets
-    the time and the pid. Gives up after 90 s."""
+    ``DAGTRAIN_PID_DIR`` folder ``pids``) once ``job_dir / after`` exists (each of them,
+    for a tuple); ``box`` gets the time and the pid. Gives up after 90 s."""
+    files = (after,) if isinstance(after, str) else after
 
     def on_start(job):
         def go():
             deadline = time.monotonic() + 90
             while time.monotonic() < deadline:
-                if (job_dir / after).exists() and (pids / f"rank{rank}.pid").exists():
+                written = all((job_dir / f).exists() for f in files)
+                if written and (pids / f"rank{rank}.pid").exists():
                     box["at"] = time.monotonic()
                     box["pid"] = int((pids / f"rank{rank}.pid").read_text())
                     os.kill(box["pid"], sig)

@@ -3,8 +3,9 @@ trains the same parameters as one process on the same global batch, resumes bitw
 after a kill (and with another number of stages), and a stage rank that dies or stalls
 fails the job in time, named. Nothing is mocked.
 
-The whole equivalence grid (every order, S in {2, 4}, M in {1, 4, 8}, D in {1, 2}) runs
-with ``-m pipeline_grid``; the default run takes a subset of it."""
+The whole equivalence grid (every order, S in {2, 4}, M in {1, 4, 8}, D in {1, 2},
+v in {1, 2} chunks a rank) runs with ``-m pipeline_grid``; the default run takes a
+subset of it."""
 
 from __future__ import annotations
 
@@ -34,14 +35,20 @@ BASE = {
     "bucket_mb": 0.01,
     "collective_timeout": 30,
 }
-GRID = list(itertools.product(ORDERS, (2, 4), (1, 4, 8), (1, 2)))
-# the default run's part of the grid: each order, both S, M and D, two backends
+GRID = [
+    (order, s, m, d, v)
+    for order, s, m, d, v in itertools.product(ORDERS, (2, 4), (1, 4, 8), (1, 2), (1, 2))
+    if v == 1 or order == "gpipe" or m % s == 0  # (interleaved: microbatches in groups of S)
+]
+# the default run's part of the grid: each order with one chunk and with two (gpipe's:
+# looped BFS, 1f1b's: interleaved 1F1B), both S, M and D, two backends
 DEFAULT = {
-    ("gpipe", 2, 4, 1),
-    ("1f1b", 4, 8, 1),
-    ("1f1b", 2, 1, 2),
-    ("zero-bubble", 2, 8, 2),
-    ("zero-bubble", 4, 4, 1),
+    ("gpipe", 2, 4, 1, 1),
+    ("gpipe", 2, 8, 1, 2),
+    ("1f1b", 4, 8, 1, 2),
+    ("1f1b", 2, 1, 2, 1),
+    ("zero-bubble", 2, 8, 2, 2),
+    ("zero-bubble", 4, 4, 1, 1),
 }
 
 
@@ -62,30 +69,34 @@ def _grid():
         yield pytest.param(*case, marks=marks, id="-".join(map(str, case)))
 
 
-@pytest.mark.parametrize(("order", "stages", "micro", "replicas"), list(_grid()))
+@pytest.mark.parametrize(("order", "stages", "micro", "replicas", "chunks"), list(_grid()))
 def test_every_order_trains_what_one_process_trains(
-    tmp_path, single, order, stages, micro, replicas
+    tmp_path, single, order, stages, micro, replicas, chunks
 ):
-    backend = "mpi" if (stages + micro + replicas) % 2 else "torch"
+    backend = "mpi" if (stages + micro + replicas + chunks) % 2 == 0 else "torch"
     cfg = TrainConfig(
         **BASE,
         backend=backend,
         ranks=stages * replicas,
-        parallel={"stages": stages, "microbatches": micro, "order": order},
+        parallel={"stages": stages, "microbatches": micro, "order": order, "chunks": chunks},
         checkpoint_dir=str(tmp_path),
     )
     r = run_training(cfg, **QUIET)
     p = r.pipeline
-    assert (p["stages"], p["replicas"], p["microbatches"], p["order"]) == (
+    assert (p["stages"], p["replicas"], p["microbatches"], p["order"], p["chunks"]) == (
         stages,
         replicas,
         micro,
         order,
+        chunks,
     )
+    assert p["parts"] == list(range(0, stages * chunks, stages))  # rank 0's, looped
     assert r.steps == 4
     got = final_params(tmp_path)
     worst = max(float((got[k] - v).abs().max()) for k, v in single.items())
-    print(f"{order} S={stages} M={micro} D={replicas} on {backend}: max |diff| {worst:.3g}")
+    print(
+        f"{order} S={stages} M={micro} D={replicas} v={chunks} on {backend}: max |diff| {worst:.3g}"
+    )
     for k, v in single.items():
         assert torch.allclose(got[k], v, rtol=1e-5, atol=1e-6), (k, worst)
 
@@ -103,6 +114,18 @@ def test_the_orders_hold_the_activations_they_promise(tmp_path):
         peak[order] = run_training(cfg, **QUIET).pipeline["peak_activation_bytes"]
     assert peak["1f1b"] * 4 == peak["gpipe"], peak
     assert peak["zero-bubble"] == peak["1f1b"], peak
+    # two chunks a rank (4 parts of 2 blocks): looped BFS keeps every forward of both
+    # chunks alive, interleaved 1F1B on stage 0 at most 2(S - 1) + (v - 1)S + 1 = 5 of 16
+    for order in ("gpipe", "1f1b"):
+        cfg = TrainConfig(
+            **{**BASE, "max_steps": 2},
+            backend="torch",
+            ranks=2,
+            parallel={"stages": 2, "microbatches": 8, "order": order, "chunks": 2,
+                      "split": [2, 4, 6]},
+        )  # fmt: skip
+        peak[f"{order}-v2"] = run_training(cfg, **QUIET).pipeline["peak_activation_bytes"]
+    assert peak["1f1b-v2"] < peak["gpipe-v2"] / 2, peak
 
 
 SLOW = dict(
@@ -120,15 +143,22 @@ SLOW = dict(
 def test_a_killed_stage_rank_fails_named_and_the_run_resumes_bitwise(
     tmp_path, backend, monkeypatch
 ):
-    par = {"stages": 2, "microbatches": 4, "order": "1f1b", "split": [4]}
+    # order auto: each run (and the resumed one) measures gpipe and 1f1b on its first
+    # steps and keeps the faster, whichever it is: they must give the same bits
+    par = {"stages": 2, "microbatches": 4, "order": "auto", "split": [4]}
     cfg = dict(SLOW, backend=backend, ranks=2, parallel=par)
     whole = run_training(TrainConfig(**cfg, checkpoint_dir=str(tmp_path / "a")), **QUIET)
+    trial = whole.pipeline["order_trial"]
+    assert trial["chosen"] in ("1f1b", "gpipe") and whole.pipeline["order"] == trial["chosen"]
+    assert set(trial["median_step_ms"]) == {"1f1b", "gpipe"}, trial
     pids = tmp_path / "pids"
     pids.mkdir()
     monkeypatch.setenv("DAGTRAIN_PID_DIR", str(pids))
     d = tmp_path / "b"
     box: dict = {}
-    kill = signal_rank(d, pids, 1, signal.SIGKILL, "ckpt-00000020.pt.json", box)
+    # once both stages' checkpoint of step 20 is whole (each stage writes its own shard)
+    both = ("ckpt-00000020.pt.json", "ckpt-00000020.stage1.pt.json")
+    kill = signal_rank(d, pids, 1, signal.SIGKILL, both, box)
     with pytest.raises(RankFailure) as info:
         run_training(TrainConfig(**cfg, checkpoint_dir=str(d)), on_start=kill, **QUIET)
     assert "at" in box, "rank 1 was never killed"
@@ -141,6 +171,7 @@ def test_a_killed_stage_rank_fails_named_and_the_run_resumes_bitwise(
     resumed = run_training(TrainConfig(**cfg, checkpoint_dir=str(d)), **QUIET)
     assert resumed.resumed_from_step is not None and resumed.resumed_from_step >= 20
     assert resumed.steps == whole.steps == 60
+    assert resumed.pipeline["order_trial"]["chosen"] in ("1f1b", "gpipe")
     assert resumed.params_sha256 == whole.params_sha256  # bitwise
     assert [e["train_loss"] for e in resumed.epochs] == [e["train_loss"] for e in whole.epochs]
 

@@ -148,7 +148,9 @@ def check(spec: dict[str, Any]) -> dict[str, Any]:
     if parallel.get("stages", 1) > 1:  # the blocks a pipeline splits it into
         from dagtrain.training.rank.split import check_blocks
 
-        check_blocks(model, parallel["stages"], parallel.get("split", "auto"))
+        check_blocks(
+            model, parallel["stages"], parallel.get("split", "auto"), parallel.get("chunks", 1)
+        )
     if (
         out is not None
         and classes is not None

@@ -134,7 +134,8 @@ class StageBucket:
             self.spans.append((n, n + q.numel()))
             n += q.numel()
         self.flat = torch.zeros(n, dtype=params[0].dtype, device=params[0].device)
-        self.event: Event | None = None  # its allreduce task's
+        self.event: Event | None = None  # its allreduce task's, in the step running
+        self.events: dict[str, Event] = {}  # that task's in each order's graph
         self.pending = len(params)  # gradients still to come in the step's last backward
         self.posted = False  # its average started this step
 

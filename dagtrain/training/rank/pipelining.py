@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from typing import Any
@@ -56,6 +57,7 @@ from .activations import ActivationBytes
 from .batches import cut, length, to_device
 from .buckets import StageBucket, stage_buckets
 from .objective import Objective, objective_of
+from .order_trial import OrderTrial
 from .recipe import Precision, clip_factor, lr_at
 from .split import blocks_of, boundary_shapes
 from .split_backward import input_grad, weight_grads
@@ -76,7 +78,8 @@ class StageStep:
     ``run(batch, snapshot, trace)`` -> the objective's sums (the last stage's).
 
     A rank holds its stage's blocks alone (:mod:`.stages`: the other stages' tensors
-    are on the meta device); it evaluates as a pipeline (:meth:`evaluate`), and its
+    are on the meta device) — with ``parallel.chunks`` v > 1, its v parts of the model
+    (parts s, s + S, ...); it evaluates as a pipeline (:meth:`evaluate`), and its
     checkpoint is its stage's shard (:meth:`optimizer_states`, :meth:`shards`).
     """
 
@@ -95,14 +98,17 @@ class StageStep:
         self.cfg, self.model, self.backend = cfg, model, backend
         self.S, self.M = p.stages, p.microbatches
         self.D = backend.size // self.S
-        self.order = p.order_used
         self.stage, self.replica = divmod(backend.rank, self.D)  # rank = stage * D + replica
         self.replicas = self.D
         self.first, self.last = self.stage == 0, self.stage == self.S - 1
         blocks = blocks_of(model)
         self.split, self.keys = stages.split, stages.keys
-        a, b = self.split.ranges[self.stage]
-        self.module = nn.Sequential(*blocks[a:b])
+        # the parts of the model this rank runs (its chunks), in the order a sample
+        # passes them; V parts in all
+        self.v, self.V = self.split.chunks, len(self.split.ranges)
+        self.parts = self.split.parts_of(self.stage)
+        self.modules = [nn.Sequential(*blocks[slice(*self.split.ranges[c])]) for c in self.parts]
+        self.module = nn.Sequential(*self.modules)
         first = next(self.module.parameters(), None)
         self.device = first.device if first is not None else torch.device(backend.device)
         described = blocks_of(stages.meta)  # the boundaries' shapes, from the description
@@ -133,6 +139,7 @@ class StageStep:
             for bk in self.buckets
             for q in bk.params
         ]
+        # (the ranks before and after this rank's stage, for its whole-stage transfers)
         self.peers_prev = backend.rank - self.D if not self.first else None
         self.peers_next = backend.rank + self.D if not self.last else None
         # every rank takes part in creating every stage's replica group
@@ -148,17 +155,21 @@ class StageStep:
         self._switch_interval = sys.getswitchinterval()
         sys.setswitchinterval(min(self._switch_interval, SWITCH_INTERVAL))
         t = cfg.distributed.collective_timeout
+        # a thread per direction and chunk: a chunk's transfers of one way complete in
+        # the order they were posted, the chunks' do not (chunk 1's gradient comes first)
         self._waiters = {
-            k: Transfers(f"pipeline-{k}", backend.rank, t)
+            (k, j): Transfers(f"pipeline-{k}" + (f".{j}" if self.v > 1 else ""), backend.rank, t)
+            for j, c in enumerate(self.parts)
             for k, needed in (
-                ("recv-act", not self.first),
-                ("send-act", not self.last),
-                ("recv-grad", not self.last),
-                ("send-grad", not self.first),
-                ("allreduce", self.D > 1),
+                ("recv-act", c > 0),
+                ("send-act", c < self.V - 1),
+                ("recv-grad", c < self.V - 1),
+                ("send-grad", c > 0),
             )
             if needed
         }
+        if self.D > 1:
+            self._waiters["allreduce", 0] = Transfers("pipeline-allreduce", backend.rank, t)
         self.none = (0.0,) * len(self.objective.sum_names)
         self.step = 0
         self.completed = 0  # as StepGraph's (elastic runs are data-parallel only)
@@ -179,72 +190,124 @@ class StageStep:
         self.lr: float | None = None
         self.norm: float | None = None
         self.factor = 1.0
-        self.graph = self._build()
+        # the order: the one asked for, or (auto) each candidate's graph, measured on
+        # the first steps (:class:`.order_trial.OrderTrial`)
+        self.trial = OrderTrial(backend) if p.order == "auto" else None
+        candidates = self.trial.candidates if self.trial is not None else (p.order,)
+        self.graphs = {o: self._build(o) for o in candidates}
+        self.order = candidates[0]
+        self.graph = self.graphs[self.order]
 
     # ------------------------------------------------------------------ graph
-    def _build(self) -> TaskGraph:
-        g = TaskGraph(f"pipeline-stage{self.stage}")
-        M, s = self.M, self.stage
-        split = self.order in _SPLIT_ORDERS and not self.first
-        alive = M if self.order == "gpipe" else max(1, min(M, self.S - s))
-        frees = Op.WEIGHT if split else Op.BACKWARD  # after it, a microbatch's activations go
-        back_first = self.order != "gpipe"
-        pf, pb, pw, pc = (2 * M, 3 * M, M, 4 * M) if back_first else (3 * M, 2 * M, M, 4 * M)
+    def _name(self, op: Op, m: int, j: int) -> str:
+        return op(m, j if self.v > 1 else None)
+
+    def _keys(self, order: str) -> tuple[Callable[[int, int], int], Callable[[int, int], int]]:
+        """The place of microbatch m's forward and backward through chunk j in the
+        order's sequence of this rank's forwards and of its backwards."""
+        M, S, v = self.M, self.S, self.v
+        if order == "gpipe":  # (looped BFS with chunks: chunk by chunk, every microbatch)
+            return (lambda m, j: j * M + m), (lambda m, j: (v - 1 - j) * M + m)
+        # 1F1B, interleaved with chunks: microbatches in groups of S, each group through
+        # chunk 0, then chunk 1, ...; backwards the other way round (Megatron-LM's)
+        return (
+            lambda m, j: (m // S) * S * v + j * S + m % S,
+            lambda m, j: (m // S) * S * v + (v - 1 - j) * S + m % S,
+        )
+
+    def _alive(self, order: str) -> int:
+        """T: how many of this rank's forwards may be alive (not yet freed)."""
+        n, s = self.M * self.v, self.stage
+        if order == "gpipe":
+            return n
+        if self.v == 1:
+            return max(1, min(n, self.S - s))
+        # interleaved 1F1B's warm-up (Megatron-LM's), and the forward it overlaps
+        return min(n, 2 * (self.S - s - 1) + (self.v - 1) * self.S + 1)
+
+    def _build(self, order: str) -> TaskGraph:
+        g = TaskGraph(f"pipeline-stage{self.stage}-{order}")
+        M, v = self.M, self.v
+        n = M * v
+        fkey, bkey = self._keys(order)
+        alive = self._alive(order)
+        back_first = order != "gpipe"
+        pf, pb, pw, pc = (2 * n, 3 * n, n, 4 * n) if back_first else (3 * n, 2 * n, n, 4 * n)
+        # the backward of each place in the sequence, and the task that frees its
+        # microbatch's activations (where the order splits backward: W)
+        split = [order in _SPLIT_ORDERS and c > 0 for c in self.parts]
+        frees = {}
+        for m in range(M):
+            for j in range(v):
+                frees[bkey(m, j)] = self._name(Op.WEIGHT if split[j] else Op.BACKWARD, m, j)
+        name = self._name
         g.add(self._load_next, name="load-next", out="next-batch")
         # while the stage waits for its first input, not before the step
-        g.add(self._zero_grads, name="zero-grads", out="grads", priority=pc)
+        g.add(
+            self._zero_grads, name="zero-grads", out=[f"grads{j}" for j in range(v)],
+            priority=pc,
+        )  # fmt: skip
         for m in range(M):
-            token = (frees(m - alive),) if m >= alive else ()
-            if not self.first:
-                ev = Event()
+            for j, c in enumerate(self.parts):
+                k = fkey(m, j)
+                token = (frees[k - alive],) if k >= alive else ()
+                if c > 0:
+                    ev = Event()
+                    g.add(
+                        self._recv_act, m, j, ev, name=name(Op.RECV_ACT, m, j),
+                        out=f"in{m}.{j}", detach=ev, after=token, priority=pc - k,
+                    )  # fmt: skip
                 g.add(
-                    self._recv_act, m, ev, name=Op.RECV_ACT(m), out=f"in{m}",
-                    detach=ev, after=token, priority=pc - m,
+                    self._forward, m, j, Ref(f"in{m}.{j}") if c > 0 else None,
+                    name=name(Op.FORWARD, m, j), out=f"act{m}.{j}", in_="params",
+                    after=token, priority=pf - k,
                 )  # fmt: skip
-            g.add(
-                self._forward, m, Ref(f"in{m}") if not self.first else None,
-                name=Op.FORWARD(m), out=f"act{m}", in_="params", after=token, priority=pf - m,
-            )  # fmt: skip
-            if not self.last:
-                ev = Event()
-                g.add(
-                    self._send_act, m, Ref(f"act{m}"), ev, name=Op.SEND_ACT(m),
-                    detach=ev, priority=pc - m,
-                )  # fmt: skip
-                ev = Event()
-                g.add(
-                    self._recv_grad, m, ev, name=Op.RECV_GRAD(m), out=f"dout{m}",
-                    detach=ev, after=Op.FORWARD(m), priority=pc - m,
-                )  # fmt: skip
+                if c < self.V - 1:
+                    ev = Event()
+                    g.add(
+                        self._send_act, m, j, Ref(f"act{m}.{j}"), ev,
+                        name=name(Op.SEND_ACT, m, j), detach=ev, priority=pc - k,
+                    )  # fmt: skip
+                    ev = Event()
+                    g.add(
+                        self._recv_grad, m, j, ev, name=name(Op.RECV_GRAD, m, j),
+                        out=f"dout{m}.{j}", detach=ev, after=name(Op.FORWARD, m, j),
+                        priority=pc - bkey(m, j),
+                    )  # fmt: skip
         for m in range(M):
-            dout = Ref(f"dout{m}") if not self.last else None
-            if split:
-                g.add(
-                    self._backward_input, m, Ref(f"act{m}"), dout, name=Op.BACKWARD(m),
-                    out=f"dx{m}", priority=pb - m,
-                )  # fmt: skip
-                g.add(
-                    self._backward_weight, m, Ref(f"dx{m}"), name=Op.WEIGHT(m),
-                    inout="grads", priority=pw - m,
-                )  # fmt: skip
-            else:
-                g.add(
-                    self._backward, m, Ref(f"act{m}"), dout, name=Op.BACKWARD(m),
-                    out=f"dx{m}", inout="grads", priority=pb - m,
-                )  # fmt: skip
-            if not self.first:
-                ev = Event()
-                g.add(
-                    self._send_grad, m, Ref(f"dx{m}"), ev, name=Op.SEND_GRAD(m),
-                    detach=ev, priority=pc - m,
-                )  # fmt: skip
-        reduced = ["grads"]
+            for j, c in enumerate(self.parts):
+                k = bkey(m, j)
+                dout = Ref(f"dout{m}.{j}") if c < self.V - 1 else None
+                if split[j]:
+                    g.add(
+                        self._backward_input, m, j, Ref(f"act{m}.{j}"), dout,
+                        name=name(Op.BACKWARD, m, j), out=f"dx{m}.{j}", priority=pb - k,
+                    )  # fmt: skip
+                    g.add(
+                        self._backward_weight, m, j, Ref(f"dx{m}.{j}"),
+                        name=name(Op.WEIGHT, m, j), inout=f"grads{j}", priority=pw - k,
+                    )  # fmt: skip
+                else:
+                    g.add(
+                        self._backward, m, j, Ref(f"act{m}.{j}"), dout,
+                        name=name(Op.BACKWARD, m, j), out=f"dx{m}.{j}", inout=f"grads{j}",
+                        priority=pb - k,
+                    )  # fmt: skip
+                if c > 0:
+                    ev = Event()
+                    g.add(
+                        self._send_grad, m, j, Ref(f"dx{m}.{j}"), ev,
+                        name=name(Op.SEND_GRAD, m, j), detach=ev, priority=pc - k,
+                    )  # fmt: skip
+        reduced = [f"grads{j}" for j in range(v)]
         if self.D > 1:  # posted in bucket order on every replica (priorities), overlapped
             for bk in self.buckets:
-                ev = bk.event = Event()
+                ev = Event()
+                bk.events[order] = ev
                 g.add(
-                    self._allreduce, bk, ev, name=f"allreduce[{bk.index}]", in_="grads",
-                    out=f"g{bk.index}", detach=ev, priority=pc - bk.index,
+                    self._allreduce, bk, ev, name=f"allreduce[{bk.index}]",
+                    in_=[f"grads{j}" for j in range(v)], out=f"g{bk.index}", detach=ev,
+                    priority=pc - bk.index,
                 )  # fmt: skip
                 reduced.append(f"g{bk.index}")
         g.add(self._check, name="check-finite", in_=reduced, out="finite")
@@ -263,22 +326,44 @@ class StageStep:
         """Microbatch ``m``'s rows of this step's batch: (start, stop)."""
         return self.cuts[m], self.cuts[m + 1]
 
-    def _recv_act(self, m: int, event: Event) -> torch.Tensor:
+    def rank_of(self, part: int) -> int:
+        """The rank of this replica that runs part ``part``."""
+        return self.split.stage_of(part) * self.D + self.replica
+
+    def where(self, part: int) -> str:
+        """``stage s`` (and its chunk, where a rank holds several) of part ``part``."""
+        s = self.split.stage_of(part)
+        return f"stage {s}" if self.v == 1 else f"stage {s} chunk {part // self.S}"
+
+    def tag(self, part: int, carries: str, m: int) -> int:
+        """The tag of microbatch ``m``'s transfer into part ``part`` (``act``: from the
+        part before, ``grad``: from the one after); one per part, way and microbatch,
+        below :attr:`free_tag`."""
+        return part * 2 * self.M + (self.M if carries == "grad" else 0) + m
+
+    @property
+    def free_tag(self) -> int:
+        """The first tag no training step uses (the evaluation's are above it)."""
+        return 2 * self.M * self.V
+
+    def _recv_act(self, m: int, j: int, event: Event) -> torch.Tensor:
         a, b = self._mb(m)
-        shape, dtype = self.shapes[self.stage - 1]
+        c = self.parts[j]
+        shape, dtype = self.shapes[c - 1]
         buf = torch.empty((b - a, *shape), dtype=dtype, device=self.device)
         if b == a:
             event.fulfill()
             return buf
+        peer = self.rank_of(c - 1)
         what = (
-            f"rank {self.backend.rank} (stage {self.stage}): receiving microbatch {m}'s "
-            f"activation from rank {self.peers_prev} (stage {self.stage - 1})"
+            f"rank {self.backend.rank} ({self.where(c)}): receiving microbatch {m}'s "
+            f"activation from rank {peer} ({self.where(c - 1)})"
         )
-        h = self.backend.recv_async(buf, self.peers_prev, m, what)
-        self._waiters["recv-act"].post(h, event, buf, Op.RECV_ACT(m))
+        h = self.backend.recv_async(buf, peer, self.tag(c, "act", m), what)
+        self._waiters["recv-act", j].post(h, event, buf, self._name(Op.RECV_ACT, m, j))
         return buf
 
-    def _send_act(self, m: int, act: tuple, event: Event) -> None:
+    def _send_act(self, m: int, j: int, act: tuple, event: Event) -> None:
         if act[1] is None:  # an empty microbatch (a short last batch): nothing to send
             event.fulfill()
             return
@@ -286,43 +371,50 @@ class StageStep:
         if not len(out):
             event.fulfill()
             return
+        c = self.parts[j]
+        peer = self.rank_of(c + 1)
         what = (
-            f"rank {self.backend.rank} (stage {self.stage}): sending microbatch {m}'s "
-            f"activation to rank {self.peers_next} (stage {self.stage + 1})"
+            f"rank {self.backend.rank} ({self.where(c)}): sending microbatch {m}'s "
+            f"activation to rank {peer} ({self.where(c + 1)})"
         )
-        h = self.backend.send_async(out, self.peers_next, m, what)
-        self._waiters["send-act"].post(h, event, out, Op.SEND_ACT(m))
+        h = self.backend.send_async(out, peer, self.tag(c + 1, "act", m), what)
+        self._waiters["send-act", j].post(h, event, out, self._name(Op.SEND_ACT, m, j))
 
-    def _recv_grad(self, m: int, event: Event) -> torch.Tensor:
+    def _recv_grad(self, m: int, j: int, event: Event) -> torch.Tensor:
         a, b = self._mb(m)
-        shape, dtype = self.shapes[self.stage]
+        c = self.parts[j]
+        shape, dtype = self.shapes[c]
         buf = torch.empty((b - a, *shape), dtype=dtype, device=self.device)
         if b == a:
             event.fulfill()
             return buf
+        peer = self.rank_of(c + 1)
         what = (
-            f"rank {self.backend.rank} (stage {self.stage}): receiving microbatch {m}'s "
-            f"gradient from rank {self.peers_next} (stage {self.stage + 1})"
+            f"rank {self.backend.rank} ({self.where(c)}): receiving microbatch {m}'s "
+            f"gradient from rank {peer} ({self.where(c + 1)})"
         )
-        h = self.backend.recv_async(buf, self.peers_next, self.M + m, what)
-        self._waiters["recv-grad"].post(h, event, buf, Op.RECV_GRAD(m))
+        h = self.backend.recv_async(buf, peer, self.tag(c, "grad", m), what)
+        self._waiters["recv-grad", j].post(h, event, buf, self._name(Op.RECV_GRAD, m, j))
         return buf
 
-    def _send_grad(self, m: int, dx: torch.Tensor | None, event: Event) -> None:
+    def _send_grad(self, m: int, j: int, dx: torch.Tensor | None, event: Event) -> None:
         if dx is None or not len(dx):
             event.fulfill()
             return
+        c = self.parts[j]
+        peer = self.rank_of(c - 1)
         what = (
-            f"rank {self.backend.rank} (stage {self.stage}): sending microbatch {m}'s "
-            f"gradient to rank {self.peers_prev} (stage {self.stage - 1})"
+            f"rank {self.backend.rank} ({self.where(c)}): sending microbatch {m}'s "
+            f"gradient to rank {peer} ({self.where(c - 1)})"
         )
         dx = dx.contiguous()
-        h = self.backend.send_async(dx, self.peers_prev, self.M + m, what)
-        self._waiters["send-grad"].post(h, event, dx, Op.SEND_GRAD(m))
+        h = self.backend.send_async(dx, peer, self.tag(c - 1, "grad", m), what)
+        self._waiters["send-grad", j].post(h, event, dx, self._name(Op.SEND_GRAD, m, j))
 
-    def _forward(self, m: int, inp: torch.Tensor | None) -> tuple:
+    def _forward(self, m: int, j: int, inp: torch.Tensor | None) -> tuple:
         a, b = self._mb(m)
-        if self.first:
+        c = self.parts[j]
+        if c == 0:
             inp = cut(self.x, a, b)
             if self.device.type != "cpu":
                 inp = to_device(inp, self.device)
@@ -331,49 +423,53 @@ class StageStep:
         if b == a:
             return (inp, None, 0)
         torch.default_generator.manual_seed(
-            step_seed(self.cfg.training.seed, self.backend.rank, self.step * self.M + m)
+            step_seed(
+                self.cfg.training.seed, self.backend.rank, (self.step * self.M + m) * self.v + j
+            )
         )
         # counted on the first step and the traced ones (a Python call per saved tensor
         # is ~5% of a small transformer's step): the peak of the steps it shows
         seen, hooks = self.activations.counting() if self._counting else ({}, nullcontext())
         with hooks, self.precision.autocast():
-            out = self.module(inp)
-            if self.last:
+            out = self.modules[j](inp)
+            if c == self.V - 1:
                 y = to_device(cut(self.y, a, b), out.device)
                 out, sums = scaled_loss(self.objective, out, y, self.count, self.D)
                 for i, v in enumerate(sums):
                     self.sums[i] += v
-            elif out.dtype != self.shapes[self.stage][1]:  # autocast's: as the next receives
-                out = out.to(self.shapes[self.stage][1])
+            elif out.dtype != self.shapes[c][1]:  # autocast's: as the next receives
+                out = out.to(self.shapes[c][1])
         return (inp, out, self.activations.held(seen))
 
-    def _backward(self, m: int, act: tuple, dout: torch.Tensor | None) -> torch.Tensor | None:
+    def _backward(self, m: int, j: int, act: tuple, dout: torch.Tensor | None) -> Any:
         inp, out, nbytes = act
         if out is None:
             return None
-        if out.requires_grad:  # (not where the stage has no parameters and no input grad)
+        c = self.parts[j]
+        if out.requires_grad:  # (not where the part has no parameters and no input grad)
             self._final = m == self._final_m and bool(self.buckets)
             try:
-                torch.autograd.backward(out, None if self.last else dout)
+                torch.autograd.backward(out, None if c == self.V - 1 else dout)
             finally:
                 self._final = False
         self.activations.freed(nbytes)
-        return None if self.first else inp.grad
+        return None if c == 0 else inp.grad
 
-    def _backward_input(self, m: int, act: tuple, dout: torch.Tensor | None) -> Any:
+    def _backward_input(self, m: int, j: int, act: tuple, dout: torch.Tensor | None) -> Any:
         inp, out, nbytes = act
         if out is None:
             return None
-        dx, pending = input_grad(out, None if self.last else dout, inp, self.module.parameters())
-        self._pending_w[m] = (pending, nbytes)
+        last = self.parts[j] == self.V - 1
+        dx, pending = input_grad(out, None if last else dout, inp, self.modules[j].parameters())
+        self._pending_w[m, j] = (pending, nbytes)
         return dx
 
-    def _backward_weight(self, m: int, dx: Any) -> None:
-        got = self._pending_w.pop(m, None)
+    def _backward_weight(self, m: int, j: int, dx: Any) -> None:
+        got = self._pending_w.pop((m, j), None)
         if got is None:
             return
         pending, nbytes = got
-        weight_grads(self.module.parameters(), pending)
+        weight_grads(self.modules[j].parameters(), pending)
         self.activations.freed(nbytes)
 
     def _hook(self, bk: StageBucket) -> Callable[[torch.Tensor], None]:
@@ -407,7 +503,7 @@ class StageStep:
                 view.copy_(q.grad.reshape(-1))
             q.grad = view.view_as(q)
         h = self.group.allreduce_async(bk.flat, what, average=True)
-        self._waiters["allreduce"].post(h, bk.event, None, f"allreduce[{bk.index}]")
+        self._waiters["allreduce", 0].post(h, bk.event, None, f"allreduce[{bk.index}]")
 
     def _check(self) -> None:
         # one read of every gradient: a NaN or infinity makes its norm so
@@ -456,25 +552,32 @@ class StageStep:
         for k in sizes:
             self.cuts.append(self.cuts[-1] + k)
         self.sums = [0.0, *(0,) * (len(self.none) - 1)]
-        self._pending_w: dict[int, Any] = {}
+        self._pending_w: dict[tuple[int, int], Any] = {}
         self.lr = lr_at(self.cfg.training, self.step, self.total)
         self.norm, self.factor = None, 1.0
         self._counting = trace is not None or not self._counted
         self._counted = True
         self._final_m = max((m for m in range(self.M) if sizes[m]), default=-1)
+        if self.trial is not None:
+            self.order = self.trial.next()
+            self.graph = self.graphs[self.order]
         for bk in self.buckets:
             bk.pending, bk.posted = len(bk.params), False
+            bk.event = bk.events.get(self.order)
         self.activations.live = 0
         if not self.model.training:
             self.model.train()
         rank = self.backend.rank
+        t0 = time.perf_counter()
         self.graph.run(
             workers=1,
             trace=None
             if trace is None
             else TraceFile(trace, rank, f"rank {rank} · stage {self.stage}"),
-            timeout=self.cfg.distributed.collective_timeout * (2 * self.M + 4),
+            timeout=self.cfg.distributed.collective_timeout * (2 * self.M * self.v + 4),
         )
+        if self.trial is not None:
+            self.trial.done(self.order, time.perf_counter() - t0)
         if trace is not None:
             self.bubble = self._bubble()
         self.step += 1
@@ -519,9 +622,9 @@ class StageStep:
         """What a checkpoint of ``step`` lists of the other stages' shards (stage 0's
         part is the checkpoint's own file): each one's file, keys and parameters."""
         stage_of = {}
-        for s, (a, b) in enumerate(self.split.ranges):
+        for c, (a, b) in enumerate(self.split.ranges):
             for blk in blocks_of(self.model)[a:b]:
-                stage_of.update((id(q), s) for q in blk.parameters())
+                stage_of.update((id(q), self.split.stage_of(c)) for q in blk.parameters())
         return [
             {
                 "file": SHARD(step=step, stage=s),
@@ -581,6 +684,9 @@ class StageStep:
             "replicas": self.D,
             "microbatches": self.M,
             "order": self.order,
+            "order_trial": self.trial.describe() if self.trial is not None else None,
+            "chunks": self.v,
+            "parts": self.parts,
             "split": self.split.bounds,
             "blocks": self.split.blocks,
             "ranges": self.split.ranges,

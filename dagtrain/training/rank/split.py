@@ -78,18 +78,34 @@ class BlockCost:
 
 @dataclass
 class Split:
-    """Where a model is cut: ``bounds`` (S - 1 block indices, the first block of each
-    stage after the first) and, for each stage, its blocks' range and measured cost."""
+    """Where a model is cut: ``bounds`` (S x v - 1 block indices, the first block of
+    each part after the first) and, for each part, its blocks' range and measured cost.
+    With ``chunks`` v > 1 rank stage s holds parts s, s + S, ... (looped)."""
 
     bounds: list[int]
     blocks: int
     how: str  # "auto" (measured) or "explicit"
     costs: list[BlockCost] = field(default_factory=list)
+    chunks: int = 1
 
     @property
     def ranges(self) -> list[tuple[int, int]]:
+        """Each part's blocks, ``[a, b)``, in the order a sample passes them."""
         edges = [0, *self.bounds, self.blocks]
         return list(zip(edges, edges[1:]))
+
+    @property
+    def stages(self) -> int:
+        """S: the rank stages (parts / chunks)."""
+        return (len(self.bounds) + 1) // self.chunks
+
+    def parts_of(self, stage: int) -> list[int]:
+        """The parts rank stage ``stage`` holds, its chunks in order."""
+        return list(range(stage, len(self.bounds) + 1, self.stages))
+
+    def stage_of(self, part: int) -> int:
+        """The rank stage holding part ``part``."""
+        return part % self.stages
 
     @property
     def stage_seconds(self) -> list[float]:
@@ -98,13 +114,19 @@ class Split:
         return [sum(c.total for c in self.costs[a:b]) for a, b in self.ranges]
 
     def describe(self) -> str:
-        """One line: what each stage holds, and its measured share."""
+        """One line: what each stage (or each stage's chunk) holds, and its measured
+        share."""
         parts = []
         secs = self.stage_seconds
-        for s, (a, b) in enumerate(self.ranges):
+        for c, (a, b) in enumerate(self.ranges):
             held = f"block {a}" if b - a == 1 else f"blocks {a}-{b - 1}"
-            cost = f" {secs[s] * 1e3:.2f} ms" if secs else ""
-            parts.append(f"stage {s}: {held}{cost}")
+            cost = f" {secs[c] * 1e3:.2f} ms" if secs else ""
+            who = (
+                f"stage {c}"
+                if self.chunks == 1
+                else f"stage {self.stage_of(c)} chunk {c // self.stages}"
+            )
+            parts.append(f"{who}: {held}{cost}")
         return f"split ({self.how}, {self.blocks} blocks): " + "; ".join(parts)
 
     def to_dict(self) -> dict:
@@ -112,6 +134,7 @@ class Split:
             "bounds": self.bounds,
             "blocks": self.blocks,
             "how": self.how,
+            "chunks": self.chunks,
             "ranges": self.ranges,
             "stage_ms": [round(s * 1e3, 4) for s in self.stage_seconds],
         }
@@ -198,14 +221,19 @@ def choose_split(
     split: str | list[int],
     sample: torch.Tensor,
     real: Callable[[nn.Module], nn.Module] | None = None,
+    chunks: int = 1,
 ) -> Split:
-    """The split ``parallel.split`` asks for: its boundaries checked against the model,
-    or (``auto``) the balanced one measured on ``sample``. InputError names the field."""
-    n = len(blocks)
-    if stages > n:
+    """The split ``parallel.split`` asks for (``stages`` x ``chunks`` parts): its
+    boundaries checked against the model, or (``auto``) the balanced one measured on
+    ``sample``. InputError names the field."""
+    n, parts = len(blocks), stages * chunks
+    if parts > n:
         raise InputError(
-            f"parallel.stages is {stages} but the model has {n} blocks to split: use at "
-            f"most {n} stages, or a deeper model"
+            f"parallel.stages is {stages}"
+            + (f" with parallel.chunks {chunks} ({parts} parts)" if chunks > 1 else "")
+            + f" but the model has {n} blocks to split: use at most {n} "
+            + ("parts" if chunks > 1 else "stages")
+            + ", or a deeper model"
         )
     if split != "auto":
         bounds = list(split)
@@ -214,10 +242,10 @@ def choose_split(
                 f"parallel.split {bounds}: the model has {n} blocks (0-{n - 1}), so each "
                 f"boundary must be between 1 and {n - 1}"
             )
-        return Split(bounds, n, "explicit")
+        return Split(bounds, n, "explicit", chunks=chunks)
     costs = profile_blocks(blocks, sample, real=real)
-    bounds = balanced_split([c.total for c in costs], stages, [c.out_bytes for c in costs])
-    return Split(bounds, n, "auto", costs)
+    bounds = balanced_split([c.total for c in costs], parts, [c.out_bytes for c in costs])
+    return Split(bounds, n, "auto", costs, chunks)
 
 
 def check_stages(cfg, manifest: dict) -> int | None:
@@ -233,15 +261,15 @@ def check_stages(cfg, manifest: dict) -> int | None:
     info = DataInfo.of(manifest, cfg.objective.name)
     with torch.device("meta"):
         model = build_model(cfg.model.name, info.in_shape, info.classes, info, **cfg.model.args)
-    return check_blocks(model, p.stages, p.split)
+    return check_blocks(model, p.stages, p.split, p.chunks)
 
 
-def check_blocks(model: nn.Module, stages: int, split: str | list[int]) -> int:
-    """InputError naming the field if ``model`` cannot be cut into ``stages`` as
-    ``split`` says; its block count otherwise."""
+def check_blocks(model: nn.Module, stages: int, split: str | list[int], chunks: int = 1) -> int:
+    """InputError naming the field if ``model`` cannot be cut into ``stages`` x
+    ``chunks`` parts as ``split`` says; its block count otherwise."""
     blocks = blocks_of(model)
-    if stages > len(blocks) or split != "auto":
-        choose_split(blocks, stages, split, None)  # (measures nothing: it refuses)
+    if stages * chunks > len(blocks) or split != "auto":
+        choose_split(blocks, stages, split, None, chunks=chunks)  # (measures nothing)
     return len(blocks)
 
 
@@ -257,6 +285,7 @@ def agreed_split(
     spec: str | list[int],
     sample: torch.Tensor,
     real: Callable[[nn.Module], nn.Module] | None = None,
+    chunks: int = 1,
 ) -> Split:
     """The split every rank uses: rank 0 chooses it (measuring ``sample``, one
     microbatch, where ``spec`` says ``auto``) and broadcasts it; an InputError it met is
@@ -264,7 +293,7 @@ def agreed_split(
     split: Split | str | None = None
     if backend.rank == 0:
         try:
-            split = choose_split(blocks, stages, spec, sample, real)
+            split = choose_split(blocks, stages, spec, sample, real, chunks)
         except InputError as e:
             split = str(e)
     chosen = backend.broadcast_object(
@@ -275,7 +304,7 @@ def agreed_split(
     if isinstance(split, Split):
         log.info("pipeline %s", split.describe())
         return split
-    return Split(chosen["bounds"], chosen["blocks"], chosen["how"])
+    return Split(chosen["bounds"], chosen["blocks"], chosen["how"], chunks=chosen["chunks"])
 
 
 def boundary_shapes(

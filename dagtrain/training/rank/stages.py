@@ -33,7 +33,7 @@ from .models import EVAL_BATCH, EVAL_OUTPUTS, check_parameters, output_sums, spl
 from .samples import evaluate_batches
 from .split import Split, agreed_split, blocks_of
 
-__all__ = ["Stages", "build_stages", "evaluate", "load_own", "own_state"]
+__all__ = ["Stages", "build_stages", "evaluate", "load_own", "own_state", "stage_blocks"]
 
 
 @dataclass
@@ -73,17 +73,22 @@ def build_stages(
     mb = max(1, cfg.training.batch_size // (replicas * p.microbatches))
     split = agreed_split(
         backend, blocks, p.stages, p.split, to_device(cut(sample, 0, mb), device),
-        real=lambda b: _real(b, device),
+        real=lambda b: _real(b, device), chunks=p.chunks,
     )  # fmt: skip
     keys = stage_keys(meta, blocks, split)
-    a, b = split.ranges[stage]
+    mine = stage_blocks(blocks, split, stage)
     # every tensor of the stage's blocks: its checkpointed keys, and buffers that are
     # not saved (persistent=False: a causal mask, rotary frequencies)
-    owned = owned_names(meta, blocks[a:b])
+    owned = owned_names(meta, mine)
     torch.manual_seed(cfg.training.seed)  # (rank 0's timing drew from the generator)
     model = materialize(build, owned, described)
-    nn.Sequential(*blocks_of(model)[a:b]).to(device)
+    nn.Sequential(*stage_blocks(blocks_of(model), split, stage)).to(device)
     return Stages(model, meta, split, keys, stage)
+
+
+def stage_blocks(blocks: list[nn.Module], split: Split, stage: int) -> list[nn.Module]:
+    """The blocks rank stage ``stage`` holds: its parts' (chunks'), in order."""
+    return [blk for c in split.parts_of(stage) for blk in blocks[slice(*split.ranges[c])]]
 
 
 def _real(block: nn.Module, device: torch.device) -> nn.Module:
@@ -100,16 +105,16 @@ def _real(block: nn.Module, device: torch.device) -> nn.Module:
 
 
 def stage_keys(meta: nn.Module, blocks: list[nn.Module], split: Split) -> list[list[str]]:
-    """Each stage's ``state_dict`` keys (a tensor tied under two names: both). A tensor
-    in two stages' blocks, or in none, is refused: a stage holds its blocks alone."""
+    """Each rank stage's ``state_dict`` keys (a tensor tied under two names: both). A
+    tensor in two stages' blocks, or in none, is refused: a stage holds its blocks alone."""
     names: dict[int, list[str]] = {}
     for k, v in meta.state_dict(keep_vars=True).items():
         names.setdefault(id(v), []).append(k)
     owner: dict[str, int] = {}
     keys: list[list[str]] = []
-    for s, (a, b) in enumerate(split.ranges):
+    for s in range(split.stages):
         mine: list[str] = []
-        for blk in blocks[a:b]:
+        for blk in stage_blocks(blocks, split, s):
             for v in blk.state_dict(keep_vars=True).values():
                 tied = names.get(id(v), [])
                 for k in tied:
@@ -154,44 +159,50 @@ def load_own(model: nn.Module, state: dict[str, torch.Tensor], what: str) -> Non
 
 def evaluate(step: Any, samples: Any, split: str) -> dict[str, float]:
     """The split's metrics of a pipeline's model (a :class:`~.pipelining.StageStep`,
-    every rank calls it; every rank gets them). The stages' first replicas pass each
-    evaluation batch's activation on, blocking, with a deadline; the last computes."""
-    backend, root = step.backend, (step.S - 1) * step.D
+    every rank calls it; every rank gets them). The first replica of each part passes
+    each evaluation batch's activation on, blocking, with a deadline; the last part
+    computes. With chunks a batch goes round the stages v times, in the order of the
+    parts, and each rank takes its parts of each batch in that order too."""
+    backend, root = step.backend, step.rank_of(step.V - 1)
     row = None
     if step.replica == 0:
         per_sample = max(1, math.prod(step.shapes[-1][0]))
         size = max(1, min(EVAL_BATCH, EVAL_OUTPUTS // per_sample))
         total: dict[str, float] = {}
-        module, timeout, rank = step.module, step.cfg.distributed.collective_timeout, backend.rank
-        was = module.training
-        module.eval()
+        timeout, rank = step.cfg.distributed.collective_timeout, backend.rank
+        was = step.module.training
+        step.module.eval()
         try:
             with torch.no_grad():
                 for i, (x, y) in enumerate(evaluate_batches(samples, size)):
-                    tag = 2 * step.M + i  # (a training step's tags are below 2M)
-                    if step.first:
-                        h = module(to_device(x, step.device))
-                    else:
-                        shape, dtype = step.shapes[step.stage - 1]
-                        h = torch.empty((length(y), *shape), dtype=dtype, device=step.device)
-                        what = (
-                            f"rank {rank} (stage {step.stage}): receiving {split} batch {i}'s "
-                            f"activation from rank {step.peers_prev}"
-                        )
-                        backend.recv_async(h, step.peers_prev, tag, what).wait(rank, timeout)
-                        h = module(h)
-                    if step.last:
-                        for k, v in output_sums(h, to_device(y, h.device), step.objective).items():
-                            total[k] = total.get(k, 0) + v
-                    else:
-                        what = (
-                            f"rank {rank} (stage {step.stage}): sending {split} batch {i}'s "
-                            f"activation to rank {step.peers_next}"
-                        )
-                        out = h.contiguous()
-                        backend.send_async(out, step.peers_next, tag, what).wait(rank, timeout)
+                    tag = step.free_tag + i  # (a training step's are below)
+                    for c, module in zip(step.parts, step.modules):
+                        if c == 0:
+                            h = module(to_device(x, step.device))
+                        else:
+                            shape, dtype = step.shapes[c - 1]
+                            h = torch.empty((length(y), *shape), dtype=dtype, device=step.device)
+                            peer = step.rank_of(c - 1)
+                            what = (
+                                f"rank {rank} ({step.where(c)}): receiving {split} batch {i}'s "
+                                f"activation from rank {peer} ({step.where(c - 1)})"
+                            )
+                            backend.recv_async(h, peer, tag, what).wait(rank, timeout)
+                            h = module(h)
+                        if c == step.V - 1:
+                            y = to_device(y, h.device)
+                            for k, v in output_sums(h, y, step.objective).items():
+                                total[k] = total.get(k, 0) + v
+                        else:
+                            peer = step.rank_of(c + 1)
+                            what = (
+                                f"rank {rank} ({step.where(c)}): sending {split} batch {i}'s "
+                                f"activation to rank {peer} ({step.where(c + 1)})"
+                            )
+                            out = h.contiguous()
+                            backend.send_async(out, peer, tag, what).wait(rank, timeout)
         finally:
-            module.train(was)
+            step.module.train(was)
         if step.last:
             row = split_metrics(total, split, step.objective)
     return backend.broadcast_object(row, root=root)

@@ -109,4 +109,4 @@ def test_a_pipeline_config_reaches_the_ranks():
         parallel={"stages": 2, "microbatches": 4, "order": "1f1b"},
     )
     t = cfg.train_config()
-    assert (t.parallel.stages, t.replicas, t.parallel.order_used) == (2, 2, "1f1b")
+    assert (t.parallel.stages, t.replicas, t.parallel.order) == (2, 2, "1f1b")

@@ -66,7 +66,7 @@ class Stage1Of2:
     rank, size, device = 1, 2, "cpu"
 
     def broadcast_object(self, obj, root=0):
-        return {"bounds": [1], "blocks": 2, "how": "explicit"}
+        return {"bounds": [1], "blocks": 2, "how": "explicit", "chunks": 1}
 
 
 def test_a_stage_builds_its_blocks_unsaved_buffers_too():
