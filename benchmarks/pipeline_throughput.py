@@ -608,13 +608,16 @@ def _trace_summary(path: Path) -> dict[str, Any] | None:
         return None
     t0 = min(e["ts"] for e in ev)
     t1 = max(e["ts"] + e["dur"] for e in ev)
+    from dagtrain.records.trace import parse_op
+
     kinds: dict[str, float] = {}
     spans = []
     for e in ev:
         name = e["name"]
-        kind = name.rstrip("0123456789[]").rstrip("[") or name
+        op = parse_op(name)  # (F3, or F3.1 with chunks: its kind, F)
+        kind = op[0].value if op else (name.rstrip("0123456789[]").rstrip("[") or name)
         kinds[kind] = kinds.get(kind, 0.0) + e["dur"] / 1e3
-        if name[:1] in COMPUTE and name[1:].isdigit():
+        if op is not None and kind in COMPUTE:
             spans.append((e["ts"], e["ts"] + e["dur"]))
     busy = 0.0
     end = -1.0

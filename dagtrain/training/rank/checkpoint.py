@@ -56,16 +56,15 @@ def save(
     of a pipeline's); keep the newest ``keep``, and the checkpoint of step ``protect``
     (early stopping's best epoch) whatever its age. One writer per stage and directory.
 
-    A sharded checkpoint (a shard, or stage 0's file listing ``shards``) keeps more:
-    the stages' writers run up to one checkpoint apart, so stage 0 keeps ``keep`` + 2
-    files and each other stage ``keep`` + 1 shards, and the newest checkpoint whose
-    every shard is written is still there (with ``keep`` 1 alone, a crash could leave
-    none whole)."""
+    A sharded checkpoint (a shard, or stage 0's file listing ``shards``) keeps ``keep``
+    + 2 files of each stage: the stages' writers run in the background, each waiting
+    only for its own previous write, so one stage may have finished checkpoint N (and
+    rotated) while another is still writing N - 1; the newest checkpoint whose every
+    shard is written, N - 2, must still be there (with ``keep`` 1 alone, a crash then
+    could leave none whole)."""
     if keep < 1:
         raise ValueError(f"keep must be >= 1, not {keep}")
-    if stage > 0:
-        keep += 1
-    elif state.get("shards"):
+    if stage > 0 or state.get("shards"):
         keep += 2
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)

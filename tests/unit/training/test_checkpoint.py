@@ -129,9 +129,10 @@ def test_each_stage_keeps_its_last_k_and_clears_only_its_own_temp_files(tmp_path
         sharded(tmp_path, step, float(step), keep=1)
     names = sorted(p.name for p in tmp_path.iterdir())
     assert ".ckpt-00000005.stage1.pt.abc" not in names  # stage 1's writer cleared its own
-    # (keep 1 and a sharded checkpoint's margin: stage 0 keeps 3, stage 1 keeps 2)
+    # (keep 1 and a sharded checkpoint's margin: each stage keeps 3)
     assert [n for n in names if not n.startswith(".")] == [
         "ckpt-00000001.pt", "ckpt-00000001.pt.json",
+        "ckpt-00000001.stage1.pt", "ckpt-00000001.stage1.pt.json",
         "ckpt-00000002.pt", "ckpt-00000002.pt.json",
         "ckpt-00000002.stage1.pt", "ckpt-00000002.stage1.pt.json",
         "ckpt-00000003.pt", "ckpt-00000003.pt.json",
@@ -143,23 +144,25 @@ def test_each_stage_keeps_its_last_k_and_clears_only_its_own_temp_files(tmp_path
 
 
 @pytest.mark.parametrize("ahead", [0, 1])
-def test_a_sharded_checkpoint_keeps_two_more_files_and_each_shard_one_more(tmp_path, ahead):
-    """The stages' writers run apart (rank 0 waits for its own write only): with keep 1,
-    stage 0 keeps 3 files and stage 1 keeps 2 shards, so whichever writer is a
-    checkpoint ahead, a whole checkpoint is there."""
+def test_a_sharded_checkpoint_keeps_two_more_files_of_each_stage(tmp_path, ahead):
+    """The stages' writers run apart (each waits for its own previous write only): one
+    may have finished checkpoint N while the other still writes N - 1, so with keep 1
+    each stage keeps 3 files and checkpoint N - 2 is still whole."""
     for step in range(1, 6):
         sharded(tmp_path, step, float(step), keep=1)
     assert sorted(p.name for p in tmp_path.glob("ckpt-*.pt")) == [
-        "ckpt-00000003.pt",
+        "ckpt-00000003.pt", "ckpt-00000003.stage1.pt",
         "ckpt-00000004.pt", "ckpt-00000004.stage1.pt",
         "ckpt-00000005.pt", "ckpt-00000005.stage1.pt",
     ]  # fmt: skip
-    assert len(list(tmp_path.glob("ckpt-*.pt.json"))) == 5  # each with its sidecar
-    if ahead == 0:  # stage 0's file of checkpoint 6 written, stage 1's shard not yet
-        sharded(tmp_path, 6, 6.0, write_shard=False, keep=1)
-    else:  # stage 1's shard of checkpoint 6 written, stage 0's file not yet
-        shard = {"model": {"b": torch.zeros(3)}, "optim": [{"state": {}}], "step": 6}
-        checkpoint.save(shard, tmp_path, 6, keep=1, stage=1)
+    assert len(list(tmp_path.glob("ckpt-*.pt.json"))) == 6  # each with its sidecar
+    # the stage ahead writes 6 and 7 while the other's 6 is still being written
+    for step in (6, 7):
+        if ahead == 0:
+            sharded(tmp_path, step, float(step), write_shard=False, keep=1)
+        else:
+            shard = {"model": {"b": torch.zeros(3)}, "optim": [{"state": {}}], "step": step}
+            checkpoint.save(shard, tmp_path, step, keep=1, stage=1)
     found = checkpoint.latest(tmp_path)
     assert found is not None and found[0].name == "ckpt-00000005.pt"
 
