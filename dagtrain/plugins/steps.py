@@ -127,9 +127,11 @@ def pipeline_of(
 
     From the result's ``pipeline``: ``stages``, ``replicas``, ``microbatches``,
     ``order``, ``split``, ``blocks``, ``peak_activation_bytes`` and the result's own
-    ``bubble`` (as ``reported_bubble``); ``reference_bubble`` is (S-1)/(M+S-1), GPipe's
-    and 1F1B's bubble, when the result says the order. ``ranks``: each rank's stage and
-    replica (its record's; rank 0's from the result if its record has none) and its
+    ``bubble`` (as ``reported_bubble``), ``chunks`` and ``order_trial``;
+    ``reference_bubble`` is (S-1)/(M+S-1), GPipe's and 1F1B's bubble, or with v chunks a
+    rank (S-1)/(vM+S-1), the interleaved orders', when the result says the order.
+    ``ranks``: each rank's stage and replica (its record's; rank 0's from the result if
+    its record has none) and its
     measured ``bubble`` (``bubble_of``); ``mean_bubble`` their mean."""
     p = (result or {}).get("pipeline")
     p = p if isinstance(p, dict) else None
@@ -155,14 +157,17 @@ def pipeline_of(
     )
     m = as_int(p.get("microbatches"))
     measured = [x["bubble"] for x in ranks if x["bubble"] is not None]
+    v = as_int(p.get("chunks")) or 1
     reference = None
     if p.get("order") and stages and m:
-        reference = (stages - 1) / (m + stages - 1)
+        reference = (stages - 1) / (v * m + stages - 1)
     return {
         "stages": stages,
         "replicas": replicas,
         "microbatches": m,
+        "chunks": v,
         "order": p.get("order"),
+        "order_trial": p.get("order_trial"),
         "split": p.get("split"),
         "blocks": p.get("blocks"),
         "peak_activation_bytes": p.get("peak_activation_bytes"),

@@ -196,7 +196,7 @@ function timeline(trace) {
 const PIPE_COLOURS = { F: "#0b69a3", B: "#c8571e", W: "#0e7c3a", send: "#7b3fbf", recv: "#b794e6", allreduce: "#4c2a85", update: "#b8860b", other: "#9aa5b1" };
 function pipeOp(e) {
   const a = e.args ?? {}, name = String(e.name);
-  if (a.op != null) return { kind: a.way ?? a.op, mb: a.microbatch == null ? null : String(a.microbatch) };
+  if (a.op != null) return { kind: a.way ?? a.op, mb: a.microbatch == null ? null : `${a.microbatch}${a.chunk == null ? "" : `.${a.chunk}`}` };
   return { kind: name.startsWith("allreduce") ? "allreduce" : name.startsWith("update") ? "update" : "other" };
 }
 const isPipelined = (trace, spans) => trace.otherData?.pipeline != null || spans.some((e) => e.args?.op != null);
@@ -232,13 +232,14 @@ function pipelineTimeline(trace, spans) {
   });
   const seps = lanes.map((l, i) => i && first(l, i) ? html`<line x1="0" x2="${W}" y1="${i * H}" y2="${i * H}" stroke="#cbd2d9"/>` : "");
   const sw = (k, what) => html`<span class="swatch" style="background:${PIPE_COLOURS[k]}"></span>${what}`;
-  const S = p.stages, M = p.microbatches;
-  const formula = p.reference_bubble != null
-    ? html` · for reference, (S−1)/(M+S−1) = (${S}−1)/(${M}+${S}−1) = <b>${pct(p.reference_bubble)}</b>, ${p.order === "zero-bubble" ? "1F1B's and GPipe's bubble (zero-bubble aims below it)" : `${p.order}'s bubble in theory`}` : "";
+  const S = p.stages, M = p.microbatches, v = p.chunks ?? 1;
+  const formula = p.reference_bubble == null ? "" : v > 1
+    ? html` · for reference, (S−1)/(vM+S−1) = (${S}−1)/(${v}·${M}+${S}−1) = <b>${pct(p.reference_bubble)}</b>, the interleaved orders' bubble in theory`
+    : html` · for reference, (S−1)/(M+S−1) = (${S}−1)/(${M}+${S}−1) = <b>${pct(p.reference_bubble)}</b>, ${p.order === "zero-bubble" ? "1F1B's and GPipe's bubble (zero-bubble aims below it)" : `${p.order}'s bubble in theory`}`;
   const mean = p.mean_bubble != null
     ? html`<p class="bubble-summary">bubble, this step: ${joined(p.ranks.filter((x) => x.bubble != null).map((x) => `${rankLabel(x.rank)} ${pct(x.bubble)}`), ", ")}; mean <b>${pct(p.mean_bubble)}</b>${formula}${p.reported_bubble != null ? ` · rank 0's own figure in the result: ${pct(p.reported_bubble)}` : ""}.<br><span class="muted">measured per stage rank: 1 − (time its F, B and W ops ran) ÷ (its step: first op's start to last op's end)</span></p>` : "";
   return html`<div class="scroll"><svg class="timeline pipelined" width="${W}" height="${lanes.length * H}" data-lanes="${lanes.length}" data-ranks="${new Set(spans.map((e) => e.pid)).size}">${seps}${labels}${bars}</svg></div>
-    <p class="legend muted">${((t1 - t0) / 1000).toFixed(1)} ms. ${sw("F", "F forward")} ${sw("B", "B backward (input gradient)")} ${sw("W", "W weight gradient")} ${sw("send", "send")} ${sw("recv", "recv")} (activations and gradients between stages) ${sw("allreduce", "allreduce")} ${sw("update", "update")} ${sw("other", "other (load-next)")}; the number on a bar is its microbatch; outlined: the critical path.</p>${mean}`;
+    <p class="legend muted">${((t1 - t0) / 1000).toFixed(1)} ms. ${sw("F", "F forward")} ${sw("B", "B backward (input gradient)")} ${sw("W", "W weight gradient")} ${sw("send", "send")} ${sw("recv", "recv")} (activations and gradients between stages) ${sw("allreduce", "allreduce")} ${sw("update", "update")} ${sw("other", "other (load-next)")}; the number on a bar is its microbatch${v > 1 ? " (m.j: through the rank's chunk j)" : ""}; outlined: the critical path.</p>${mean}`;
 }
 
 // A pipelined run's ranks (their records say their stage) get a stage and a replica column.
@@ -291,7 +292,7 @@ function pipelineSummary(p) {
   const edges = Array.isArray(p.split) && n ? [0, ...p.split, n] : null;
   const ranges = edges ? ` (blocks ${edges.slice(1).map((b, i) => (b - 1 > edges[i] ? `${edges[i]}–${b - 1}` : `${edges[i]}`)).join(" | ")})` : "";
   const plural = (v, w) => `${v} ${w}${v === 1 ? "" : "s"}`;
-  return html`<p class="pipeline"><b>pipeline</b>: ${plural(p.stages, "stage")} × ${plural(p.replicas, "replica")}, ${plural(p.microbatches, "microbatch").replace(/hs$/, "hes")}, order ${p.order}, split ${JSON.stringify(p.split)}${ranges}${
+  return html`<p class="pipeline"><b>pipeline</b>: ${plural(p.stages, "stage")} × ${plural(p.replicas, "replica")}, ${plural(p.microbatches, "microbatch").replace(/hs$/, "hes")}, ${p.chunks > 1 ? `${p.chunks} chunks a rank (looped${Array.isArray(p.parts) ? `: rank 0 runs parts ${p.parts.join(", ")}` : ""}), ` : ""}order ${p.order}${p.order_trial ? ` (auto: ${p.order_trial.why})` : ""}, split ${JSON.stringify(p.split)}${ranges}${
     typeof p.peak_activation_bytes === "number" ? ` · peak activations ${bytes(p.peak_activation_bytes)}${p.stage != null ? ` (stage ${p.stage})` : ""}` : ""}</p>`;
 }
 

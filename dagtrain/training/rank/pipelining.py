@@ -232,7 +232,36 @@ class StageStep:
         fkey, bkey = self._keys(order)
         alive = self._alive(order)
         back_first = order != "gpipe"
-        pf, pb, pw, pc = (2 * n, 3 * n, n, 4 * n) if back_first else (3 * n, 2 * n, n, 4 * n)
+        pf, pb = (2 * n, 3 * n) if back_first else (3 * n, 2 * n)
+        pc = 5 * n  # transfers (and zero-grads) before any compute, W after all of it
+
+        def p_f(m: int, j: int) -> int:
+            return pf - fkey(m, j)
+
+        def p_b(m: int, j: int) -> int:
+            return pb - bkey(m, j)
+
+        if back_first and v > 1:
+            # interleaved: Megatron-LM's sequence as the priorities of F and B alike —
+            # the warm-up's forwards, then a forward and a backward in turn (the
+            # forward first: a later chunk's forward feeds the next stage, which
+            # waits for it), then the last backwards; a task that is not ready yet is
+            # passed by the next one that is
+            fs = sorted(((m, j) for m in range(M) for j in range(v)), key=lambda q: fkey(*q))
+            bs = sorted(((m, j) for m in range(M) for j in range(v)), key=lambda q: bkey(*q))
+            w = alive - 1
+            seq = [("F", q) for q in fs[:w]]
+            for i in range(n - w):
+                seq += [("F", fs[w + i]), ("B", bs[i])]
+            seq += [("B", q) for q in bs[n - w :]]
+            pos = {x: i for i, x in enumerate(seq)}
+
+            def p_f(m: int, j: int) -> int:
+                return 4 * n - pos["F", (m, j)]
+
+            def p_b(m: int, j: int) -> int:
+                return 4 * n - pos["B", (m, j)]
+
         # the backward of each place in the sequence, and the task that frees its
         # microbatch's activations (where the order splits backward: W)
         split = [order in _SPLIT_ORDERS and c > 0 for c in self.parts]
@@ -260,7 +289,7 @@ class StageStep:
                 g.add(
                     self._forward, m, j, Ref(f"in{m}.{j}") if c > 0 else None,
                     name=name(Op.FORWARD, m, j), out=f"act{m}.{j}", in_="params",
-                    after=token, priority=pf - k,
+                    after=token, priority=p_f(m, j),
                 )  # fmt: skip
                 if c < self.V - 1:
                     ev = Event()
@@ -281,17 +310,17 @@ class StageStep:
                 if split[j]:
                     g.add(
                         self._backward_input, m, j, Ref(f"act{m}.{j}"), dout,
-                        name=name(Op.BACKWARD, m, j), out=f"dx{m}.{j}", priority=pb - k,
+                        name=name(Op.BACKWARD, m, j), out=f"dx{m}.{j}", priority=p_b(m, j),
                     )  # fmt: skip
                     g.add(
                         self._backward_weight, m, j, Ref(f"dx{m}.{j}"),
-                        name=name(Op.WEIGHT, m, j), inout=f"grads{j}", priority=pw - k,
+                        name=name(Op.WEIGHT, m, j), inout=f"grads{j}", priority=n - k,
                     )  # fmt: skip
                 else:
                     g.add(
                         self._backward, m, j, Ref(f"act{m}.{j}"), dout,
                         name=name(Op.BACKWARD, m, j), out=f"dx{m}.{j}", inout=f"grads{j}",
-                        priority=pb - k,
+                        priority=p_b(m, j),
                     )  # fmt: skip
                 if c > 0:
                     ev = Event()
@@ -509,10 +538,11 @@ class StageStep:
         # one read of every gradient: a NaN or infinity makes its norm so
         have = [(n, q.grad) for n, q in zip(self.names, self.params) if q.grad is not None]
         norms = torch._foreach_norm([g for _, g in have]) if have else []
-        bad = [n for (n, _), v in zip(have, norms) if not bool(torch.isfinite(v))]
-        self.finite = not bad
+        # one read of the norms (not one per parameter: a transformer stage has ~100)
+        self.finite = not have or bool(torch.isfinite(torch.stack(norms)).all())
+        bad = [] if self.finite else [n for (n, _), v in zip(have, norms) if not v.isfinite()]
         if bad and self.cfg.training.nonfinite == "fail":
-            raise NonFiniteGradients(self.step, self.stage, bad)
+            raise NonFiniteGradients(self.step, self.stage, bad, "stage")
         max_norm = self.cfg.training.max_grad_norm
         if self.cfg.training.nonfinite == "skip" or max_norm is not None:
             # one small collective over every rank: the non-finite flag, and each

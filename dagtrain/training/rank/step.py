@@ -67,12 +67,13 @@ log = logging.getLogger(__name__)
 
 
 class NonFiniteGradients(FloatingPointError):
-    """The averaged gradient of a bucket holds NaN or infinity (``nonfinite: fail``)."""
+    """The averaged gradient of a bucket (a pipeline's: of a stage) holds NaN or
+    infinity (``nonfinite: fail``)."""
 
-    def __init__(self, step: int, bucket: int, names: list[str]) -> None:
+    def __init__(self, step: int, bucket: int, names: list[str], where: str = "bucket") -> None:
         shown = ", ".join(names[:3]) + (" ..." if len(names) > 3 else "")
         super().__init__(
-            f"step {step}: non-finite gradients in bucket {bucket} ({shown}); lower the "
+            f"step {step}: non-finite gradients in {where} {bucket} ({shown}); lower the "
             "learning rate, check the data, or set nonfinite: skip to skip such steps"
         )
         self.step = step

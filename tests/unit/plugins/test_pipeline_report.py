@@ -35,6 +35,9 @@ def test_a_ranks_bubble_is_the_share_of_its_step_without_forward_backward_or_wei
     assert b["bubble"] == pytest.approx(1 - 800 / 1100)
     # ops that overlap (two threads) are counted once, so no rank is busier than its span
     assert report.bubble_of([_x("F0", 0, 100), _x("W1", 50, 100, tid=1)])["bubble"] == 0.0
+    # with chunks (F3.1: microbatch 3 through the rank's chunk 1) an op is compute too
+    chunked = [_x("F0.1", 0, 100), _x("recv-act1.1", 100, 100), _x("B0.1", 200, 100)]
+    assert report.bubble_of(chunked)["bubble"] == pytest.approx(1 / 3)
     # a data-parallel step has no microbatch ops: no bubble
     assert report.bubble_of([_x("forward-backward", 0, 100)]) is None
     assert report.bubble_of([_x("Foo", 0, 100), _x("B", 0, 10), _x("F1x", 0, 1)]) is None
