@@ -176,26 +176,30 @@ def test_a_killed_stage_rank_fails_named_and_the_run_resumes_bitwise(
     assert [e["train_loss"] for e in resumed.epochs] == [e["train_loss"] for e in whole.epochs]
 
 
-def test_a_pipeline_checkpoint_resumes_with_another_number_of_stages(tmp_path):
-    # 20 steps on 2 stages, then on to 50 on 4 stages (epoch 0 ends at step 45: its
-    # evaluation runs as a 4-stage pipeline), against 50 steps in one process
+def test_a_pipeline_checkpoint_resumes_on_other_stages_and_chunks(tmp_path):
+    # 20 steps on 4 stages, then on to 50 on 2 stages of 2 chunks each: 4 other parts,
+    # rank 0 holding parts 0 and 2 (epoch 0 ends at step 45: its evaluation goes round
+    # the stages twice), against 50 steps in one process
     cfg = dict(SLOW, model_args={"seconds": 0.0}, max_steps=50, backend="torch")
     one = run_training(TrainConfig(**cfg, checkpoint_dir=str(tmp_path / "one")), 1, **QUIET)
     d = str(tmp_path / "pp")
-    two = {"stages": 2, "microbatches": 4, "order": "zero-bubble"}
+    two = {"stages": 4, "microbatches": 4, "order": "zero-bubble"}
     run_training(
-        TrainConfig(**{**cfg, "max_steps": 20}, ranks=2, parallel=two, checkpoint_dir=d), **QUIET
+        TrainConfig(**{**cfg, "max_steps": 20}, ranks=4, parallel=two, checkpoint_dir=d), **QUIET
     )
     # each stage wrote its own shard: no rank held the whole model
     assert sorted(p.name for p in Path(d).glob("ckpt-00000020*.pt")) == [
         "ckpt-00000020.pt",
         "ckpt-00000020.stage1.pt",
+        "ckpt-00000020.stage2.pt",
+        "ckpt-00000020.stage3.pt",
     ]
-    four = {"stages": 4, "microbatches": 2, "order": "gpipe"}
-    r = run_training(TrainConfig(**cfg, ranks=4, parallel=four, checkpoint_dir=d), **QUIET)
+    four = {"stages": 2, "chunks": 2, "microbatches": 2, "order": "gpipe"}
+    r = run_training(TrainConfig(**cfg, ranks=2, parallel=four, checkpoint_dir=d), **QUIET)
     assert r.resumed_from_step == 20 and r.steps == 50
     assert one.steps == 50
-    # rank 0 holds its stage's part of the model (split auto: maybe only the Flatten)
+    assert r.pipeline["parts"] == [0, 2] and len(r.pipeline["ranges"]) == 4
+    # rank 0 holds its parts of the model, not the whole
     assert r.pipeline["held_parameters"] < r.pipeline["parameters"]
     a, b = final_params(tmp_path / "one"), final_params(Path(d))
     for k in a:

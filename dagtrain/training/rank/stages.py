@@ -163,7 +163,8 @@ def evaluate(step: Any, samples: Any, split: str) -> dict[str, float]:
     each evaluation batch's activation on, blocking, with a deadline; the last part
     computes. With chunks a batch goes round the stages v times, in the order of the
     parts, and each rank takes its parts of each batch in that order too."""
-    backend, root = step.backend, step.rank_of(step.V - 1)
+    # the last part's rank of replica 0 (the replicas' first ranks evaluate), for all
+    backend, root = step.backend, step.split.stage_of(step.V - 1) * step.D
     row = None
     if step.replica == 0:
         per_sample = max(1, math.prod(step.shapes[-1][0]))
