@@ -44,6 +44,15 @@ OBJECTIVE_TARGETS: dict[str, str] = {
 }
 # the backends whose point-to-point transfers a pipeline's stages use
 PIPELINE_BACKENDS = ("torch", "mpi")
+# NCCL matches a pair's sends and receives by the order they are posted, not by tag; with
+# chunks the two ranks post one direction's transfers of different chunks in different
+# orders (each rank's ready tasks decide), so a chunked pipeline needs tags: gloo or MPI
+CHUNKS_ON_NCCL = (
+    "parallel.chunks {chunks} with distributed.backend torch on GPUs: NCCL pairs a send "
+    "with a receive by the order they are posted, not by their tags, and a chunked "
+    "pipeline's ranks post different chunks' transfers in different orders; use "
+    "distributed.backend mpi (CUDA-aware MPI or host copies) or parallel.chunks 1"
+)
 # the launcher a backend gets when distributed.launcher is not set
 DEFAULT_LAUNCHER: dict[str, str] = {
     "mpi": "mpirun",
@@ -379,8 +388,9 @@ class ParallelConfig(Section):
         description="gpipe (every forward first: M microbatches alive), 1f1b (a backward "
         "as soon as it can: about S - s alive on stage s), zero-bubble (backward split into "
         "input and weight gradients, weights late: fills the bubble at 1f1b's memory, "
-        "but splitting the backward costs more than that on CPU); auto: the fastest of "
-        "gpipe and 1f1b, measured on the first steps",
+        "but splitting the backward costs more than that on CPU); auto: the faster of "
+        "gpipe and 1f1b, measured on the first steps (gpipe holds every microbatch's "
+        "activations during its 3 trial steps: choose 1f1b where memory is tight)",
     )
     split: Literal["auto"] | list[int] = Field(
         "auto",
@@ -493,6 +503,8 @@ class RunSections(Section):
                 "point-to-point transfers dagtrain uses: choose distributed.backend torch "
                 "or mpi for a pipeline"
             )
+        if p.chunks > 1 and d.backend == "torch" and d.device == "cuda":
+            raise ValueError(CHUNKS_ON_NCCL.format(chunks=p.chunks))
         if d.ranks % p.stages:
             raise ValueError(
                 f"distributed.ranks {d.ranks} is not a multiple of parallel.stages "

@@ -55,8 +55,13 @@ class OrderTrial:
             return self.candidates[0]
         return self.candidates[(r - TRIAL_SKIP) % len(self.candidates)]
 
-    def done(self, order: str, seconds: float) -> None:
+    def done(self, order: str, seconds: float, timed: bool = True) -> None:
+        """``timed``: False for a traced step (it counts activations, ~5% slower): the
+        trial's turn is run again (every rank traces the same steps, so every rank
+        still decides at the same step)."""
         r = self.runs
+        if self.chosen is None and r >= TRIAL_SKIP and not timed:
+            return
         self.runs += 1
         if self.chosen is not None or r < TRIAL_SKIP:
             return
@@ -76,6 +81,12 @@ class OrderTrial:
             best = first
         self.chosen = best
         log.info("pipeline order auto: %s, %s", best, self.why())
+
+    @property
+    def kept(self) -> str:
+        """The order kept: the verdict, or before it the first candidate (the one the
+        run keeps if it ends before its trial does)."""
+        return self.chosen or self.candidates[0]
 
     def why(self) -> str:
         """What the trial measured, in words (for the log and the result)."""

@@ -2,37 +2,44 @@
 
 Ranks are stages x replicas, stage-major: rank ``s * D + d`` runs stage ``s`` of
 replica ``d``. A replica's stages pass each microbatch's activation forward and its
-gradient back; a stage's D replicas average their gradients. On the rank of stage s,
-for each microbatch m of the step::
+gradient back; a stage's D replicas average their gradients. With ``parallel.chunks``
+v > 1 the model is cut into S x v parts and stage s runs parts s, s + S, ... (its
+chunks 0..v-1, looped), so a microbatch goes round the stages v times. On the rank of
+stage s, for each microbatch m of the step and each of its chunks j (part c)::
 
-    recv-act{m} ─ F{m} ─ send-act{m}                    (from stage s-1 / to s+1)
-    recv-grad{m} ─ B{m} ─ send-grad{m}                  (from stage s+1 / to s-1)
-                     └─ W{m} ─ ... W{M-1} ─ allreduce[k] ─ update[k]
+    recv-act{m}.{j} ─ F{m}.{j} ─ send-act{m}.{j}        (from part c-1 / to c+1)
+    recv-grad{m}.{j} ─ B{m}.{j} ─ send-grad{m}.{j}      (from part c+1 / to c-1)
+                         └─ W{m}.{j} ─ ... W{M-1}.{j} ─ allreduce[k] ─ update[k]
 
-``F`` is the forward (on the last stage, with the loss), ``B`` the backward: the input
-gradient alone where the order splits it (``W`` then computes the weight gradient,
-from the intermediates ``B`` kept), else the whole backward. The first stage has no
-input gradient to send, so its backward is one task. Sends and receives are detached
-tasks: their body posts the transfer (``isend``/``irecv`` on gloo or nccl, ``Isend``/
-``Irecv`` under mpirun) and the transfer's completion, awaited with a deadline by a
-thread per direction, completes them. Every transfer has the tag of its microbatch and
-direction, so a send matches its receive whatever order the two ranks post them in.
+(with one chunk the names have no ``.{j}``: ``F3``). ``F`` is the forward (on the last
+part, with the loss), ``B`` the backward: the input gradient alone where the order
+splits it (``W`` then computes the weight gradient, from the intermediates ``B`` kept),
+else the whole backward. The first part has no input gradient to send, so its backward
+is one task. Sends and receives are detached tasks: their body posts the transfer
+(``isend``/``irecv`` on gloo or nccl, ``Isend``/``Irecv`` under mpirun) and the
+transfer's completion, awaited with a deadline by a thread per direction and chunk,
+completes them. Every transfer has a tag of its own (the part it goes into, its way,
+its microbatch), so a send matches its receive whatever order the two ranks post them
+in (NCCL ignores tags: chunks are refused there).
 
 The orders are not tables. They are priorities among ready tasks and a token that
-bounds how many microbatches' activations are alive: ``F{m}`` (and the receive that
-feeds it) waits for the task that frees microbatch ``m - T``'s activations:
+bounds how many of a rank's forwards are alive: a forward (and the receive that feeds
+it) waits for the task that frees the activations of the forward T places before it
+in the order's sequence:
 
 ============  =========================  ============================================
-order         priorities (first first)   T (microbatches alive on stage s)
+order         priorities (first first)   T (forwards alive on stage s)
 ============  =========================  ============================================
-gpipe         F, B                       M
-1f1b          B, F                       S - s (the backward frees them)
-zero-bubble   B, F, W                    S - s (W frees them: it fills the bubbles)
+gpipe         F, B                       M x v
+1f1b          B, F; with chunks          S - s; with chunks 2(S - s - 1) + (v-1)S + 1
+              Megatron-LM's sequence
+zero-bubble   as 1f1b, W last            as 1f1b (W frees them: it fills the bubbles)
 ============  =========================  ============================================
 
-Activations are values of the graph: ``F{m}``'s result is dropped as its last reader
-(the send and ``B{m}``, or ``W{m}``) ends. Weight gradients accumulate in microbatch
-order (the ``W`` tasks, or fused backwards, are chained), so a step is deterministic.
+Transfers go before any compute. Activations are values of the graph: ``F``'s result
+is dropped as its last reader (the send and ``B``, or ``W``) ends. Each chunk's weight
+gradients accumulate in microbatch order (its ``W`` tasks, or fused backwards, are
+chained), so a step is deterministic.
 """
 
 from __future__ import annotations
@@ -48,6 +55,8 @@ import torch
 from torch import nn
 
 from dagtrain.config import TrainConfig
+from dagtrain.config.schema import CHUNKS_ON_NCCL
+from dagtrain.errors import InputError
 from dagtrain.records.names import SHARD
 from dagtrain.records.trace import Op, bubble
 from dagtrain.sync import Backend
@@ -61,7 +70,7 @@ from .order_trial import OrderTrial
 from .recipe import Precision, clip_factor, lr_at
 from .split import blocks_of, boundary_shapes
 from .split_backward import input_grad, weight_grads
-from .stages import Stages, evaluate
+from .stages import Stages, evaluate, stage_blocks
 from .step import NonFiniteGradients, make_optimizer, scaled_loss, step_seed
 from .transfers import Transfers
 
@@ -111,6 +120,8 @@ class StageStep:
         self.module = nn.Sequential(*self.modules)
         first = next(self.module.parameters(), None)
         self.device = first.device if first is not None else torch.device(backend.device)
+        if self.v > 1 and cfg.distributed.backend == "torch" and self.device.type == "cuda":
+            raise InputError(CHUNKS_ON_NCCL.format(chunks=self.v))  # (device: auto)
         described = blocks_of(stages.meta)  # the boundaries' shapes, from the description
         one = to_device(cut(sample, 0, 1), torch.device("meta"))
         self.shapes = boundary_shapes(stages.meta, described, self.split, one)
@@ -139,9 +150,6 @@ class StageStep:
             for bk in self.buckets
             for q in bk.params
         ]
-        # (the ranks before and after this rank's stage, for its whole-stage transfers)
-        self.peers_prev = backend.rank - self.D if not self.first else None
-        self.peers_next = backend.rank + self.D if not self.last else None
         # every rank takes part in creating every stage's replica group
         self.group = (
             backend.subgroups([[s * self.D + d for d in range(self.D)] for s in range(self.S)])
@@ -361,8 +369,7 @@ class StageStep:
 
     def where(self, part: int) -> str:
         """``stage s`` (and its chunk, where a rank holds several) of part ``part``."""
-        s = self.split.stage_of(part)
-        return f"stage {s}" if self.v == 1 else f"stage {s} chunk {part // self.S}"
+        return self.split.label(part)
 
     def tag(self, part: int, carries: str, m: int) -> int:
         """The tag of microbatch ``m``'s transfer into part ``part`` (``act``: from the
@@ -606,8 +613,8 @@ class StageStep:
             else TraceFile(trace, rank, f"rank {rank} · stage {self.stage}"),
             timeout=self.cfg.distributed.collective_timeout * (2 * self.M * self.v + 4),
         )
-        if self.trial is not None:
-            self.trial.done(self.order, time.perf_counter() - t0)
+        if self.trial is not None:  # (a traced step counts activations: not timed)
+            self.trial.done(self.order, time.perf_counter() - t0, timed=trace is None)
         if trace is not None:
             self.bubble = self._bubble()
         self.step += 1
@@ -651,10 +658,13 @@ class StageStep:
     def shards(self, step: int) -> list[dict[str, Any]]:
         """What a checkpoint of ``step`` lists of the other stages' shards (stage 0's
         part is the checkpoint's own file): each one's file, keys and parameters."""
-        stage_of = {}
-        for c, (a, b) in enumerate(self.split.ranges):
-            for blk in blocks_of(self.model)[a:b]:
-                stage_of.update((id(q), self.split.stage_of(c)) for q in blk.parameters())
+        blocks = blocks_of(self.model)
+        stage_of = {
+            id(q): s
+            for s in range(self.S)
+            for blk in stage_blocks(blocks, self.split, s)
+            for q in blk.parameters()
+        }
         return [
             {
                 "file": SHARD(step=step, stage=s),
@@ -713,7 +723,7 @@ class StageStep:
             "stages": self.S,
             "replicas": self.D,
             "microbatches": self.M,
-            "order": self.order,
+            "order": self.order if self.trial is None else self.trial.kept,
             "order_trial": self.trial.describe() if self.trial is not None else None,
             "chunks": self.v,
             "parts": self.parts,

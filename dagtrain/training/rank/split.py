@@ -107,6 +107,11 @@ class Split:
         """The rank stage holding part ``part``."""
         return part % self.stages
 
+    def label(self, part: int) -> str:
+        """``stage s``, or with chunks ``stage s chunk j``: part ``part`` in words."""
+        s = f"stage {self.stage_of(part)}"
+        return s if self.chunks == 1 else f"{s} chunk {part // self.stages}"
+
     @property
     def stage_seconds(self) -> list[float]:
         if not self.costs:
@@ -121,12 +126,7 @@ class Split:
         for c, (a, b) in enumerate(self.ranges):
             held = f"block {a}" if b - a == 1 else f"blocks {a}-{b - 1}"
             cost = f" {secs[c] * 1e3:.2f} ms" if secs else ""
-            who = (
-                f"stage {c}"
-                if self.chunks == 1
-                else f"stage {self.stage_of(c)} chunk {c // self.stages}"
-            )
-            parts.append(f"{who}: {held}{cost}")
+            parts.append(f"{self.label(c)}: {held}{cost}")
         return f"split ({self.how}, {self.blocks} blocks): " + "; ".join(parts)
 
     def to_dict(self) -> dict:
@@ -232,7 +232,7 @@ def choose_split(
             f"parallel.stages is {stages}"
             + (f" with parallel.chunks {chunks} ({parts} parts)" if chunks > 1 else "")
             + f" but the model has {n} blocks to split: use at most {n} "
-            + ("parts" if chunks > 1 else "stages")
+            + ("parts (parallel.stages x parallel.chunks)" if chunks > 1 else "stages")
             + ", or a deeper model"
         )
     if split != "auto":

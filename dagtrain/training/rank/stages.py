@@ -106,28 +106,30 @@ def _real(block: nn.Module, device: torch.device) -> nn.Module:
 
 def stage_keys(meta: nn.Module, blocks: list[nn.Module], split: Split) -> list[list[str]]:
     """Each rank stage's ``state_dict`` keys (a tensor tied under two names: both). A
-    tensor in two stages' blocks, or in none, is refused: a stage holds its blocks alone."""
+    tensor in two parts' blocks (two stages', or two chunks' of one stage: their
+    backwards would each add into it), or in none, is refused: a part holds its blocks
+    alone."""
     names: dict[int, list[str]] = {}
     for k, v in meta.state_dict(keep_vars=True).items():
         names.setdefault(id(v), []).append(k)
-    owner: dict[str, int] = {}
-    keys: list[list[str]] = []
-    for s in range(split.stages):
-        mine: list[str] = []
-        for blk in stage_blocks(blocks, split, s):
+    owner: dict[str, int] = {}  # key -> part
+    keys: list[list[str]] = [[] for _ in range(split.stages)]
+    for c, (a, b) in enumerate(split.ranges):
+        mine = keys[split.stage_of(c)]
+        for blk in blocks[a:b]:
             for v in blk.state_dict(keep_vars=True).values():
                 tied = names.get(id(v), [])
                 for k in tied:
-                    if owner.setdefault(k, s) != s:
+                    if owner.setdefault(k, c) != c:
                         raise InputError(
                             f"parallel.stages: {' and '.join(map(repr, tied))} "
-                            f"{'are one tensor, ' if len(tied) > 1 else 'is '}used by stage "
-                            f"{owner[k]} and stage {s}: a tensor shared between blocks must "
-                            "be in one stage (choose parallel.split so they are)"
+                            f"{'are one tensor, ' if len(tied) > 1 else 'is '}used by "
+                            f"{split.label(owner[k])} and {split.label(c)}: a tensor shared "
+                            "between blocks must be in one part (choose parallel.split so "
+                            "they are)"
                         )
                     if k not in mine:
                         mine.append(k)
-        keys.append(mine)
     left = [k for ks in names.values() for k in ks if k not in owner]
     if left:
         raise InputError(

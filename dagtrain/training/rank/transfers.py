@@ -1,7 +1,7 @@
-"""The transfers of one direction of a pipeline stage, awaited in order.
+"""The transfers of one direction of a pipeline stage (and one chunk), awaited in order.
 
 A stage's send and receive tasks are detached: their body posts the transfer and
-returns, and a :class:`Transfers` thread per direction waits for each transfer (with
+returns, and a :class:`Transfers` thread per direction (and chunk) waits for each transfer (with
 the backend's deadline) in the order they were posted, then completes its task, or
 fails it with a :class:`~dagtrain.sync.CollectiveTimeout` naming the transfer (or a
 :class:`~dagtrain.sync.CollectiveFailed` carrying the library's error, such as a peer's

@@ -62,3 +62,16 @@ def test_an_unfinished_trial_says_so():
     drive(t, {"1f1b": 1.0, "gpipe": 0.5}, 3)
     assert t.chosen is None and t.next() in ("1f1b", "gpipe")
     assert "trial unfinished (3 of 7 steps run)" in t.describe()["why"]
+
+
+def test_a_traced_step_is_not_timed_and_its_turn_runs_again():
+    t = OrderTrial(Ranks([]))
+    ran = []
+    for k in range(TRIAL_SKIP + TRIAL_ROUNDS * 2 + 1):
+        o = t.next()
+        ran.append(o)
+        traced = k == TRIAL_SKIP + 1  # gpipe's first turn is a traced step
+        t.done(o, 5.0 if traced else {"1f1b": 1.0, "gpipe": 0.9}[o], timed=not traced)
+    assert ran[TRIAL_SKIP + 1 : TRIAL_SKIP + 3] == ["gpipe", "gpipe"]  # run again
+    assert t.chosen == "gpipe" and t.medians["gpipe"] == pytest.approx(0.9)
+    assert t.kept == "gpipe"

@@ -48,6 +48,19 @@ def test_a_tensor_shared_by_two_stages_is_refused_naming_it():
     ]
 
 
+def test_with_chunks_a_stage_holds_its_parts_and_no_tensor_spans_two_of_them():
+    four = nn.Sequential(*(nn.Linear(3, 3, bias=False) for _ in range(4)))
+    looped = Split([1, 2, 3], 4, "explicit", chunks=2)  # stage 0: parts 0 and 2
+    assert looped.parts_of(0) == [0, 2] and looped.label(2) == "stage 0 chunk 1"
+    assert stage_keys(four, blocks_of(four), looped) == [
+        ["0.weight", "2.weight"],
+        ["1.weight", "3.weight"],
+    ]
+    four[2].weight = four[0].weight  # one rank, but two chunks' backwards would add into it
+    with pytest.raises(InputError, match=r"used by stage 0 chunk 0 and stage 0 chunk 1"):
+        stage_keys(four, blocks_of(four), looped)
+
+
 class Masked(nn.Module):
     """A block with a buffer the checkpoint does not hold (persistent=False)."""
 
