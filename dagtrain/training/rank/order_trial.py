@@ -80,7 +80,8 @@ class OrderTrial:
         if self.medians[best] > self.medians[first] * (1 - MARGIN):
             best = first
         self.chosen = best
-        log.info("pipeline order auto: %s, %s", best, self.why())
+        if self.backend.rank == 0:  # (every rank decides alike: one line for the run)
+            log.info("pipeline order auto: %s, %s", best, self.why())
 
     @property
     def kept(self) -> str:

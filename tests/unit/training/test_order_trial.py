@@ -11,6 +11,8 @@ from dagtrain.training.rank.order_trial import MARGIN, TRIAL_ROUNDS, TRIAL_SKIP,
 class Ranks:
     """allreduce(average=True) over ranks whose other members measured ``others``."""
 
+    rank = 0
+
     def __init__(self, others: list[list[float]]) -> None:
         self.others, self.calls = others, 0
 
