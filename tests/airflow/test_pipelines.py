@@ -351,7 +351,11 @@ def test_the_pipeline_parallel_example_trains_evaluates_and_promotes(tmp_path):
     run = run_artifacts(tmp_path, "transformer_pipeline")
     result = json.loads((run / "train" / "result.json").read_text())
     p = result["pipeline"]
-    assert (p["stages"], p["replicas"], p["microbatches"], p["order"]) == (2, 1, 4, "1f1b")
+    assert (p["stages"], p["replicas"], p["microbatches"], p["chunks"]) == (2, 1, 4, 1)
+    # order: auto measured gpipe and 1f1b on the first steps and kept the faster
+    trial = p["order_trial"]
+    assert trial["chosen"] in ("1f1b", "gpipe") and p["order"] == trial["chosen"], trial
+    assert set(trial["median_step_ms"]) == {"1f1b", "gpipe"}, trial
     assert p["how"] == "auto" and len(p["split"]) == 1 and p["stage"] == 0
     # each rank's record says its stage; each trace shows every op of its stage
     for rank in (0, 1):
