@@ -143,7 +143,7 @@ def torch_system(cfg, ds, device, readback: bool) -> System:
     """The plain loop, on the same batches, with the optimizer dagtrain's config makes."""
     from torch import nn
 
-    from dagtrain.training.rank.step import make_optimizer
+    from dagtrain.training.rank.optimizers import make_optimizer
     from dagtrain.training.rank.trainer import _batches
 
     model = _model(cfg, ds, device)

@@ -16,7 +16,11 @@ while the rank runs). The fixed overhead is the same run's with a width of 64 (w
 rank holds besides the model's state: the interpreter, torch, the data, threads); the
 state per rank is 16 bytes per parameter of the stage (weights, gradients, Adam's
 ``exp_avg`` and ``exp_avg_sq``, fp32). The figure the issue sets: (peak - overhead) /
-(whole model's state / S) at most 1.2.
+(whole model's state / S) at most 1.2. Printed beside it, the same with one gradient of
+the stage's largest weight counted in the overhead: autograd makes a microbatch's
+gradient of a weight before adding it into the one accumulated, so a rank holds one
+such transient at the peak; its size is the model's largest tensor's, not a share of S
+(at S = 4 here, one 8192x8192 layer per stage, it is a quarter of the stage's state).
 
 Then the cap: every process of a run under ``resource.setrlimit(RLIMIT_DATA,
 --cap-gb)`` (set in the run's process before it starts the ranks; they inherit it), the
@@ -126,8 +130,9 @@ def run(width: int, stages: int, steps: int, cap: int | None = None) -> dict[str
     }
 
 
-def stage_params(width: int) -> dict[int, list[int]]:
-    """Parameters per stage of each split (the mlp's Linear layers)."""
+def stage_params(width: int) -> dict[int, list[tuple[int, int]]]:
+    """(parameters, the largest's elements) per stage of each split (the mlp's Linear
+    layers)."""
     import torch
 
     from dagtrain.training.rank.models import mlp
@@ -140,7 +145,11 @@ def stage_params(width: int) -> dict[int, list[int]]:
     for s, bounds in SPLITS.items():
         split = Split(bounds or [], len(blocks), "explicit")
         per[s] = [
-            sum(q.numel() for b in blocks[a:c] for q in b.parameters()) for a, c in split.ranges
+            (
+                sum(q.numel() for b in blocks[a:c] for q in b.parameters()),
+                max((q.numel() for b in blocks[a:c] for q in b.parameters()), default=0),
+            )
+            for a, c in split.ranges
         ]
     return per
 
@@ -157,29 +166,35 @@ def main() -> None:
         child(a.child, a.cap)
         return
     per = stage_params(a.width)
-    whole = sum(per[1]) * 16  # bytes: weights, gradients, Adam's two moments (fp32)
+    whole = sum(n for n, _ in per[1]) * 16  # bytes: weights, gradients, Adam's moments
     rows = []
     for s in (1, 2, 4):
         small = run(64, s, a.steps)
         big = run(a.width, s, a.steps)
         overhead = max(x for x in small["peak_rss_bytes"] if x)
-        ratios = [
-            round((p - overhead) / (whole / s), 3) if p else None for p in big["peak_rss_bytes"]
+        peaks = big["peak_rss_bytes"]
+        ratios = [round((p - overhead) / (whole / s), 3) if p else None for p in peaks]
+        beyond = [
+            round((p - overhead - 4 * most) / (whole / s), 3) if p else None
+            for p, (_, most) in zip(peaks, per[s])
         ]
         rows.append(
             {
                 **big,
                 "overhead_bytes": overhead,
-                "stage_state_bytes": [n * 16 for n in per[s]],
+                "stage_state_bytes": [n * 16 for n, _ in per[s]],
                 "whole_state_bytes": whole,
                 "ratio_to_whole_over_s": ratios,
+                "largest_gradient_bytes": [4 * most for _, most in per[s]],
+                "ratio_beyond_one_largest_gradient": beyond,
                 "overhead_run": small,
             }
         )
         gib = [round(p / 2**30, 2) if p else None for p in big["peak_rss_bytes"]]
         print(
             f"S={s}: peak per rank {gib} GiB, "
-            f"overhead {overhead / 2**30:.2f} GiB, (peak - overhead) / (state / S) {ratios}",
+            f"overhead {overhead / 2**30:.2f} GiB, (peak - overhead) / (state / S) {ratios}, "
+            f"with one gradient of the largest weight in the overhead {beyond}",
             flush=True,
         )
     cap = int(a.cap_gb * 2**30)
@@ -190,12 +205,17 @@ def main() -> None:
         "measured": time.strftime("%Y-%m-%d %H:%M:%S"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "command": "benchmarks/pipeline_memory.py " + " ".join(sys.argv[1:]),
-        "parameters": sum(per[1]),
+        "parameters": sum(n for n, _ in per[1]),
         "rows": rows,
         "cap": {"gb": a.cap_gb, "runs": capped},
         "notes": [
             "peak = VmHWM of each rank process; overhead = the same run's with width 64",
             "state = 16 bytes per parameter (fp32 weights, gradients, Adam exp_avg, exp_avg_sq)",
+            "ratio_beyond_one_largest_gradient: the same ratio with one fp32 gradient of the "
+            "stage's largest weight counted in the overhead (autograd's transient gradient of "
+            "a microbatch before it is added into the accumulated one)",
+            "Adam: dagtrain's (torch's, its step in 4 MiB slices: no parameter-sized "
+            "temporaries); before it (torch's step) 1.20 / 1.26 / 1.50 at S = 1 / 2 / 4",
             "no checkpoints: a checkpoint step also holds a copy of the rank's state while "
             "the background writer writes it",
         ],

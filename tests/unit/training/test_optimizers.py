@@ -1,0 +1,81 @@
+"""dagtrain's Adam and AdamW: torch's, their step in slices (optimizers.py)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from dagtrain.training.rank import optimizers
+
+CASES = [
+    (optimizers.Adam, torch.optim.Adam, {"weight_decay": 0.0}),
+    (optimizers.Adam, torch.optim.Adam, {"weight_decay": 0.01}),
+    (optimizers.Adam, torch.optim.Adam, {"amsgrad": True}),
+    (optimizers.AdamW, torch.optim.AdamW, {"weight_decay": 0.01}),
+]
+
+
+def twins(shapes: list[tuple[int, ...]]) -> tuple[list[torch.nn.Parameter], ...]:
+    torch.manual_seed(0)
+    a = [torch.nn.Parameter(torch.randn(s)) for s in shapes]
+    return a, [torch.nn.Parameter(p.detach().clone()) for p in a]
+
+
+def grads(a: list[torch.nn.Parameter], b: list[torch.nn.Parameter]) -> None:
+    for p, q in zip(a, b):
+        g = torch.randn(p.shape)
+        p.grad, q.grad = g.clone(), g.clone()
+
+
+@pytest.mark.parametrize(("ours", "theirs", "kw"), CASES)
+def test_a_sliced_step_is_torchs_bit_for_bit(ours, theirs, kw) -> None:
+    # slices of 1024 elements: the large tensors are cut (one not a multiple of it, one
+    # not contiguous: updated whole), the small ones batched
+    shapes = [(300, 4099), (7,), (33, 65), (5000,)]
+    a, b = twins(shapes)
+    mine, ref = ours(a, lr=1e-3, **kw), theirs(b, lr=1e-3, **kw)
+    mine.slice = 1024
+    for _ in range(4):
+        grads(a, b)
+        mine.step()
+        ref.step()
+    for p, q in zip(a, b):
+        assert torch.equal(p, q)
+        assert mine.state[p].keys() == ref.state[q].keys()
+        for k in ref.state[q]:
+            assert torch.equal(mine.state[p][k], ref.state[q][k]), k
+    assert float(mine.state[a[0]]["step"]) == 4.0
+
+
+def test_its_state_loads_into_torchs_and_back() -> None:
+    a, b = twins([(64, 100)])
+    mine, ref = optimizers.AdamW(a, lr=1e-2), torch.optim.AdamW(b, lr=1e-2)
+    mine.slice = 1000
+    grads(a, b)
+    mine.step()
+    ref.load_state_dict(copy.deepcopy(mine.state_dict()))  # (it would share tensors)
+    b[0].data.copy_(a[0].data)
+    grads(a, b)
+    mine.step()
+    ref.step()
+    assert torch.equal(a[0], b[0])
+    assert isinstance(mine, torch.optim.AdamW)
+
+
+def test_a_large_parameter_is_cut_and_its_step_counted_once() -> None:
+    p = torch.zeros(10_000)
+    grad = torch.zeros(10_000)
+    avg, sq = torch.zeros(10_000), torch.zeros(10_000)
+    small = [torch.zeros(3) for _ in range(4)]
+    step = torch.tensor(2.0)
+    pieces = optimizers._pieces(
+        ([small[0], p], [small[1], grad], [small[2], avg], [small[3], sq], [], [step, step]),
+        4096,
+    )
+    sizes = [[t.numel() for t in piece[0]] for piece in pieces]
+    assert sizes == [[3], [4096], [4096], [1808]]
+    # each piece's step a copy: the functional step counts it up, not the parameter's
+    assert all(s is not step and float(s) == 2.0 for piece in pieces for s in piece[5])
+    assert pieces[2][0][0].data_ptr() == p.data_ptr() + 4096 * 4  # a view, not a copy
