@@ -66,15 +66,24 @@ from .activations import ActivationBytes
 from .batches import cut, length, to_device
 from .buckets import StageBucket, stage_buckets
 from .objective import Objective, objective_of
+from .optimizers import make_optimizer
 from .order_trial import OrderTrial
 from .recipe import Precision, clip_factor, lr_at
 from .split import blocks_of, boundary_shapes
 from .split_backward import input_grad, weight_grads
 from .stages import Stages, evaluate, stage_blocks
-from .step import NonFiniteGradients, make_optimizer, scaled_loss, step_seed
+from .step import NonFiniteGradients, scaled_loss, step_seed
 from .transfers import Transfers
 
 __all__ = ["StageStep"]
+
+# the op of each way a transfer goes
+_OPS = {
+    "recv-act": Op.RECV_ACT,
+    "send-act": Op.SEND_ACT,
+    "recv-grad": Op.RECV_GRAD,
+    "send-grad": Op.SEND_GRAD,
+}
 
 # the orders whose backward is two tasks: B (the input gradient) and W (the weights')
 _SPLIT_ORDERS = ("zero-bubble",)
@@ -240,15 +249,9 @@ class StageStep:
         fkey, bkey = self._keys(order)
         alive = self._alive(order)
         back_first = order != "gpipe"
-        pf, pb = (2 * n, 3 * n) if back_first else (3 * n, 2 * n)
         pc = 5 * n  # transfers (and zero-grads) before any compute, W after all of it
-
-        def p_f(m: int, j: int) -> int:
-            return pf - fkey(m, j)
-
-        def p_b(m: int, j: int) -> int:
-            return pb - bkey(m, j)
-
+        # each F's and B's priority: (op, microbatch, chunk) -> priority
+        prio: dict[tuple[str, int, int], int] = {}
         if back_first and v > 1:
             # interleaved: Megatron-LM's sequence as the priorities of F and B alike —
             # the warm-up's forwards, then a forward and a backward in turn (the
@@ -262,13 +265,12 @@ class StageStep:
             for i in range(n - w):
                 seq += [("F", fs[w + i]), ("B", bs[i])]
             seq += [("B", q) for q in bs[n - w :]]
-            pos = {x: i for i, x in enumerate(seq)}
-
-            def p_f(m: int, j: int) -> int:
-                return 4 * n - pos["F", (m, j)]
-
-            def p_b(m: int, j: int) -> int:
-                return 4 * n - pos["B", (m, j)]
+            prio = {(op, *q): 4 * n - i for i, (op, q) in enumerate(seq)}
+        else:  # each microbatch's B before the next F (gpipe: every F first)
+            pf, pb = (2 * n, 3 * n) if back_first else (3 * n, 2 * n)
+            for m in range(M):
+                for j in range(v):
+                    prio["F", m, j], prio["B", m, j] = pf - fkey(m, j), pb - bkey(m, j)
 
         # the backward of each place in the sequence, and the task that frees its
         # microbatch's activations (where the order splits backward: W)
@@ -297,7 +299,7 @@ class StageStep:
                 g.add(
                     self._forward, m, j, Ref(f"in{m}.{j}") if c > 0 else None,
                     name=name(Op.FORWARD, m, j), out=f"act{m}.{j}", in_="params",
-                    after=token, priority=p_f(m, j),
+                    after=token, priority=prio["F", m, j],
                 )  # fmt: skip
                 if c < self.V - 1:
                     ev = Event()
@@ -318,7 +320,7 @@ class StageStep:
                 if split[j]:
                     g.add(
                         self._backward_input, m, j, Ref(f"act{m}.{j}"), dout,
-                        name=name(Op.BACKWARD, m, j), out=f"dx{m}.{j}", priority=p_b(m, j),
+                        name=name(Op.BACKWARD, m, j), out=f"dx{m}.{j}", priority=prio["B", m, j],
                     )  # fmt: skip
                     g.add(
                         self._backward_weight, m, j, Ref(f"dx{m}.{j}"),
@@ -328,7 +330,7 @@ class StageStep:
                     g.add(
                         self._backward, m, j, Ref(f"act{m}.{j}"), dout,
                         name=name(Op.BACKWARD, m, j), out=f"dx{m}.{j}", inout=f"grads{j}",
-                        priority=p_b(m, j),
+                        priority=prio["B", m, j],
                     )  # fmt: skip
                 if c > 0:
                     ev = Event()
@@ -382,70 +384,57 @@ class StageStep:
         """The first tag no training step uses (the evaluation's are above it)."""
         return 2 * self.M * self.V
 
-    def _recv_act(self, m: int, j: int, event: Event) -> torch.Tensor:
+    def _post(self, way: str, m: int, j: int, t: torch.Tensor, event: Event) -> None:
+        """Start microbatch ``m``'s transfer of chunk ``j`` (``way``: ``recv-act``,
+        ``send-act``, ``recv-grad`` or ``send-grad``) of ``t``; the thread of that way
+        and chunk waits for it and fulfils ``event``."""
+        send, act = way.startswith("send"), way.endswith("act")
+        c = self.parts[j]
+        other = c - 1 if act != send else c + 1  # the part at the other end
+        peer = self.rank_of(other)
+        what = (
+            f"rank {self.backend.rank} ({self.where(c)}): "
+            f"{'sending' if send else 'receiving'} microbatch {m}'s "
+            f"{'activation' if act else 'gradient'} {'to' if send else 'from'} rank {peer} "
+            f"({self.where(other)})"
+        )
+        tag = self.tag(other if send else c, "act" if act else "grad", m)
+        post = self.backend.send_async if send else self.backend.recv_async
+        h = post(t, peer, tag, what)
+        self._waiters[way, j].post(h, event, t, self._name(_OPS[way], m, j))
+
+    def _recv(self, way: str, m: int, j: int, event: Event) -> torch.Tensor:
+        """A buffer for microbatch ``m``'s activation (``recv-act``: the output of the
+        part before) or gradient (``recv-grad``: of this part's output), posted."""
         a, b = self._mb(m)
         c = self.parts[j]
-        shape, dtype = self.shapes[c - 1]
+        shape, dtype = self.shapes[c - 1 if way == "recv-act" else c]
         buf = torch.empty((b - a, *shape), dtype=dtype, device=self.device)
         if b == a:
             event.fulfill()
-            return buf
-        peer = self.rank_of(c - 1)
-        what = (
-            f"rank {self.backend.rank} ({self.where(c)}): receiving microbatch {m}'s "
-            f"activation from rank {peer} ({self.where(c - 1)})"
-        )
-        h = self.backend.recv_async(buf, peer, self.tag(c, "act", m), what)
-        self._waiters["recv-act", j].post(h, event, buf, self._name(Op.RECV_ACT, m, j))
+        else:
+            self._post(way, m, j, buf, event)
         return buf
 
-    def _send_act(self, m: int, j: int, act: tuple, event: Event) -> None:
-        if act[1] is None:  # an empty microbatch (a short last batch): nothing to send
-            event.fulfill()
-            return
-        out = act[1].detach().contiguous()
-        if not len(out):
-            event.fulfill()
-            return
-        c = self.parts[j]
-        peer = self.rank_of(c + 1)
-        what = (
-            f"rank {self.backend.rank} ({self.where(c)}): sending microbatch {m}'s "
-            f"activation to rank {peer} ({self.where(c + 1)})"
-        )
-        h = self.backend.send_async(out, peer, self.tag(c + 1, "act", m), what)
-        self._waiters["send-act", j].post(h, event, out, self._name(Op.SEND_ACT, m, j))
+    def _recv_act(self, m: int, j: int, event: Event) -> torch.Tensor:
+        return self._recv("recv-act", m, j, event)
 
     def _recv_grad(self, m: int, j: int, event: Event) -> torch.Tensor:
-        a, b = self._mb(m)
-        c = self.parts[j]
-        shape, dtype = self.shapes[c]
-        buf = torch.empty((b - a, *shape), dtype=dtype, device=self.device)
-        if b == a:
+        return self._recv("recv-grad", m, j, event)
+
+    def _send_act(self, m: int, j: int, act: tuple, event: Event) -> None:
+        # an empty microbatch (a short last batch): nothing to send
+        out = None if act[1] is None else act[1].detach().contiguous()
+        if out is None or not len(out):
             event.fulfill()
-            return buf
-        peer = self.rank_of(c + 1)
-        what = (
-            f"rank {self.backend.rank} ({self.where(c)}): receiving microbatch {m}'s "
-            f"gradient from rank {peer} ({self.where(c + 1)})"
-        )
-        h = self.backend.recv_async(buf, peer, self.tag(c, "grad", m), what)
-        self._waiters["recv-grad", j].post(h, event, buf, self._name(Op.RECV_GRAD, m, j))
-        return buf
+        else:
+            self._post("send-act", m, j, out, event)
 
     def _send_grad(self, m: int, j: int, dx: torch.Tensor | None, event: Event) -> None:
         if dx is None or not len(dx):
             event.fulfill()
-            return
-        c = self.parts[j]
-        peer = self.rank_of(c - 1)
-        what = (
-            f"rank {self.backend.rank} ({self.where(c)}): sending microbatch {m}'s "
-            f"gradient to rank {peer} ({self.where(c - 1)})"
-        )
-        dx = dx.contiguous()
-        h = self.backend.send_async(dx, peer, self.tag(c - 1, "grad", m), what)
-        self._waiters["send-grad", j].post(h, event, dx, self._name(Op.SEND_GRAD, m, j))
+        else:
+            self._post("send-grad", m, j, dx.contiguous(), event)
 
     def _forward(self, m: int, j: int, inp: torch.Tensor | None) -> tuple:
         a, b = self._mb(m)
