@@ -1,5 +1,5 @@
 """Both step kinds declare every member of the protocol the trainer is typed against
-(methods on the class, data attributes assigned in ``__init__``)."""
+(methods on the class or a base, data attributes assigned in ``__init__``)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,14 @@ def protocol_members() -> set[str]:
 
 
 def declared(cls: type) -> set[str]:
-    """Its public methods, and every ``self.x`` its ``__init__`` assigns."""
-    names = {n for n, v in vars(cls).items() if callable(v) and not n.startswith("_")}
+    """Its public methods (its own or a base's), and every ``self.x`` its ``__init__``
+    assigns."""
+    names = {
+        n
+        for c in cls.__mro__[:-1]  # (not object's)
+        for n, v in vars(c).items()
+        if callable(v) and not n.startswith("_")
+    }
     init = ast.parse(textwrap.dedent(inspect.getsource(cls.__init__)))
     for node in ast.walk(init):
         targets = (
