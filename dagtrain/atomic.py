@@ -15,9 +15,9 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 __all__ = ["append_line", "atomic_write", "fsync_dir"]
 
@@ -36,17 +36,20 @@ def _umask() -> int:
     return mask
 
 
-def atomic_write(path: Path, data: bytes | Iterable[bytes]) -> None:
-    """Write ``data`` (bytes, or chunks of them: a stream) to ``path`` so that readers
-    see the old file or the new one."""
+def atomic_write(path: Path, data: bytes | Iterable[bytes] | Callable[[BinaryIO], object]) -> None:
+    """Write ``data`` (bytes, chunks of them: a stream, or a function that writes to
+    the file it is given) to ``path`` so that readers see the old file or the new one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
-            for chunk in [data] if isinstance(data, bytes | bytearray) else data:
-                f.write(chunk)
+            if callable(data):
+                data(f)
+            else:
+                for chunk in [data] if isinstance(data, bytes | bytearray) else data:
+                    f.write(chunk)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

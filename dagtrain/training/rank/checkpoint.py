@@ -26,7 +26,6 @@ those (a pipeline rank resuming its stage, on any split).
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
 import os
@@ -72,12 +71,12 @@ def save(
         of = stale.name.lstrip(".").rsplit(".", 1)[0].removesuffix(".json")
         if _stage_of(of) == stage:
             stale.unlink(missing_ok=True)
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    data = buf.getvalue()
     path = d / _name(step, stage)
-    atomic_write(path, data)
-    meta = {"step": step, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    # straight to the file, hashed on the way: a checkpoint is never held in memory
+    # (a pipeline stage's is as large as its parameters and optimizer state)
+    sink = _Hashed()
+    atomic_write(path, lambda f: torch.save(state, sink.over(f)))
+    meta = {"step": step, "sha256": sink.sha.hexdigest(), "bytes": sink.bytes}
     atomic_write(_sidecar(path), json.dumps(meta).encode())
     fsync_dir(d)
     for old in _steps(d, stage)[:-keep]:
@@ -87,6 +86,25 @@ def save(
         _sidecar(p).unlink(missing_ok=True)
         p.unlink(missing_ok=True)
     return path
+
+
+class _Hashed:
+    """A file's writer that hashes and counts the bytes written through it."""
+
+    def __init__(self) -> None:
+        self.sha, self.bytes, self.f = hashlib.sha256(), 0, None
+
+    def over(self, f: Any) -> _Hashed:
+        self.f = f
+        return self
+
+    def write(self, b: Any) -> int:
+        self.sha.update(b)
+        self.bytes += memoryview(b).nbytes
+        return self.f.write(b)
+
+    def flush(self) -> None:
+        self.f.flush()
 
 
 def _name(step: int, stage: int) -> str:
@@ -152,7 +170,7 @@ def load(path: str | os.PathLike, keys: set[str] | None = None) -> dict[str, Any
         for sh in shards:
             f = path.with_name(sh["file"])
             if keys is not None and not keys.intersection(sh["keys"]):
-                _checked_bytes(f, keep=False)  # the checkpoint is whole only with it
+                _check(f)  # the checkpoint is whole only with it
                 continue
             part = _load_one(f)
             if set(part["model"]) != set(sh["keys"]):  # a shard of another split's run
@@ -169,38 +187,34 @@ def load(path: str | os.PathLike, keys: set[str] | None = None) -> dict[str, Any
     return state
 
 
-def _checked_bytes(path: Path, keep: bool = True) -> bytes:
-    """``path``'s bytes (``keep``; else only checked, read in chunks), checked against
-    its sidecar (InputError if bad)."""
+def _check(path: Path) -> None:
+    """Check ``path`` against its sidecar, reading it in chunks (InputError if bad)."""
     side = _sidecar(path)
     try:
         meta = json.loads(side.read_text())
     except (OSError, ValueError) as e:
         raise InputError(f"{path.name}: no valid sidecar {side.name} ({e})") from e
-    h, data, n = hashlib.sha256(), b"", 0
+    h, n = hashlib.sha256(), 0
     try:
-        if keep:
-            data = path.read_bytes()
-            h.update(data)
-            n = len(data)
-        else:
-            with path.open("rb") as f:
-                while chunk := f.read(1 << 24):
-                    h.update(chunk)
-                    n += len(chunk)
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 24):
+                h.update(chunk)
+                n += len(chunk)
     except OSError as e:
         raise InputError(f"{path.name}: cannot be read ({e})") from e
     if n != meta.get("bytes") or h.hexdigest() != meta.get("sha256"):
         raise InputError(f"{path.name}: checksum mismatch (truncated or corrupted)")
-    return data
 
 
 def _load_one(path: Path) -> dict[str, Any]:
-    data = _checked_bytes(path)
+    _check(path)
     try:
-        # map_location: a GPU run's checkpoint loads anywhere (load_state_dict then
-        # copies it to the model's device)
-        state = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+        # from the file, not from its bytes read whole: a stage's checkpoint is as large
+        # as its parameters and optimizer state, and a rank holds it once, as tensors.
+        # (A checkpoint file is never changed in place: its writer renames a new one
+        # over it.) map_location: a GPU run's checkpoint loads anywhere
+        # (load_state_dict then copies it to the model's device)
+        state = torch.load(path, weights_only=True, map_location="cpu")
     except Exception as e:  # torch's message advises weights_only=False: never do that
         raise InputError(
             f"{path.name} is not a dagtrain checkpoint: it holds no tensors and plain data "

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import io
+import json
 import logging
 
 import pytest
@@ -173,3 +176,18 @@ def test_the_digest_combines_per_tensor_digests_so_stages_can_each_digest_their_
     parts = checkpoint.tensor_digests({"x": a["x"]}) | checkpoint.tensor_digests({"y": a["y"]})
     assert checkpoint.combine_digests(parts) == whole
     assert checkpoint.state_digest({"x": a["x"], "y": torch.zeros(2)}) != whole
+
+
+def test_a_checkpoint_is_streamed_to_its_file_with_torch_saves_bytes(tmp_path):
+    # written straight to the file and hashed on the way (never held whole in memory):
+    # the bytes are torch.save's, the sidecar their size and sha256
+    s = {"model": {"w": torch.randn(300, 7)}, "step": 3, "optim": [{"state": {}}]}
+    path = checkpoint.save(s, tmp_path, 3)
+    buf = io.BytesIO()
+    torch.save(s, buf)
+    assert path.read_bytes() == buf.getvalue()
+    meta = json.loads(path.with_name(path.name + ".json").read_text())
+    assert meta["bytes"] == len(buf.getvalue())
+    assert meta["sha256"] == hashlib.sha256(buf.getvalue()).hexdigest()
+    assert not list(tmp_path.glob(".ckpt-*"))  # no temp file left
+    assert torch.equal(checkpoint.load(path)["model"]["w"], s["model"]["w"])
