@@ -8,8 +8,7 @@ four 8192x8192 layers, 269M parameters, 1.07 GB of fp32 weights; with their grad
 and Adam's two moments 4.3 GB), trained with Adam for ``--steps`` steps of 32 samples,
 one intra-op thread per rank, on S = 1 (one process, the whole model), 2 and 4 stages
 (torch backend, gloo; the split puts one big layer per stage at S = 4, two at S = 2:
-``parallel.split`` [7] and [5, 7, 9]). No checkpoints (a checkpoint step holds a copy
-of the rank's state while it is written in the background; see the JSON's notes).
+``parallel.split`` [7] and [5, 7, 9]), without checkpoints.
 
 Per rank: the peak resident memory (``VmHWM`` of /proc/<pid>/status, read every 0.1 s
 while the rank runs). The fixed overhead is the same run's with a width of 64 (what a
@@ -25,6 +24,12 @@ such transient at the peak; its size is the model's largest tensor's, not a shar
 Then the cap: every process of a run under ``resource.setrlimit(RLIMIT_DATA,
 --cap-gb)`` (set in the run's process before it starts the ranks; they inherit it), the
 whole model on one process (which needs more) and the same model on 4 stages.
+
+Then checkpoints: 4 stages checkpointing after every step, with each
+``training.checkpoint_write``: ``background`` (each writing rank copies its stage's
+parameters and optimizer state and writes the copy while training goes on) and
+``inline`` (written from the live state while the rank waits): each one's peak, each
+under the cap, and one step more resumed from the inline run's checkpoint under the cap.
 
 Writes benchmarks/results/pipeline_memory.json.
 """
@@ -49,7 +54,10 @@ sys.path.insert(0, str(HERE.parent))
 SPLITS = {1: None, 2: [7], 4: [5, 7, 9]}  # blocks: Flatten, (Linear, ReLU) x 5, Linear
 
 
-def config(width: int, stages: int, steps: int) -> dict[str, Any]:
+def config(
+    width: int, stages: int, steps: int, ckpt: tuple[str, str] | None = None
+) -> dict[str, Any]:
+    """The run; ``ckpt``: (a directory, ``checkpoint_write``) to checkpoint every step."""
     cfg: dict[str, Any] = {
         "model": {"name": "mlp", "args": {"hidden": [width] * 5}, "max_parameters": 10**10},
         "optimizer": "adam",
@@ -60,6 +68,13 @@ def config(width: int, stages: int, steps: int) -> dict[str, Any]:
         "intra_op_threads": 1,
         "collective_timeout": 600,
     }
+    if ckpt:
+        cfg |= {
+            "checkpoint_dir": ckpt[0],
+            "checkpoint_write": ckpt[1],
+            "checkpoint_every": 1,
+            "keep_checkpoints": 1,
+        }
     if stages > 1:
         cfg |= {
             "backend": "torch",
@@ -80,7 +95,12 @@ def child(spec: str, cap: int | None) -> None:
     try:
         r = run_training(TrainConfig(**args), 1 if "ranks" not in args else None,
                          on_line=lambda line: None)  # fmt: skip
-        out = {"ok": True, "steps": r.steps, "params_sha256": r.params_sha256}
+        out = {
+            "ok": True,
+            "steps": r.steps,
+            "resumed_from_step": r.resumed_from_step,
+            "params_sha256": r.params_sha256,
+        }
     except Exception as e:  # the cap's run fails: say how
         out = {"ok": False, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
     print("RESULT " + json.dumps(out), flush=True)
@@ -96,12 +116,18 @@ def hwm(pid: int) -> int | None:
     return None
 
 
-def run(width: int, stages: int, steps: int, cap: int | None = None) -> dict[str, Any]:
+def run(
+    width: int,
+    stages: int,
+    steps: int,
+    cap: int | None = None,
+    ckpt: tuple[str, str] | None = None,
+) -> dict[str, Any]:
     """One run in a fresh process tree; the peak resident bytes of each rank."""
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "DAGTRAIN_PID_DIR": tmp, "OMP_NUM_THREADS": "1"}
 
-        spec = json.dumps(config(width, stages, steps))
+        spec = json.dumps(config(width, stages, steps, ckpt))
         t0 = time.monotonic()
         log = Path(tmp) / "out.log"
         with log.open("w") as sink:  # (a pipe would fill while the parent polls)
@@ -154,6 +180,27 @@ def stage_params(width: int) -> dict[int, list[tuple[int, int]]]:
     return per
 
 
+def checkpointing(a: argparse.Namespace, cap: int) -> dict[str, Any]:
+    """4 stages checkpointing after every step, each way of ``checkpoint_write``: the
+    peak per rank, then the same under the cap, then (inline) one more step resumed
+    from its checkpoint under the cap (a resume reads a rank's stage out of it)."""
+    out: dict[str, Any] = {}
+    for mode in ("background", "inline"):
+        with tempfile.TemporaryDirectory() as d:
+            out[mode] = run(a.width, 4, a.steps, None, (d, mode))
+        with tempfile.TemporaryDirectory() as d:
+            out[f"{mode}, capped"] = run(a.width, 4, a.steps, cap, (d, mode))
+            if mode == "inline":
+                out["inline, capped, resumed"] = run(a.width, 4, a.steps + 1, cap, (d, mode))
+    for what, r in out.items():
+        gib = [round(p / 2**30, 2) if p else None for p in r["peak_rss_bytes"]]
+        how = "trained" if r["ok"] else r["error"]
+        if r.get("resumed_from_step"):
+            how += f" (resumed from step {r['resumed_from_step']})"
+        print(f"S=4, a checkpoint every step, {what}: {how}; peak per rank {gib} GiB")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--width", type=int, default=8192)
@@ -201,6 +248,7 @@ def main() -> None:
     capped = [run(a.width, 1, a.steps, cap), run(a.width, 4, a.steps, cap)]
     for c in capped:
         print(f"cap {a.cap_gb} GiB, S={c['stages']}: {'trained' if c['ok'] else c['error']}")
+    checkpoints = checkpointing(a, cap)
     out = {
         "measured": time.strftime("%Y-%m-%d %H:%M:%S"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
@@ -208,6 +256,7 @@ def main() -> None:
         "parameters": sum(n for n, _ in per[1]),
         "rows": rows,
         "cap": {"gb": a.cap_gb, "runs": capped},
+        "checkpoints": checkpoints,
         "notes": [
             "peak = VmHWM of each rank process; overhead = the same run's with width 64",
             "state = 16 bytes per parameter (fp32 weights, gradients, Adam exp_avg, exp_avg_sq)",
@@ -216,8 +265,9 @@ def main() -> None:
             "a microbatch before it is added into the accumulated one)",
             "Adam: dagtrain's (torch's, its step in 4 MiB slices: no parameter-sized "
             "temporaries); before it (torch's step) 1.20 / 1.26 / 1.50 at S = 1 / 2 / 4",
-            "no checkpoints: a checkpoint step also holds a copy of the rank's state while "
-            "the background writer writes it",
+            "rows: no checkpoints; checkpoints: 4 stages checkpointing after every step, "
+            "checkpoint_write background (a copy of each writing rank's state while it is "
+            "written) and inline (written from the live state while the rank waits)",
         ],
     }
     path = HERE / "results" / "pipeline_memory.json"

@@ -108,6 +108,14 @@ class TrainingConfig(Section):
         0, ge=0, le=10**12, description="steps; 0: at the end of each epoch"
     )
     keep_checkpoints: int = Field(3, ge=1, le=10_000, description="newest checkpoints kept")
+    checkpoint_write: Literal["background", "inline"] = Field(
+        "background",
+        description="background: a checkpoint's state is copied and written while training "
+        "goes on (each writing rank holds a copy of its parameters and optimizer state "
+        "until the write ends); inline: written from the live state while the rank waits "
+        "(no copy, for a model whose copy does not fit; each write must end within "
+        "distributed.collective_timeout, which the other ranks wait for)",
+    )
     retries: int = Field(
         2, ge=0, le=100, description="Airflow retries of each task (a retry resumes training)"
     )

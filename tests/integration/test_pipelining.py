@@ -179,14 +179,14 @@ def test_a_killed_stage_rank_fails_named_and_the_run_resumes_bitwise(
 def test_a_pipeline_checkpoint_resumes_on_other_stages_and_chunks(tmp_path):
     # 20 steps on 4 stages, then on to 50 on 2 stages of 2 chunks each: 4 other parts,
     # rank 0 holding parts 0 and 2 (epoch 0 ends at step 45: its evaluation goes round
-    # the stages twice), against 50 steps in one process
+    # the stages twice), against 50 steps in one process. The 4 stages write their
+    # checkpoints inline (from the live state, no copy), the 2 in the background
     cfg = dict(SLOW, model_args={"seconds": 0.0}, max_steps=50, backend="torch")
     one = run_training(TrainConfig(**cfg, checkpoint_dir=str(tmp_path / "one")), 1, **QUIET)
     d = str(tmp_path / "pp")
     two = {"stages": 4, "microbatches": 4, "order": "zero-bubble"}
-    run_training(
-        TrainConfig(**{**cfg, "max_steps": 20}, ranks=4, parallel=two, checkpoint_dir=d), **QUIET
-    )
+    first = {**cfg, "max_steps": 20, "checkpoint_write": "inline"}
+    run_training(TrainConfig(**first, ranks=4, parallel=two, checkpoint_dir=d), **QUIET)
     # each stage wrote its own shard: no rank held the whole model
     assert sorted(p.name for p in Path(d).glob("ckpt-00000020*.pt")) == [
         "ckpt-00000020.pt",

@@ -207,13 +207,18 @@ class RankRun:
         """Copy the state after ``step`` steps; :meth:`commit` hands it to the writer.
 
         Inside the step graph it runs with ``in`` on every parameter: the next updates
-        wait for this copy only, and the write goes on in the background."""
+        wait for this copy only, and the write goes on in the background. With
+        ``checkpoint_write: inline`` nothing is copied: :meth:`commit`, which runs before
+        the next step, writes the live state and waits."""
         if self.writer is None:
             return
+        inline = self.cfg.training.checkpoint_write == "inline"
+        model = {k: v.detach() for k, v in own_state(self.model).items()}
+        optim = self.sg.optimizer_states()  # the live state
         self.staged.append(
             {
-                "model": {k: v.detach().clone() for k, v in own_state(self.model).items()},
-                "optim": copy.deepcopy(self.sg.optimizer_states()),  # tensors cloned
+                "model": model if inline else {k: v.clone() for k, v in model.items()},
+                "optim": optim if inline else copy.deepcopy(optim),  # tensors cloned
                 "step": step,
                 "epochs": json.dumps(self.figures.epochs),
                 "precision": json.dumps(self.sg.precision.state()),
@@ -247,12 +252,15 @@ class RankRun:
         for w in self.pending:
             w.result()
         # (checkpoint.save keeps a sharded checkpoint's older files: its writers run apart)
-        self.pending[:] = [
-            self.writer.submit(
-                checkpoint.save, snap, self.cfg.checkpoint_dir, snap["step"],
-                self.cfg.training.keep_checkpoints, protect, self.stage,
-            )
-        ]  # fmt: skip
+        args = (
+            snap, self.cfg.checkpoint_dir, snap["step"], self.cfg.training.keep_checkpoints,
+            protect, self.stage,
+        )  # fmt: skip
+        if self.cfg.training.checkpoint_write == "inline":  # the live state: now
+            self.pending[:] = []
+            checkpoint.save(*args)
+        else:
+            self.pending[:] = [self.writer.submit(checkpoint.save, *args)]
 
     def best_step(self, rows: list[dict[str, Any]] | None = None) -> int | None:
         """The step of the best epoch's checkpoint (early stopping keeps it whatever
