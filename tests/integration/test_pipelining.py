@@ -186,7 +186,8 @@ def test_a_pipeline_checkpoint_resumes_on_other_stages_and_chunks(tmp_path):
     d = str(tmp_path / "pp")
     two = {"stages": 4, "microbatches": 4, "order": "zero-bubble"}
     first = {**cfg, "max_steps": 20, "checkpoint_write": "inline"}
-    run_training(TrainConfig(**first, ranks=4, parallel=two, checkpoint_dir=d), **QUIET)
+    r20 = run_training(TrainConfig(**first, ranks=4, parallel=two, checkpoint_dir=d), **QUIET)
+    assert Path(r20.checkpoint).name == "ckpt-00000020.pt"  # the run names its newest
     # each stage wrote its own shard: no rank held the whole model
     assert sorted(p.name for p in Path(d).glob("ckpt-00000020*.pt")) == [
         "ckpt-00000020.pt",

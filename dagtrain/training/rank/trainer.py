@@ -257,8 +257,9 @@ class RankRun:
             protect, self.stage,
         )  # fmt: skip
         if self.cfg.training.checkpoint_write == "inline":  # the live state: now
-            self.pending[:] = []
-            checkpoint.save(*args)
+            done: Future = Future()
+            done.set_result(checkpoint.save(*args))  # (the run's result names it)
+            self.pending[:] = [done]
         else:
             self.pending[:] = [self.writer.submit(checkpoint.save, *args)]
 
