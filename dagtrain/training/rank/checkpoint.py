@@ -156,14 +156,18 @@ def _sidecar(path: Path) -> Path:
     return path.with_name(SIDECAR(name=path.name))
 
 
-def load(path: str | os.PathLike, keys: set[str] | None = None) -> dict[str, Any]:
+def load(
+    path: str | os.PathLike, keys: set[str] | None = None, mmap: bool = False
+) -> dict[str, Any]:
     """Load one checkpoint after checking it against its sidecar; InputError if bad.
 
     A pipeline's (sharded) checkpoint is consolidated: every shard checked, and the
     model and optimizer state of those holding any of ``keys`` (all, when None) merged
-    in; with ``keys``, ``model`` holds only those."""
+    in; with ``keys``, ``model`` holds only those. ``mmap``: the files mapped, not read
+    (a tensor's bytes come into memory where it is used), for a caller that copies
+    what it uses and keeps none of the tensors (a tensor kept keeps its file mapped)."""
     path = Path(path)
-    state = _load_one(path)
+    state = _load_one(path, mmap)
     shards = state.pop("shards", None)
     if shards:
         model, optim = dict(state["model"]), state["optim"]
@@ -172,7 +176,7 @@ def load(path: str | os.PathLike, keys: set[str] | None = None) -> dict[str, Any
             if keys is not None and not keys.intersection(sh["keys"]):
                 _check(f)  # the checkpoint is whole only with it
                 continue
-            part = _load_one(f)
+            part = _load_one(f, mmap)
             if set(part["model"]) != set(sh["keys"]):  # a shard of another split's run
                 raise InputError(
                     f"{f.name} does not hold the keys {path.name} lists for stage "
@@ -206,7 +210,7 @@ def _check(path: Path) -> None:
         raise InputError(f"{path.name}: checksum mismatch (truncated or corrupted)")
 
 
-def _load_one(path: Path) -> dict[str, Any]:
+def _load_one(path: Path, mmap: bool = False) -> dict[str, Any]:
     _check(path)
     try:
         # from the file, not from its bytes read whole: a stage's checkpoint is as large
@@ -214,7 +218,7 @@ def _load_one(path: Path) -> dict[str, Any]:
         # (A checkpoint file is never changed in place: its writer renames a new one
         # over it.) map_location: a GPU run's checkpoint loads anywhere
         # (load_state_dict then copies it to the model's device)
-        state = torch.load(path, weights_only=True, map_location="cpu")
+        state = torch.load(path, weights_only=True, map_location="cpu", mmap=mmap)
     except Exception as e:  # torch's message advises weights_only=False: never do that
         raise InputError(
             f"{path.name} is not a dagtrain checkpoint: it holds no tensors and plain data "

@@ -12,11 +12,15 @@ What a model file may be (:func:`load_weights`): a dagtrain checkpoint or a regi
 model file (checked against its sha256 sidecar when one is beside it), or a plain
 ``torch.save(model.state_dict(), path)``; a dict with a ``"model"`` entry, or a state
 dict itself. It is read with ``torch.load(weights_only=True)``: it holds no code.
+The file is mapped, not read (``mmap``; a file of torch's older format, not a zip, is
+read): its shapes are checked without its bytes, and a pipeline rank brings into
+memory only its own stage's tensors, which it copies into its model; none of the
+loaded tensors is kept.
 """
 
 from __future__ import annotations
 
-import io
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -57,14 +61,14 @@ def load_weights(path: str | Path, field: str = FIELD) -> dict[str, torch.Tensor
         )
     if p.with_name(SIDECAR(name=p.name)).exists():
         try:
-            state: Any = checkpoint.load(p)  # its checksum verified
+            state: Any = checkpoint.load(p, mmap=True)  # its checksum verified
         except InputError as e:
             raise InputError(
                 f"{field}: {e}; use an intact copy or set training.init: scratch"
             ) from e
     else:
         try:
-            state = torch.load(io.BytesIO(p.read_bytes()), weights_only=True, map_location="cpu")
+            state = torch.load(p, weights_only=True, map_location="cpu", mmap=zipfile.is_zipfile(p))
         except Exception as e:  # torch advises weights_only=False: never
             raise InputError(
                 f"{field}: {p.name} is not a model file torch.load(weights_only=True) reads "

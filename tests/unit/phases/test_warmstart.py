@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import pickle
+from pathlib import Path
 
 import pytest
 import torch
@@ -264,3 +265,18 @@ def test_a_warm_started_pipeline_prepares_its_data(tmp_path):
 
     out = prepare(cfg_of(tmp_path, "champion"))
     assert out["version"] and (tmp_path / "art").is_dir()
+
+
+def test_a_model_file_is_mapped_not_read_and_an_old_format_one_read(tmp_path):
+    # mapped: its shapes are checked without its bytes, and a pipeline rank brings into
+    # memory only the tensors it copies (Linux: the mapping is in /proc/self/maps)
+    w = torch.randn(64, 32)
+    new, old = tmp_path / "new.pt", tmp_path / "old.pt"
+    torch.save({"w": w}, new)
+    torch.save({"w": w}, old, _use_new_zipfile_serialization=False)  # not a zip
+    state = load_weights(new)
+    assert torch.equal(state["w"], w)
+    assert str(new) in Path("/proc/self/maps").read_text()
+    del state
+    assert str(new) not in Path("/proc/self/maps").read_text()  # nothing else holds it
+    assert torch.equal(load_weights(old)["w"], w)
