@@ -82,10 +82,24 @@ def save(
     for old in _steps(d, stage)[:-keep]:
         if old == protect:
             continue
-        p = d / _name(old, stage)
-        _sidecar(p).unlink(missing_ok=True)
-        p.unlink(missing_ok=True)
+        _remove(d / _name(old, stage))
+    if stage == 0:
+        # shards of the stages this run does not have (it resumed on fewer stages, or
+        # without a pipeline) have no writer to rotate them: rank 0 removes each once
+        # its checkpoint's own file is rotated out (that checkpoint was gone with it)
+        stages = 1 + len(state.get("shards") or [])
+        own = set(_steps(d))
+        for p in d.iterdir():
+            m = SHARD.match(p.name)
+            if m and m["stage"] >= stages and m["step"] not in own:
+                _remove(p)
     return path
+
+
+def _remove(path: Path) -> None:
+    """A checkpoint file and its sidecar."""
+    _sidecar(path).unlink(missing_ok=True)
+    path.unlink(missing_ok=True)
 
 
 class _Hashed:

@@ -191,3 +191,21 @@ def test_a_checkpoint_is_streamed_to_its_file_with_torch_saves_bytes(tmp_path):
     assert meta["sha256"] == hashlib.sha256(buf.getvalue()).hexdigest()
     assert not list(tmp_path.glob(".ckpt-*"))  # no temp file left
     assert torch.equal(checkpoint.load(path)["model"]["w"], s["model"]["w"])
+
+
+def test_shards_of_stages_a_resumed_run_lacks_go_with_their_checkpoint(tmp_path):
+    # a 2-stage run's checkpoints, then a run without a pipeline resumes from them (no
+    # writer of stage 1 now): stage 1's shard goes once its checkpoint's own file is
+    # rotated out, not before (the checkpoint is whole until then)
+    for step in (1, 2, 3):
+        sharded(tmp_path, step, float(step), keep=1)
+    checkpoint.save(state(4), tmp_path, 4, keep=1)  # keeps 4 only: 1-3 rotated out...
+    shards = sorted(p.name for p in tmp_path.glob("ckpt-*.stage1.pt*"))
+    assert shards == []  # ...and their stage-1 shards with them
+    # a 2-stage run keeps its own stage 1's shards (their writer rotates them)
+    for step in (5, 6):
+        sharded(tmp_path, step, float(step), keep=1)
+    assert (tmp_path / "ckpt-00000005.stage1.pt").exists()
+    # a 1-stage checkpoint written while a 2-stage one's own file is kept: whole still
+    checkpoint.save(state(7), tmp_path, 7, keep=3)
+    assert checkpoint.load(tmp_path / "ckpt-00000006.pt")["model"]["b"].shape == (3,)
