@@ -67,9 +67,12 @@ def save(
         keep += 2
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
+    # the stages of this run (stage 0's state lists the others' shards); rank 0 also
+    # clears what the stages it does not have left (they have no writer now)
+    stages = 1 + len(state.get("shards") or []) if stage == 0 else None
     for stale in d.glob(".ckpt-*"):  # temp files of this stage's writer killed mid-write
-        of = stale.name.lstrip(".").rsplit(".", 1)[0].removesuffix(".json")
-        if _stage_of(of) == stage:
+        of = _stage_of(stale.name.lstrip(".").rsplit(".", 1)[0].removesuffix(".json"))
+        if of == stage or (stages is not None and of is not None and of >= stages):
             stale.unlink(missing_ok=True)
     path = d / _name(step, stage)
     # straight to the file, hashed on the way: a checkpoint is never held in memory
@@ -83,11 +86,10 @@ def save(
         if old == protect:
             continue
         _remove(d / _name(old, stage))
-    if stage == 0:
+    if stages is not None:
         # shards of the stages this run does not have (it resumed on fewer stages, or
         # without a pipeline) have no writer to rotate them: rank 0 removes each once
         # its checkpoint's own file is rotated out (that checkpoint was gone with it)
-        stages = 1 + len(state.get("shards") or [])
         own = set(_steps(d))
         for p in d.iterdir():
             m = SHARD.match(p.name)
@@ -188,7 +190,7 @@ def load(
         for sh in shards:
             f = path.with_name(sh["file"])
             if keys is not None and not keys.intersection(sh["keys"]):
-                _check(f)  # the checkpoint is whole only with it
+                _verify(f)  # the checkpoint is whole only with it
                 continue
             part = _load_one(f, mmap)
             if set(part["model"]) != set(sh["keys"]):  # a shard of another split's run
@@ -205,8 +207,9 @@ def load(
     return state
 
 
-def _check(path: Path) -> None:
-    """Check ``path`` against its sidecar, reading it in chunks (InputError if bad)."""
+def _check(path: Path, f: Any) -> None:
+    """Check ``path`` (open as ``f``) against its sidecar, reading it in chunks
+    (InputError if bad); ``f`` is left at its start."""
     side = _sidecar(path)
     try:
         meta = json.loads(side.read_text())
@@ -214,30 +217,46 @@ def _check(path: Path) -> None:
         raise InputError(f"{path.name}: no valid sidecar {side.name} ({e})") from e
     h, n = hashlib.sha256(), 0
     try:
-        with path.open("rb") as f:
-            while chunk := f.read(1 << 24):
-                h.update(chunk)
-                n += len(chunk)
+        while chunk := f.read(1 << 24):
+            h.update(chunk)
+            n += len(chunk)
+        f.seek(0)
     except OSError as e:
         raise InputError(f"{path.name}: cannot be read ({e})") from e
     if n != meta.get("bytes") or h.hexdigest() != meta.get("sha256"):
         raise InputError(f"{path.name}: checksum mismatch (truncated or corrupted)")
 
 
-def _load_one(path: Path, mmap: bool = False) -> dict[str, Any]:
-    _check(path)
+def _verify(path: Path) -> None:
+    """Check ``path`` against its sidecar (InputError if missing or bad)."""
     try:
-        # from the file, not from its bytes read whole: a stage's checkpoint is as large
-        # as its parameters and optimizer state, and a rank holds it once, as tensors.
-        # (A checkpoint file is never changed in place: its writer renames a new one
-        # over it.) map_location: a GPU run's checkpoint loads anywhere
-        # (load_state_dict then copies it to the model's device)
-        state = torch.load(path, weights_only=True, map_location="cpu", mmap=mmap)
-    except Exception as e:  # torch's message advises weights_only=False: never do that
-        raise InputError(
-            f"{path.name} is not a dagtrain checkpoint: it holds no tensors and plain data "
-            f"that torch.load(weights_only=True) reads ({type(e).__name__})"
-        ) from e
+        with path.open("rb") as f:
+            _check(path, f)
+    except OSError as e:
+        raise InputError(f"{path.name}: cannot be read ({e})") from e
+
+
+def _load_one(path: Path, mmap: bool = False) -> dict[str, Any]:
+    try:
+        f = path.open("rb")
+    except OSError as e:
+        raise InputError(f"{path.name}: cannot be read ({e})") from e
+    with f:
+        _check(path, f)
+        try:
+            # from the file checked, through the same descriptor (not its bytes read
+            # whole: a stage's checkpoint is as large as its parameters and optimizer
+            # state, and a rank holds it once, as tensors). mmap maps the descriptor's
+            # file (/proc/self/fd), so even then the bytes read are those checked.
+            # map_location: a GPU run's checkpoint loads anywhere (load_state_dict
+            # then copies it to the model's device)
+            src = f"/proc/self/fd/{f.fileno()}" if mmap else f
+            state = torch.load(src, weights_only=True, map_location="cpu", mmap=mmap)
+        except Exception as e:  # torch's message advises weights_only=False: never do that
+            raise InputError(
+                f"{path.name} is not a dagtrain checkpoint: it holds no tensors and plain "
+                f"data that torch.load(weights_only=True) reads ({type(e).__name__})"
+            ) from e
     if not isinstance(state, dict):
         raise InputError(f"{path.name} is not a dagtrain checkpoint: it holds no dict of states")
     return state

@@ -6,15 +6,20 @@ parameter's size (the single-tensor path, torch's default on CPU, holds two at o
 ``exp_avg_sq.sqrt()`` and its quotient; the foreach path, the default on CUDA, holds
 them for every parameter of the group at once), so a model whose largest weight takes
 a quarter of a pipeline stage's state needed half as much again at each step
-(docs/parallelism.md, "Memory per rank"). Sliced, the temporaries are at most
-:data:`SLICE` elements whatever the model, and the step is faster: each slice's five
+(docs/parallelism.md, "Memory per rank"). Sliced, the temporaries are a few slices of
+:data:`SLICE` elements (three with Adam's weight decay) whatever the model — a
+non-contiguous tensor, which has no flat view, is updated whole — and the step is
+faster: each slice's five
 passes (the moments, the square root, the quotient, the update) run over data still in
 the cache (the 21M MLP's step about twice as fast: ``benchmarks/adam_step.py``).
 
 The update is torch's functional ``torch.optim.adam.adam`` applied to views of each
 slice: the same kernels on the same elements, so the parameters and the state are
 torch's, bit for bit (every op of Adam is elementwise, and a slice starts at a
-multiple of the vector width); the state and its ``state_dict`` are torch's (a
+multiple of the vector width). One caveat: with several intra-op threads torch splits
+a whole tensor among them at arbitrary elements, where its vectorised loop hands a few
+elements to the scalar one, so the equality there rests on the two agreeing, as they
+do on this build (tested at 1 and 2 threads). The state and its ``state_dict`` are torch's (a
 checkpoint loads into ``torch.optim.Adam`` and back), and ``isinstance(o,
 torch.optim.Adam)`` holds.
 """
@@ -80,6 +85,10 @@ class _Sliced:
     def step(self, closure: Any = None) -> None:
         if closure is not None:
             raise ValueError("dagtrain's optimizers take no closure")
+        if any(g["fused"] or g["capturable"] or g["differentiable"] for g in self.param_groups):
+            # paths dagtrain never asks for (fused, CUDA graphs, a differentiable step),
+            # whose step counts or grad mode this one would not keep: torch's own
+            return super().step()  # type: ignore[misc]
         for group in self.param_groups:
             lists: tuple[list[torch.Tensor], ...] = ([], [], [], [], [], [])
             params, grads, avgs, sqs, maxs, steps = lists

@@ -97,7 +97,16 @@ class StageState:
         if self.optimizer is None:
             return
         hyper = {k: v for k, v in states[0]["param_groups"][0].items() if k != "params"}
-        mine = {j: per_param[self.index[id(q)]] for j, q in enumerate(self.params)}
+        # each parameter its own step count: a data-parallel checkpoint's parameters of
+        # one bucket share one (its flat optimizer's), which Adam would count up once
+        # for each of them
+        mine = {
+            j: {
+                k: v.clone() if k == "step" and isinstance(v, torch.Tensor) else v
+                for k, v in per_param[self.index[id(q)]].items()
+            }
+            for j, q in enumerate(self.params)
+        }
         for j, q in enumerate(self.params):
             for k, v in mine[j].items():
                 if isinstance(v, torch.Tensor) and k != "step" and v.shape != q.shape:

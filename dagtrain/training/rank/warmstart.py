@@ -12,10 +12,11 @@ What a model file may be (:func:`load_weights`): a dagtrain checkpoint or a regi
 model file (checked against its sha256 sidecar when one is beside it), or a plain
 ``torch.save(model.state_dict(), path)``; a dict with a ``"model"`` entry, or a state
 dict itself. It is read with ``torch.load(weights_only=True)``: it holds no code.
-The file is mapped, not read (``mmap``; a file of torch's older format, not a zip, is
-read): its shapes are checked without its bytes, and a pipeline rank brings into
-memory only its own stage's tensors, which it copies into its model; none of the
-loaded tensors is kept.
+The file is mapped rather than loaded (``mmap``; a file of torch's older format, not a
+zip, is loaded): its shapes are checked without its tensors in memory, and a pipeline
+rank brings into memory only its own stage's tensors, which it copies into its model;
+none of the loaded tensors is kept. (A file with a sidecar is still read once through
+for its checksum, every shard of a sharded checkpoint included.)
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ def load_weights(path: str | Path, field: str = FIELD) -> dict[str, torch.Tensor
         )
     if p.with_name(SIDECAR(name=p.name)).exists():
         try:
-            state: Any = checkpoint.load(p, mmap=True)  # its checksum verified
+            # (its checksum verified; a file of torch's older format cannot be mapped)
+            state: Any = checkpoint.load(p, mmap=zipfile.is_zipfile(p))
         except InputError as e:
             raise InputError(
                 f"{field}: {e}; use an intact copy or set training.init: scratch"

@@ -142,7 +142,8 @@ def test_each_stage_keeps_its_last_k_and_clears_only_its_own_temp_files(tmp_path
         "ckpt-00000003.stage1.pt", "ckpt-00000003.stage1.pt.json",
     ]  # fmt: skip
     (tmp_path / ".ckpt-00000009.stage1.pt.abc").write_bytes(b"stage 1 writing")
-    checkpoint.save(state(4), tmp_path, 4)  # stage 0's writer leaves stage 1's alone
+    # stage 0's writer of a 2-stage run leaves stage 1's alone
+    sharded(tmp_path, 4, 4.0, write_shard=False, keep=1)
     assert (tmp_path / ".ckpt-00000009.stage1.pt.abc").exists()
 
 
@@ -199,7 +200,9 @@ def test_shards_of_stages_a_resumed_run_lacks_go_with_their_checkpoint(tmp_path)
     # rotated out, not before (the checkpoint is whole until then)
     for step in (1, 2, 3):
         sharded(tmp_path, step, float(step), keep=1)
+    (tmp_path / ".ckpt-00000003.stage1.pt.abc").write_bytes(b"stage 1 killed writing")
     checkpoint.save(state(4), tmp_path, 4, keep=1)  # keeps 4 only: 1-3 rotated out...
+    assert not (tmp_path / ".ckpt-00000003.stage1.pt.abc").exists()  # (and its temp)
     shards = sorted(p.name for p in tmp_path.glob("ckpt-*.stage1.pt*"))
     assert shards == []  # ...and their stage-1 shards with them
     # a 2-stage run keeps its own stage 1's shards (their writer rotates them)

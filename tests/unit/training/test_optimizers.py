@@ -35,6 +35,11 @@ def test_a_sliced_step_is_torchs_bit_for_bit(ours, theirs, kw) -> None:
     # not contiguous: updated whole), the small ones batched
     shapes = [(300, 4099), (7,), (33, 65), (5000,)]
     a, b = twins(shapes)
+    # and a transposed one: no flat view, updated whole
+    t = torch.randn(40, 70)
+    a.append(torch.nn.Parameter(t.clone().t()))
+    b.append(torch.nn.Parameter(t.clone().t()))
+    assert not a[-1].is_contiguous()
     mine, ref = ours(a, lr=1e-3, **kw), theirs(b, lr=1e-3, **kw)
     mine.slice = 1024
     for _ in range(4):
@@ -61,6 +66,13 @@ def test_its_state_loads_into_torchs_and_back() -> None:
     mine.step()
     ref.step()
     assert torch.equal(a[0], b[0])
+    # and torch's state into ours
+    mine.load_state_dict(copy.deepcopy(ref.state_dict()))
+    grads(a, b)
+    mine.step()
+    ref.step()
+    assert torch.equal(a[0], b[0])
+    assert float(mine.state[a[0]]["step"]) == 3.0
     assert isinstance(mine, torch.optim.AdamW)
 
 

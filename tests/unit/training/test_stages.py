@@ -6,9 +6,12 @@ import pytest
 import torch
 from torch import nn
 
+from dagtrain.config import TrainConfig
 from dagtrain.errors import InputError
 from dagtrain.training.rank.materialize import materialize
+from dagtrain.training.rank.optimizers import make_optimizer
 from dagtrain.training.rank.split import Split, blocks_of
+from dagtrain.training.rank.stage_state import StageState
 from dagtrain.training.rank.stages import load_own, own_state, stage_keys
 
 
@@ -101,3 +104,26 @@ def test_a_stage_builds_its_blocks_unsaved_buffers_too():
     assert not got.model[1].mask.is_meta and torch.equal(got.model[1].mask, whole[1].mask)
     assert torch.equal(got.model[1].lin.weight, whole[1].lin.weight)
     assert got.model[0].weight.is_meta
+
+
+def test_a_data_parallel_checkpoints_shared_step_count_is_each_parameters_own_on_a_stage():
+    # a data-parallel checkpoint's parameters of one bucket share one step tensor (its
+    # flat optimizer's); a stage loading them must count each parameter's step once a
+    # step, not once for every parameter that shares it (Adam's bias correction)
+    cfg = TrainConfig(optimizer="adam")
+    whole = [nn.Parameter(torch.zeros(3)) for _ in range(3)]
+    stage = StageState()
+    stage.cfg, stage.global_params, stage.params = cfg, whole, whole[1:]
+    stage.index = {id(q): i for i, q in enumerate(whole)}
+    stage.names = ["a", "b", "c"][1:]
+    stage.optimizer = make_optimizer(cfg, stage.params)
+    hyper = {k: v for k, v in stage.optimizer.state_dict()["param_groups"][0].items()}
+    shared = torch.tensor(5.0)
+    moments = {"exp_avg": torch.zeros(3), "exp_avg_sq": torch.ones(3)}
+    per = {i: {"step": shared, **moments} for i in range(3)}
+    stage.load_optimizer_states([{"state": per, "param_groups": [{**hyper, "params": [0, 1, 2]}]}])
+    for q in stage.params:
+        q.grad = torch.ones(3)
+    stage.optimizer.step()
+    assert [float(stage.optimizer.state[q]["step"]) for q in stage.params] == [6.0, 6.0]
+    assert float(shared) == 5.0  # the checkpoint's own tensor untouched
