@@ -29,6 +29,7 @@ from .supervise import TAIL, Ending, Job
 
 __all__ = [
     "STALLED",
+    "PEER_GONE",
     "TIMED_OUT",
     "RankFailure",
     "RankInputError",
@@ -57,11 +58,15 @@ _TORCHRUN = re.compile(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s+exitcode\s*:\s*(
 STALLED = "never reached its first collective"
 # a rank that gave up waiting (its recorded error): ours (CollectiveTimeout), gloo's, NCCL's
 TIMED_OUT = re.compile(r"did not finish within|[Tt]imed out|[Tt]imeout")
-# a rank that failed because a peer did (its recorded error): it gave up waiting, its
-# peer's connection closed, or Horovod shut down after an exception on another rank
-_FOLLOWED = re.compile(
-    TIMED_OUT.pattern + r"|Horovod has been shut down|[Cc]onnection (closed|reset) by peer"
+# a rank that gave up on a peer (its recorded error): it gave up waiting, or the peer's
+# connection closed (gloo's words, and the TCP store's)
+PEER_GONE = re.compile(
+    TIMED_OUT.pattern
+    + r"|[Cc]onnection (closed|reset) by peer|Connection was likely closed|Broken pipe"
 )
+# a rank that failed because a peer did: it gave up on the peer, or Horovod shut down
+# after an exception on another rank
+_FOLLOWED = re.compile(PEER_GONE.pattern + r"|Horovod has been shut down")
 
 
 class RankFailure(RuntimeError):
@@ -335,13 +340,16 @@ def _first_failed(
 
 
 def stalled_rank(job: Job) -> int | None:
-    """When every rank that failed timed out waiting: the rank that had reached its
-    first collective but then neither failed, nor finished, nor saved a rescue (an
-    elastic survivor does), the one that stopped answering. None if there is none, or
-    more than one could be (a launcher that killed the others before they said
-    anything)."""
+    """When a rank that failed timed out waiting, and every other failed because a peer
+    did (gloo's "connection closed by peer": the one that gave up left while this one
+    still waited): the rank that had reached its first collective but then neither
+    failed, nor finished, nor saved a rescue (an elastic survivor does), the one that
+    stopped answering. None if there is none, or more than one could be (a launcher
+    that killed the others before they said anything)."""
     failures = [r for r in job.records.values() if r.failed]
-    if not failures or not all(TIMED_OUT.search(f.error) for f in failures):
+    if not any(TIMED_OUT.search(f.error) for f in failures):
+        return None
+    if not all(_FOLLOWED.search(f.error) for f in failures):
         return None
     quiet = [
         r

@@ -19,17 +19,15 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
-import json
 import time
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from dagtrain.config import PipelineConfig
 from dagtrain.errors import InputError
-from dagtrain.records.layout import ArtifactLayout, DataFiles, atomic_write
-from dagtrain.records.names import SIDECAR
+from dagtrain.records.layout import ArtifactLayout, DataFiles
 from dagtrain.records.registry import (
     Evaluation,
     Registry,
@@ -293,21 +291,16 @@ def promote(
     lineage = with_init(cfg, lineage)
     tracker = tracker_of(cfg, run_id, airflow, log)
 
-    state = checkpoint.load(ckpt)["model"]  # verified against its checksum
-    import io
-
-    import torch
-
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    data = buf.getvalue()
+    # verified against its checksum; mapped, not read: its tensors go from the
+    # checkpoint's pages to the model file's, never held whole (nor its optimizer
+    # state read)
+    state = checkpoint.load(ckpt, mmap=zipfile.is_zipfile(ckpt))["model"]
     with _locked(cfg) as reg:
         ok, why = better(cfg, metrics, reg.champion_entry(), directions_of(cfg))
         version = reg.next_version()
         model = _layout(cfg).model(version)
-        atomic_write(model, data)
-        meta = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
-        atomic_write(model.with_name(SIDECAR(name=model.name)), json.dumps(meta).encode())
+        meta = checkpoint.write(model, state)
+        del state
         entry = RegistryEntry(
             version=version,
             path=str(model),

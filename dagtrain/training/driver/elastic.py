@@ -43,7 +43,6 @@ Importing this module imports no torch.
 
 from __future__ import annotations
 
-import re
 import signal
 import threading
 import time
@@ -55,7 +54,7 @@ from typing import Any
 
 from dagtrain.config import DistributedConfig, TrainConfig
 from dagtrain.launch import Hosts, Job, RankFailure, RankInputError, answers
-from dagtrain.launch.diagnose import STALLED, stalled_rank
+from dagtrain.launch.diagnose import PEER_GONE, STALLED, stalled_rank
 from dagtrain.rank_env import REGROW
 from dagtrain.records.metrics import WorldChange
 from dagtrain.records.status import RankRecord, State
@@ -161,15 +160,9 @@ def is_loss(e: RankFailure, job: Job | None = None) -> bool:
         return True
     if job is not None and stalled_rank(job) is not None:
         return True
-    return bool(_PEER_GONE.search(e.error_message or "")) or (
+    return bool(PEER_GONE.search(e.error_message or "")) or (
         e.error_type is None and e.exit_code in (None, GAVE_UP, TERMINATED)
     )
-
-
-# what a rank's error says when it gave up on a peer (ours, gloo's, NCCL's, MPI's)
-_PEER_GONE = re.compile(
-    r"did not finish within|[Tt]imed out|Connection (closed|reset) by peer|Broken pipe"
-)
 
 
 def _host_of(job: Job | None, rank: int | None, spec: Hosts | None) -> str:

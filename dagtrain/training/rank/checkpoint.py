@@ -75,12 +75,7 @@ def save(
         if of == stage or (stages is not None and of is not None and of >= stages):
             stale.unlink(missing_ok=True)
     path = d / _name(step, stage)
-    # straight to the file, hashed on the way: a checkpoint is never held in memory
-    # (a pipeline stage's is as large as its parameters and optimizer state)
-    sink = _Hashed()
-    atomic_write(path, lambda f: torch.save(state, sink.over(f)))
-    meta = {"step": step, "sha256": sink.sha.hexdigest(), "bytes": sink.bytes}
-    atomic_write(_sidecar(path), json.dumps(meta).encode())
+    write(path, state, step=step)
     fsync_dir(d)
     for old in _steps(d, stage)[:-keep]:
         if old == protect:
@@ -96,6 +91,19 @@ def save(
             if m and m["stage"] >= stages and m["step"] not in own:
                 _remove(p)
     return path
+
+
+def write(path: Path, obj: Any, **meta: Any) -> dict[str, Any]:
+    """``torch.save(obj)`` to ``path`` and its sidecar (``meta`` with the file's
+    ``sha256`` and ``bytes``), each atomically; returns the sidecar's fields. Straight
+    to the file, hashed on the way: the bytes are never held in memory (a pipeline
+    stage's checkpoint is as large as its parameters and optimizer state, a model
+    file as its parameters)."""
+    sink = _Hashed()
+    atomic_write(path, lambda f: torch.save(obj, sink.over(f)))
+    meta = {**meta, "sha256": sink.sha.hexdigest(), "bytes": sink.bytes}
+    atomic_write(_sidecar(path), json.dumps(meta).encode())
+    return meta
 
 
 def _remove(path: Path) -> None:

@@ -35,9 +35,12 @@ class World:
     to stop (their records say ``stopping``, at ``t0 + stop_after``); ``fail`` is the
     RankFailure the launcher raised (None: the world trains to the end)."""
 
-    def __init__(self, killed=(), stop_after=0.2, stalled=None, names_one=False):
+    def __init__(self, killed=(), stop_after=0.2, stalled=None, names_one=False, closed=None):
         self.killed, self.stop_after, self.stalled = list(killed), stop_after, stalled
         self.names_one = names_one  # the launcher names one killed rank (mpirun)
+        # with ``stalled``: this rank failed first, its connection to the rank that gave
+        # up closed (gloo's "Connection closed by peer"), and the launcher names it
+        self.closed = closed
 
 
 class Launcher:
@@ -89,6 +92,15 @@ class Launcher:
             rec0.pop("stopping", None)
             rec0.pop("stopping_at", None)
             record_path(status, 0).write_text(json.dumps(rec0))
+            if plan.closed is not None:
+                closed = "[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:1"
+                rec = json.loads(record_path(status, plan.closed).read_text())
+                rec |= {"status": "failed", "type": "RuntimeError", "time": t0 + 2.9}
+                rec |= {"message": closed}
+                record_path(status, plan.closed).write_text(json.dumps(rec))
+                e = RankFailure(
+                    plan.closed, 1, None, [], error_type="RuntimeError", error_message=closed
+                )
             job.refresh()
             raise e
         job.procs = [SimpleNamespace(poll=lambda c=c: c) for c in codes]
@@ -146,6 +158,16 @@ def test_a_loss_is_timed_from_the_ranks_end_not_from_when_the_launcher_saw_it(tm
 
 def test_a_stalled_ranks_loss_is_its_last_heartbeat(tmp_path):
     launcher = Launcher(tmp_path, World(stalled=2))
+    res, _, _ = run(tmp_path, config(tmp_path), launcher)
+    (change,) = res.world_changes
+    assert change["ranks"] == [2] and "rank 2 stopped answering" in change["why"], change
+    assert change["time"] == pytest.approx(launcher.deaths[0] - 3.0, abs=1e-3)
+
+
+def test_a_stalled_rank_is_named_when_a_survivor_saw_the_one_that_gave_up_leave(tmp_path):
+    # rank 0 gave up waiting for rank 2 and left; rank 1, waiting on rank 0, saw its
+    # connection close before its own deadline, and its record is the earliest
+    launcher = Launcher(tmp_path, World(stalled=2, closed=1))
     res, _, _ = run(tmp_path, config(tmp_path), launcher)
     (change,) = res.world_changes
     assert change["ranks"] == [2] and "rank 2 stopped answering" in change["why"], change
