@@ -29,6 +29,8 @@ import hashlib
 import json
 import logging
 import os
+import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -191,7 +193,11 @@ def load(
     (a tensor's bytes come into memory where it is used), for a caller that copies
     what it uses and keeps none of the tensors (a tensor kept keeps its file mapped)."""
     path = Path(path)
-    state = _load_one(path, mmap)
+    # a stage's resume wants none of the checkpoint's own file's tensors (stage 0's)
+    # when its keys are all in shards: that file is then mapped, never read, and its
+    # tensors dropped unread (it is still read for the run's figures and the list of
+    # shards)
+    state = _load_one(path, mmap, read_if=None if keys is None or mmap else _wants(keys))
     shards = state.pop("shards", None)
     if shards:
         model, optim = dict(state["model"]), state["optim"]
@@ -244,27 +250,54 @@ def _verify(path: Path) -> None:
         raise InputError(f"{path.name}: cannot be read ({e})") from e
 
 
-def _load_one(path: Path, mmap: bool = False) -> dict[str, Any]:
+def _wants(keys: set[str]) -> Callable[[dict[str, Any]], bool]:
+    """Whether a checkpoint's own file (mapped) holds tensors a stage of ``keys`` uses:
+    any of its model's, or it is not sharded (it holds the whole model)."""
+
+    def wants(state: dict[str, Any]) -> bool:
+        model = state.get("model")
+        return not state.get("shards") or not isinstance(model, dict) or bool(keys & set(model))
+
+    return wants
+
+
+def _load_one(
+    path: Path, mmap: bool = False, read_if: Callable[[dict[str, Any]], bool] | None = None
+) -> dict[str, Any]:
+    """The state in ``path``, checked against its sidecar first. ``read_if``: the file
+    is mapped, and read only if ``read_if(state)`` says its tensors are wanted; else
+    the mapped state is returned, whose tensors the caller leaves untouched."""
     try:
         f = path.open("rb")
     except OSError as e:
         raise InputError(f"{path.name}: cannot be read ({e})") from e
     with f:
         _check(path, f)
-        try:
-            # from the file checked, through the same descriptor (not its bytes read
-            # whole: a stage's checkpoint is as large as its parameters and optimizer
-            # state, and a rank holds it once, as tensors). mmap maps the descriptor's
-            # file (/proc/self/fd), so even then the bytes read are those checked.
-            # map_location: a GPU run's checkpoint loads anywhere (load_state_dict
-            # then copies it to the model's device)
-            src = f"/proc/self/fd/{f.fileno()}" if mmap else f
-            state = torch.load(src, weights_only=True, map_location="cpu", mmap=mmap)
-        except Exception as e:  # torch's message advises weights_only=False: never do that
-            raise InputError(
-                f"{path.name} is not a dagtrain checkpoint: it holds no tensors and plain "
-                f"data that torch.load(weights_only=True) reads ({type(e).__name__})"
-            ) from e
+        if read_if is not None and zipfile.is_zipfile(f):
+            f.seek(0)
+            state = _torch_load(path, f, mmap=True)
+            if not read_if(state):
+                return state
+            del state
+        f.seek(0)
+        return _torch_load(path, f, mmap)
+
+
+def _torch_load(path: Path, f: Any, mmap: bool) -> dict[str, Any]:
+    try:
+        # from the file checked, through the same descriptor (not its bytes read
+        # whole: a stage's checkpoint is as large as its parameters and optimizer
+        # state, and a rank holds it once, as tensors). mmap maps the descriptor's
+        # file (/proc/self/fd), so even then the bytes read are those checked.
+        # map_location: a GPU run's checkpoint loads anywhere (load_state_dict
+        # then copies it to the model's device)
+        src = f"/proc/self/fd/{f.fileno()}" if mmap else f
+        state = torch.load(src, weights_only=True, map_location="cpu", mmap=mmap)
+    except Exception as e:  # torch's message advises weights_only=False: never do that
+        raise InputError(
+            f"{path.name} is not a dagtrain checkpoint: it holds no tensors and plain "
+            f"data that torch.load(weights_only=True) reads ({type(e).__name__})"
+        ) from e
     if not isinstance(state, dict):
         raise InputError(f"{path.name} is not a dagtrain checkpoint: it holds no dict of states")
     return state

@@ -6,6 +6,7 @@ import hashlib
 import io
 import json
 import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -123,6 +124,23 @@ def test_a_sharded_checkpoint_loads_whole_or_by_keys_and_needs_every_shard(tmp_p
     other = {"model": {"c": torch.zeros(1)}, "optim": [{"state": {}}], "step": 40}
     checkpoint.save(other, tmp_path, 40, keep=5, stage=1)
     assert checkpoint.latest(tmp_path)[0].name == "ckpt-00000010.pt"
+
+
+def test_a_stage_that_wants_none_of_the_checkpoints_own_file_maps_it_unread(tmp_path):
+    # stage 1 reads the checkpoint's own file (stage 0's) for the run's figures and its
+    # list of shards only: mapped, its tensors never read (Linux: /proc/self/maps)
+    path = sharded(tmp_path, 10, 1.0)
+    shard = tmp_path / "ckpt-00000010.stage1.pt"
+    mine = checkpoint.load(path, {"b"})
+    maps = Path("/proc/self/maps").read_text()
+    assert str(path) in maps and str(shard) not in maps  # its own shard is read
+    assert mine["step"] == 10 and torch.equal(mine["model"]["b"], torch.full((3,), 1.5))
+    del mine
+    assert str(path) not in Path("/proc/self/maps").read_text()  # nothing kept
+    # stage 0 wants the own file's tensors: read, not mapped
+    ours = checkpoint.load(path, {"a"})
+    assert str(path) not in Path("/proc/self/maps").read_text()
+    assert set(ours["model"]) == {"a"} and 0 in ours["optim"][0]["state"]
 
 
 def test_each_stage_keeps_its_last_k_and_clears_only_its_own_temp_files(tmp_path):
