@@ -14,6 +14,9 @@ CASES = [
     (optimizers.Adam, torch.optim.Adam, {"weight_decay": 0.01}),
     (optimizers.Adam, torch.optim.Adam, {"amsgrad": True}),
     (optimizers.AdamW, torch.optim.AdamW, {"weight_decay": 0.01}),
+    # the foreach path (torch's default on CUDA), run here on CPU: each slice a list
+    (optimizers.Adam, torch.optim.Adam, {"weight_decay": 0.01, "foreach": True}),
+    (optimizers.AdamW, torch.optim.AdamW, {"amsgrad": True, "foreach": True}),
 ]
 
 
