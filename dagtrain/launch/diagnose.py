@@ -58,15 +58,18 @@ _TORCHRUN = re.compile(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s+exitcode\s*:\s*(
 STALLED = "never reached its first collective"
 # a rank that gave up waiting (its recorded error): ours (CollectiveTimeout), gloo's, NCCL's
 TIMED_OUT = re.compile(r"did not finish within|[Tt]imed out|[Tt]imeout")
-# a rank that gave up on a peer (its recorded error): it gave up waiting, or the peer's
-# connection closed (gloo's words, and the TCP store's)
-PEER_GONE = re.compile(
-    TIMED_OUT.pattern
-    + r"|[Cc]onnection (closed|reset) by peer|Connection was likely closed|Broken pipe"
+# a rank that failed because a peer did (its recorded error): it gave up waiting, its
+# peer's connection closed, or Horovod shut down after an exception on another rank
+_FOLLOWED = re.compile(
+    TIMED_OUT.pattern + r"|Horovod has been shut down|[Cc]onnection (closed|reset) by peer"
 )
-# a rank that failed because a peer did: it gave up on the peer, or Horovod shut down
-# after an exception on another rank
-_FOLLOWED = re.compile(PEER_GONE.pattern + r"|Horovod has been shut down")
+# what an error says when its rank gave up on a peer that was lost (ours, gloo's, the
+# TCP store's, NCCL's, MPI's): the elastic run's sign of a lost rank, narrower than
+# TIMED_OUT (a bare "timeout" in a rank's own error is not one)
+PEER_GONE = re.compile(
+    r"did not finish within|[Tt]imed out|[Cc]onnection (closed|reset) by peer"
+    r"|Connection was likely closed|Broken pipe"
+)
 
 
 class RankFailure(RuntimeError):

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import time
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -116,7 +115,7 @@ def _evaluated(
     model = build_model(cfg.model.name, info.in_shape, info.classes, info, **cfg.model.args)
     # mapped: the weights are copied into the model from the file's pages, and the
     # optimizer state (twice the weights with Adam) never read
-    model.load_state_dict(checkpoint.load(ckpt, mmap=zipfile.is_zipfile(ckpt))["model"])
+    model.load_state_dict(checkpoint.load(ckpt, mmap=True)["model"])
     return evaluate_samples(model, test.train, split, objective), dict(objective.metrics)
 
 
@@ -296,7 +295,7 @@ def promote(
     # verified against its checksum; mapped, not read: its tensors go from the
     # checkpoint's pages to the model file's, never held whole (nor its optimizer
     # state read)
-    state = checkpoint.load(ckpt, mmap=zipfile.is_zipfile(ckpt))["model"]
+    state = checkpoint.load(ckpt, mmap=True)["model"]
     with _locked(cfg) as reg:
         ok, why = better(cfg, metrics, reg.champion_entry(), directions_of(cfg))
         version = reg.next_version()

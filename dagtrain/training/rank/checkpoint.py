@@ -25,6 +25,7 @@ those (a pipeline rank resuming its stage, on any split).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -191,12 +192,13 @@ def load(
     model and optimizer state of those holding any of ``keys`` (all, when None) merged
     in; with ``keys``, ``model`` holds only those. ``mmap``: the files mapped, not read
     (a tensor's bytes come into memory where it is used), for a caller that copies
-    what it uses and keeps none of the tensors (a tensor kept keeps its file mapped)."""
+    what it uses and keeps none of the tensors (a tensor kept keeps its file mapped);
+    a file of torch's older format, or one that cannot be mapped, is read. Either way
+    the checksum check reads every byte once."""
     path = Path(path)
     # a stage's resume wants none of the checkpoint's own file's tensors (stage 0's)
-    # when its keys are all in shards: that file is then mapped, never read, and its
-    # tensors dropped unread (it is still read for the run's figures and the list of
-    # shards)
+    # when its keys are all in shards: that file is then mapped, its tensors dropped
+    # without being brought into memory (its run's figures and list of shards kept)
     state = _load_one(path, mmap, read_if=None if keys is None or mmap else _wants(keys))
     shards = state.pop("shards", None)
     if shards:
@@ -264,23 +266,33 @@ def _wants(keys: set[str]) -> Callable[[dict[str, Any]], bool]:
 def _load_one(
     path: Path, mmap: bool = False, read_if: Callable[[dict[str, Any]], bool] | None = None
 ) -> dict[str, Any]:
-    """The state in ``path``, checked against its sidecar first. ``read_if``: the file
-    is mapped, and read only if ``read_if(state)`` says its tensors are wanted; else
-    the mapped state is returned, whose tensors the caller leaves untouched."""
+    """The state in ``path``, checked against its sidecar first; mapped with ``mmap``
+    where it can be. ``read_if``: the file is mapped, and read only if
+    ``read_if(state)`` says its tensors are wanted; else its state comes back without
+    them (no model, no optimizer state: nothing keeps the file mapped)."""
     try:
         f = path.open("rb")
     except OSError as e:
         raise InputError(f"{path.name}: cannot be read ({e})") from e
     with f:
         _check(path, f)
-        if read_if is not None and zipfile.is_zipfile(f):
+        mapped = None
+        if (mmap or read_if is not None) and zipfile.is_zipfile(f):
             f.seek(0)
-            state = _torch_load(path, f, mmap=True)
-            if not read_if(state):
-                return state
-            del state
+            # a file system that cannot map it (FUSE with direct_io): read instead
+            with contextlib.suppress(InputError):
+                mapped = _torch_load(path, f, mmap=True)
+        if mapped is not None and read_if is not None and not read_if(mapped):
+            mapped["model"] = {}
+            for st in mapped.get("optim") or []:
+                if isinstance(st, dict):
+                    st["state"] = {}
+            return mapped
+        if mapped is not None and mmap:
+            return mapped
+        del mapped
         f.seek(0)
-        return _torch_load(path, f, mmap)
+        return _torch_load(path, f, mmap=False)
 
 
 def _torch_load(path: Path, f: Any, mmap: bool) -> dict[str, Any]:

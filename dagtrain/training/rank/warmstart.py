@@ -63,7 +63,7 @@ def load_weights(path: str | Path, field: str = FIELD) -> dict[str, torch.Tensor
     if p.with_name(SIDECAR(name=p.name)).exists():
         try:
             # (its checksum verified; a file of torch's older format cannot be mapped)
-            state: Any = checkpoint.load(p, mmap=zipfile.is_zipfile(p))
+            state: Any = checkpoint.load(p, mmap=True)
         except InputError as e:
             raise InputError(
                 f"{field}: {e}; use an intact copy or set training.init: scratch"

@@ -126,21 +126,42 @@ def test_a_sharded_checkpoint_loads_whole_or_by_keys_and_needs_every_shard(tmp_p
     assert checkpoint.latest(tmp_path)[0].name == "ckpt-00000010.pt"
 
 
-def test_a_stage_that_wants_none_of_the_checkpoints_own_file_maps_it_unread(tmp_path):
+def test_a_stage_that_wants_none_of_the_checkpoints_own_file_maps_it_unread(
+    tmp_path, monkeypatch
+):
     # stage 1 reads the checkpoint's own file (stage 0's) for the run's figures and its
-    # list of shards only: mapped, its tensors never read (Linux: /proc/self/maps)
+    # list of shards only: mapped, its tensors dropped unread, nothing left mapped
+    # (Linux: /proc/self/maps); stage 0 wants them: read, not mapped
     path = sharded(tmp_path, 10, 1.0)
-    shard = tmp_path / "ckpt-00000010.stage1.pt"
+    loads: list[tuple[str, bool]] = []
+    real = checkpoint._torch_load
+
+    def spy(p, f, mmap):
+        loads.append((p.name, mmap))
+        return real(p, f, mmap)
+
+    monkeypatch.setattr(checkpoint, "_torch_load", spy)
     mine = checkpoint.load(path, {"b"})
-    maps = Path("/proc/self/maps").read_text()
-    assert str(path) in maps and str(shard) not in maps  # its own shard is read
-    assert mine["step"] == 10 and torch.equal(mine["model"]["b"], torch.full((3,), 1.5))
-    del mine
-    assert str(path) not in Path("/proc/self/maps").read_text()  # nothing kept
-    # stage 0 wants the own file's tensors: read, not mapped
-    ours = checkpoint.load(path, {"a"})
+    assert loads == [(path.name, True), ("ckpt-00000010.stage1.pt", False)]
     assert str(path) not in Path("/proc/self/maps").read_text()
+    assert mine["step"] == 10 and torch.equal(mine["model"]["b"], torch.full((3,), 1.5))
+    assert set(mine["optim"][0]["state"]) == {1}  # stage 0's entry dropped
+    loads.clear()
+    ours = checkpoint.load(path, {"a"})
+    assert loads == [(path.name, True), (path.name, False)]  # wanted: read
     assert set(ours["model"]) == {"a"} and 0 in ours["optim"][0]["state"]
+    # a file that cannot be mapped is read (a file system without mmap)
+    loads.clear()
+
+    def no_map(p, f, mmap):
+        loads.append((p.name, mmap))
+        if mmap:
+            raise checkpoint.InputError("cannot map")
+        return real(p, f, mmap)
+
+    monkeypatch.setattr(checkpoint, "_torch_load", no_map)
+    whole = checkpoint.load(path, mmap=True)
+    assert set(whole["model"]) == {"a", "b"} and (path.name, False) in loads
 
 
 def test_each_stage_keeps_its_last_k_and_clears_only_its_own_temp_files(tmp_path):

@@ -192,3 +192,29 @@ def test_below_min_ranks_the_failures_first_line_says_so(tmp_path):
     assert launcher.sizes == [3, 3, 2]
     first = str(info.value).splitlines()[0]
     assert "1 rank(s) left, fewer than distributed.min_ranks 2: the try fails" in first, first
+
+
+CLOSED = "[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:1"
+TIMEOUT = "allreduce did not finish within 3 s"
+
+
+@pytest.mark.parametrize(
+    ("errors", "named"),
+    [
+        ({0: TIMEOUT, 1: CLOSED}, 2),  # one gave up, the other saw it leave
+        ({0: TIMEOUT, 1: TIMEOUT}, 2),
+        ({0: CLOSED, 1: CLOSED}, None),  # nobody waited: a peer died, not stalled
+        ({0: TIMEOUT, 1: "ValueError: bad batch"}, None),  # a rank's own error
+    ],
+)
+def test_a_stall_is_read_from_the_survivors_errors(tmp_path, errors, named):
+    from dagtrain.launch.diagnose import stalled_rank
+
+    job = Job(nprocs=3, direct=False, status_dir=tmp_path, job_id="j")
+    for r in range(3):
+        rec = {"rank": r, "job": "j", "ready": True, "status": "running", "step": 10}
+        if r in errors:
+            rec |= {"status": "failed", "type": "RuntimeError", "message": errors[r]}
+        record_path(tmp_path, r).write_text(json.dumps(rec))
+    job.refresh()
+    assert stalled_rank(job) == named
