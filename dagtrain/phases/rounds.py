@@ -16,8 +16,6 @@ model is the seeded initialisation, rebuilt where needed (deterministic on CPU).
 
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 import math
 from pathlib import Path
@@ -77,31 +75,23 @@ def shard_delta(
     from dagtrain.training.rank import checkpoint
 
     base, _, _ = global_model(cfg, manifest, run, r)
-    local = checkpoint.load(ckpt)["model"]
+    local = checkpoint.load(ckpt, mmap=True)["model"]  # (its optimizer state unread)
     return write_delta(run.shard(r, shard), shard, base, local)
 
 
 def write_delta(out: TrainFiles, shard: int, base: dict[str, Any], local: dict[str, Any]) -> dict:
     """Write shard ``shard``'s delta (base - local) and its sidecar; return the sidecar."""
-    import torch
-
-    from dagtrain.training.rank.checkpoint import state_digest
+    from dagtrain.training.rank import checkpoint
 
     delta = {k: (base[k].float() - local[k].float()) for k in base if base[k].is_floating_point()}
-    buf = io.BytesIO()
-    torch.save(delta, buf)
-    data = buf.getvalue()
-    path = out.delta
-    atomic_write(path, data)
-    meta = {
-        "shard": shard,
-        "sha256": hashlib.sha256(data).hexdigest(),
-        "bytes": len(data),
-        "shapes": {k: list(v.shape) for k, v in delta.items()},
-        "base_sha256": state_digest(base),
-    }
-    atomic_write(out.delta_sidecar, json.dumps(meta, indent=1).encode())
-    return meta
+    # streamed and hashed on the way, as a checkpoint (its sidecar is delta_sidecar)
+    return checkpoint.write(
+        out.delta,
+        delta,
+        shard=shard,
+        shapes={k: list(v.shape) for k, v in delta.items()},
+        base_sha256=checkpoint.state_digest(base),
+    )
 
 
 def _check(shard: int, d: TrainFiles, expect_shapes: dict[str, list[int]], base_digest: str):
