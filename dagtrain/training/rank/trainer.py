@@ -256,12 +256,10 @@ class RankRun:
             snap, self.cfg.checkpoint_dir, snap["step"], self.cfg.training.keep_checkpoints,
             protect, self.stage,
         )  # fmt: skip
-        if self.cfg.training.checkpoint_write == "inline":  # the live state: now
-            done: Future = Future()
-            done.set_result(checkpoint.save(*args))  # (the run's result names it)
-            self.pending[:] = [done]
-        else:
-            self.pending[:] = [self.writer.submit(checkpoint.save, *args)]
+        write = self.writer.submit(checkpoint.save, *args)
+        if self.cfg.training.checkpoint_write == "inline":
+            write.result()  # the live state: written before the next step changes it
+        self.pending[:] = [write]
 
     def best_step(self, rows: list[dict[str, Any]] | None = None) -> int | None:
         """The step of the best epoch's checkpoint (early stopping keeps it whatever
