@@ -17,6 +17,11 @@ dags/data/corpus.txt, 4,096 tokens a step:
                       (looped: rank 0 holds pieces 0 and 2, rank 1 pieces 1 and 3, as
                       torch's looped classes): gpipe-v2 is looped BFS, 1f1b-v2
                       interleaved 1F1B, zero-bubble-v2 interleaved zero-bubble
+  dagtrain <order>-V  two chunks in a V (``parallel.placement: v``, the same 4 pieces:
+                      rank 0 holds pieces 0 and 3, rank 1 pieces 1 and 2, as torch's
+                      V-shaped classes): zero-bubble-V is ZBV's sequence (torch's
+                      ScheduleZBVZeroBubble), 1f1b-V the same with each backward whole,
+                      gpipe-V every forward first
   torch <Schedule>    torch.distributed.pipelining: ``PipelineStage`` of
                       ``nn.Sequential(*blocks[a:b])``, the schedule class, SGD after
                       each ``step()``; ScheduleGPipe and Schedule1F1B on the same 2
@@ -90,14 +95,22 @@ WARMUP = 2
 DATA = "digits"
 TEST_FRACTION = 0.2  # dagtrain's default; the torch side cuts its batches the same way
 LR, MOMENTUM = 0.01, 0.9
-ORDERS = ["gpipe", "1f1b", "zero-bubble", "gpipe-v2", "1f1b-v2", "zero-bubble-v2"]
+ORDERS = [
+    *("gpipe", "1f1b", "zero-bubble"),
+    *("gpipe-v2", "1f1b-v2", "zero-bubble-v2"),
+    *("gpipe-V", "1f1b-V", "zero-bubble-V"),
+]
 # the families the issue compares: dagtrain's orders and torch's classes of each
 FAMILIES: dict[str, tuple[list[str], list[str]]] = {
     "gpipe": (["gpipe"], ["ScheduleGPipe"]),
     "1f1b": (["1f1b"], ["Schedule1F1B"]),
-    "interleaved": (["1f1b-v2", "gpipe-v2"], ["ScheduleInterleaved1F1B", "ScheduleLoopedBFS"]),
+    # (two chunks a rank, looped or in a V)
+    "interleaved": (
+        ["1f1b-v2", "gpipe-v2", "1f1b-V", "gpipe-V"],
+        ["ScheduleInterleaved1F1B", "ScheduleLoopedBFS"],
+    ),
     "zero-bubble": (
-        ["zero-bubble", "zero-bubble-v2"],
+        ["zero-bubble", "zero-bubble-v2", "zero-bubble-V"],
         ["ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble", "ScheduleDualPipeV"],
     ),
 }
@@ -108,6 +121,7 @@ PAIRS = {
     "gpipe-v2": "ScheduleLoopedBFS",
     "1f1b-v2": "ScheduleInterleaved1F1B",
     "zero-bubble-v2": "ScheduleInterleavedZeroBubble",
+    "zero-bubble-V": "ScheduleZBVZeroBubble",
 }
 # torch's schedule classes that run on 2 ranks, and how their stages are placed
 SCHEDULES: dict[str, str] = {
@@ -460,9 +474,10 @@ def _dagtrain_config(spec: dict):
         parallel={
             "stages": 2,
             "microbatches": spec["microbatches"],
-            "order": spec["order"].removesuffix("-v2"),
-            "chunks": 2 if spec["order"].endswith("-v2") else 1,
-            "split": spec["split4"] if spec["order"].endswith("-v2") else spec["split2"],
+            "order": spec["order"].removesuffix("-v2").removesuffix("-V"),
+            "chunks": 2 if spec["order"].endswith(("-v2", "-V")) else 1,
+            "placement": "v" if spec["order"].endswith("-V") else "looped",
+            "split": spec["split4"] if spec["order"].endswith(("-v2", "-V")) else spec["split2"],
         },
         data=spec.get("data", DATA),
         objective={"name": spec.get("objective", "classification")},

@@ -383,6 +383,14 @@ class ParallelConfig(Section):
         "looped BFS, zero-bubble: interleaved zero-bubble); a smaller bubble for more "
         "transfers. 1: one contiguous stage per rank",
     )
+    placement: Literal["looped", "v"] = Field(
+        "looped",
+        description="where a rank's chunks are: looped (rank s holds parts s, s + S, ...) "
+        "or v (parallel.chunks 2: rank s holds parts s and 2S - 1 - s, as torch's "
+        "ScheduleZBVZeroBubble and ScheduleDualPipeV: the last rank hands its first chunk's "
+        "output to its second in memory, and rank 0 holds the first part and the last, "
+        "with the loss)",
+    )
     order: Order = Field(
         "auto",
         description="gpipe (every forward first: M microbatches alive), 1f1b (a backward "
@@ -411,6 +419,12 @@ class ParallelConfig(Section):
             raise ValueError(
                 f"parallel.chunks is {self.chunks} with parallel.stages 1: chunks are a "
                 "pipeline's; set parallel.stages to 2 or more, or parallel.chunks to 1"
+            )
+        if self.placement == "v" and self.chunks != 2:
+            raise ValueError(
+                f"parallel.placement v with parallel.chunks {self.chunks}: a V places two "
+                "chunks a rank (parts s and 2S - 1 - s); set parallel.chunks to 2, or "
+                "placement to looped"
             )
         interleaved = self.order in ("1f1b", "zero-bubble", "auto")
         if self.chunks > 1 and interleaved and self.microbatches % self.stages:

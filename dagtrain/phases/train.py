@@ -196,7 +196,8 @@ def train_phase(
             else "",
             f" as {p.stages} pipeline stages x {tcfg.replicas} replica(s), "
             f"{p.microbatches} microbatches a step"
-            f"{f', {p.chunks} chunks a rank' if p.chunks > 1 else ''}, order {p.order}, "
+            f"{f', {p.chunks} chunks a rank' if p.chunks > 1 else ''}"
+            f"{' placed in a V' if p.placement == 'v' else ''}, order {p.order}, "
             f"split {p.split}"
             if p.stages > 1
             else "",

@@ -4,8 +4,8 @@ after a kill (and with another number of stages), and a stage rank that dies or 
 fails the job in time, named. Nothing is mocked.
 
 The whole equivalence grid (every order, S in {2, 4}, M in {1, 4, 8}, D in {1, 2},
-v in {1, 2} chunks a rank) runs with ``-m pipeline_grid``; the default run takes a
-subset of it."""
+v in {1, 2} chunks a rank, two chunks looped or in a V) runs with ``-m pipeline_grid``;
+the default run takes a subset of it."""
 
 from __future__ import annotations
 
@@ -36,19 +36,26 @@ BASE = {
     "collective_timeout": 30,
 }
 GRID = [
-    (order, s, m, d, v)
-    for order, s, m, d, v in itertools.product(ORDERS, (2, 4), (1, 4, 8), (1, 2), (1, 2))
-    if v == 1 or order == "gpipe" or m % s == 0  # (interleaved: microbatches in groups of S)
+    (order, s, m, d, v, place)
+    for order, s, m, d, v, place in itertools.product(
+        ORDERS, (2, 4), (1, 4, 8), (1, 2), (1, 2), ("looped", "v")
+    )
+    if (v == 1 or order == "gpipe" or m % s == 0)  # (interleaved: microbatches in groups of S)
+    and (place == "looped" or v == 2)
 ]
 # the default run's part of the grid: each order with one chunk and with two (gpipe's:
 # looped BFS, 1f1b's: interleaved 1F1B), both S, M and D, two backends
 DEFAULT = {
-    ("gpipe", 2, 4, 1, 1),
-    ("gpipe", 2, 8, 1, 2),
-    ("1f1b", 4, 8, 1, 2),
-    ("1f1b", 2, 1, 2, 1),
-    ("zero-bubble", 2, 8, 2, 2),
-    ("zero-bubble", 4, 4, 1, 1),
+    ("gpipe", 2, 4, 1, 1, "looped"),
+    ("gpipe", 2, 8, 1, 2, "looped"),
+    ("1f1b", 4, 8, 1, 2, "looped"),
+    ("1f1b", 2, 1, 2, 1, "looped"),
+    ("zero-bubble", 2, 8, 2, 2, "looped"),
+    ("zero-bubble", 4, 4, 1, 1, "looped"),
+    # a V: the last rank's turn in memory, the loss on rank 0 (zero-bubble: the split
+    # backward through the turn; S = 4: ranks with no turn between)
+    ("zero-bubble", 2, 4, 1, 2, "v"),
+    ("1f1b", 4, 4, 1, 2, "v"),
 }
 
 
@@ -69,18 +76,24 @@ def _grid():
         yield pytest.param(*case, marks=marks, id="-".join(map(str, case)))
 
 
-@pytest.mark.parametrize(("order", "stages", "micro", "replicas", "chunks"), list(_grid()))
+@pytest.mark.parametrize(
+    ("order", "stages", "micro", "replicas", "chunks", "placement"), list(_grid())
+)
 def test_every_order_trains_what_one_process_trains(
-    tmp_path, single, order, stages, micro, replicas, chunks
+    tmp_path, single, order, stages, micro, replicas, chunks, placement
 ):
-    backend = "mpi" if (stages + micro + replicas + chunks) % 2 == 0 else "torch"
+    v = placement == "v"
+    backend = "mpi" if (stages + micro + replicas + chunks + v) % 2 == 0 else "torch"
     cfg = TrainConfig(
         **BASE,
         backend=backend,
         ranks=stages * replicas,
-        parallel={"stages": stages, "microbatches": micro, "order": order, "chunks": chunks},
+        parallel={
+            "stages": stages, "microbatches": micro, "order": order, "chunks": chunks,
+            "placement": placement,
+        },
         checkpoint_dir=str(tmp_path),
-    )
+    )  # fmt: skip
     r = run_training(cfg, **QUIET)
     p = r.pipeline
     assert (p["stages"], p["replicas"], p["microbatches"], p["order"], p["chunks"]) == (
@@ -90,12 +103,15 @@ def test_every_order_trains_what_one_process_trains(
         order,
         chunks,
     )
-    assert p["parts"] == list(range(0, stages * chunks, stages))  # rank 0's, looped
+    # rank 0's parts: looped, or the first and the last
+    assert p["parts"] == ([0, 2 * stages - 1] if v else list(range(0, stages * chunks, stages)))
+    assert p["placement"] == placement
     assert r.steps == 4
     got = final_params(tmp_path)
     worst = max(float((got[k] - v).abs().max()) for k, v in single.items())
     print(
-        f"{order} S={stages} M={micro} D={replicas} v={chunks} on {backend}: max |diff| {worst:.3g}"
+        f"{order} S={stages} M={micro} D={replicas} v={chunks} {placement} on {backend}: "
+        f"max |diff| {worst:.3g}"
     )
     for k, v in single.items():
         assert torch.allclose(got[k], v, rtol=1e-5, atol=1e-6), (k, worst)

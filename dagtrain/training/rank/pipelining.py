@@ -117,13 +117,15 @@ class StageStep(StageGraph, StageState):
         self.D = backend.size // self.S
         self.stage, self.replica = divmod(backend.rank, self.D)  # rank = stage * D + replica
         self.replicas = self.D
-        self.first, self.last = self.stage == 0, self.stage == self.S - 1
         blocks = blocks_of(model)
         self.split, self.keys = stages.split, stages.keys
         # the parts of the model this rank runs (its chunks), in the order a sample
         # passes them; V parts in all
         self.v, self.V = self.split.chunks, len(self.split.ranges)
         self.parts = self.split.parts_of(self.stage)
+        # the rank with the first part (the batch's inputs) and with the last (the loss:
+        # stage S - 1, or with a V placement stage 0)
+        self.first, self.last = 0 in self.parts, self.V - 1 in self.parts
         self.modules = [nn.Sequential(*blocks[slice(*self.split.ranges[c])]) for c in self.parts]
         self.module = nn.Sequential(*self.modules)
         first = next(self.module.parameters(), None)
@@ -177,10 +179,10 @@ class StageStep(StageGraph, StageState):
             (k, j): Transfers(f"pipeline-{k}" + (f".{j}" if self.v > 1 else ""), backend.rank, t)
             for j, c in enumerate(self.parts)
             for k, needed in (
-                ("recv-act", c > 0),
-                ("send-act", c < self.V - 1),
-                ("recv-grad", c < self.V - 1),
-                ("send-grad", c > 0),
+                ("recv-act", self.remote(c, c - 1)),
+                ("send-act", self.remote(c, c + 1)),
+                ("recv-grad", self.remote(c, c + 1)),
+                ("send-grad", self.remote(c, c - 1)),
             )
             if needed
         }
@@ -225,6 +227,11 @@ class StageStep(StageGraph, StageState):
     def _mb(self, m: int) -> tuple[int, int]:
         """Microbatch ``m``'s rows of this step's batch: (start, stop)."""
         return self.cuts[m], self.cuts[m + 1]
+
+    def remote(self, part: int, other: int) -> bool:
+        """Whether part ``other`` (next to ``part``) exists and is on another rank: a
+        transfer; the next part on this rank (a V's turn) is handed over in memory."""
+        return 0 <= other < self.V and self.split.stage_of(other) != self.stage
 
     def rank_of(self, part: int) -> int:
         """The rank of this replica that runs part ``part``."""
@@ -297,13 +304,18 @@ class StageStep(StageGraph, StageState):
         else:
             self._post("send-grad", m, j, dx.contiguous(), event)
 
-    def _forward(self, m: int, j: int, inp: torch.Tensor | None) -> tuple:
+    def _forward(self, m: int, j: int, inp: torch.Tensor | tuple | None) -> tuple:
         a, b = self._mb(m)
         c = self.parts[j]
         if c == 0:
             inp = cut(self.x, a, b)
             if self.device.type != "cpu":
                 inp = to_device(inp, self.device)
+        elif isinstance(inp, tuple):  # the part before is this rank's (a V's turn):
+            inp = inp[1]  # its output, cut from its graph as a transfer would
+            if inp is None:
+                return (None, None, 0)
+            inp = inp.detach().requires_grad_(inp.is_floating_point())
         else:
             inp.requires_grad_(inp.is_floating_point())
         if b == a:
@@ -499,6 +511,7 @@ class StageStep(StageGraph, StageState):
             "order": self.order if self.trial is None else self.trial.kept,
             "order_trial": self.trial.describe() if self.trial is not None else None,
             "chunks": self.v,
+            "placement": self.split.placement,
             "parts": self.parts,
             "split": self.split.bounds,
             "blocks": self.split.blocks,

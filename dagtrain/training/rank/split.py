@@ -80,13 +80,15 @@ class BlockCost:
 class Split:
     """Where a model is cut: ``bounds`` (S x v - 1 block indices, the first block of
     each part after the first) and, for each part, its blocks' range and measured cost.
-    With ``chunks`` v > 1 rank stage s holds parts s, s + S, ... (looped)."""
+    With ``chunks`` v > 1 rank stage s holds parts s, s + S, ... (``placement``
+    looped), or, with v = 2, parts s and 2S - 1 - s (``v``)."""
 
     bounds: list[int]
     blocks: int
     how: str  # "auto" (measured) or "explicit"
     costs: list[BlockCost] = field(default_factory=list)
     chunks: int = 1
+    placement: str = "looped"
 
     @property
     def ranges(self) -> list[tuple[int, int]]:
@@ -101,11 +103,16 @@ class Split:
 
     def parts_of(self, stage: int) -> list[int]:
         """The parts rank stage ``stage`` holds, its chunks in order."""
+        if self.placement == "v":
+            return [stage, 2 * self.stages - 1 - stage]
         return list(range(stage, len(self.bounds) + 1, self.stages))
 
     def stage_of(self, part: int) -> int:
         """The rank stage holding part ``part``."""
-        return part % self.stages
+        S = self.stages
+        if self.placement == "v" and part >= S:
+            return 2 * S - 1 - part
+        return part % S
 
     def label(self, part: int) -> str:
         """``stage s``, or with chunks ``stage s chunk j``: part ``part`` in words."""
@@ -135,6 +142,7 @@ class Split:
             "blocks": self.blocks,
             "how": self.how,
             "chunks": self.chunks,
+            "placement": self.placement,
             "ranges": self.ranges,
             "stage_ms": [round(s * 1e3, 4) for s in self.stage_seconds],
         }
@@ -222,10 +230,11 @@ def choose_split(
     sample: torch.Tensor,
     real: Callable[[nn.Module], nn.Module] | None = None,
     chunks: int = 1,
+    placement: str = "looped",
 ) -> Split:
-    """The split ``parallel.split`` asks for (``stages`` x ``chunks`` parts): its
-    boundaries checked against the model, or (``auto``) the balanced one measured on
-    ``sample``. InputError names the field."""
+    """The split ``parallel.split`` asks for (``stages`` x ``chunks`` parts, placed
+    ``placement``): its boundaries checked against the model, or (``auto``) the
+    balanced one measured on ``sample``. InputError names the field."""
     n, parts = len(blocks), stages * chunks
     if parts > n:
         raise InputError(
@@ -242,10 +251,10 @@ def choose_split(
                 f"parallel.split {bounds}: the model has {n} blocks (0-{n - 1}), so each "
                 f"boundary must be between 1 and {n - 1}"
             )
-        return Split(bounds, n, "explicit", chunks=chunks)
+        return Split(bounds, n, "explicit", chunks=chunks, placement=placement)
     costs = profile_blocks(blocks, sample, real=real)
     bounds = balanced_split([c.total for c in costs], parts, [c.out_bytes for c in costs])
-    return Split(bounds, n, "auto", costs, chunks)
+    return Split(bounds, n, "auto", costs, chunks, placement)
 
 
 def check_stages(cfg, manifest: dict) -> int | None:
@@ -286,6 +295,7 @@ def agreed_split(
     sample: torch.Tensor,
     real: Callable[[nn.Module], nn.Module] | None = None,
     chunks: int = 1,
+    placement: str = "looped",
 ) -> Split:
     """The split every rank uses: rank 0 chooses it (measuring ``sample``, one
     microbatch, where ``spec`` says ``auto``) and broadcasts it; an InputError it met is
@@ -293,7 +303,7 @@ def agreed_split(
     split: Split | str | None = None
     if backend.rank == 0:
         try:
-            split = choose_split(blocks, stages, spec, sample, real, chunks)
+            split = choose_split(blocks, stages, spec, sample, real, chunks, placement)
         except InputError as e:
             split = str(e)
     chosen = backend.broadcast_object(
@@ -304,7 +314,10 @@ def agreed_split(
     if isinstance(split, Split):
         log.info("pipeline %s", split.describe())
         return split
-    return Split(chosen["bounds"], chosen["blocks"], chosen["how"], chunks=chosen["chunks"])
+    return Split(
+        chosen["bounds"], chosen["blocks"], chosen["how"], chunks=chosen["chunks"],
+        placement=chosen["placement"],
+    )  # fmt: skip
 
 
 def boundary_shapes(

@@ -28,6 +28,10 @@ class StageGraph:
     stage: int
     parts: list[int]
     buckets: list[Any]
+    split: Any  # (.split.Split)
+
+    def remote(self, part: int, other: int) -> bool:
+        raise NotImplementedError  # (the step's)
 
     def _name(self, op: Op, m: int, j: int) -> str:
         return op(m, j if self.v > 1 else None)
@@ -38,6 +42,11 @@ class StageGraph:
         M, S, v = self.M, self.S, self.v
         if order == "gpipe":  # (looped BFS with chunks: chunk by chunk, every microbatch)
             return (lambda m, j: j * M + m), (lambda m, j: (v - 1 - j) * M + m)
+        if self.split.placement == "v":  # ZBV's sequence (v_sequence)
+            seq = v_sequence(S, M, self.stage)
+            fs = {q: i for i, q in enumerate((m, j) for op, m, j in seq if op == "F")}
+            bs = {q: i for i, q in enumerate((m, j) for op, m, j in seq if op == "B")}
+            return (lambda m, j: fs[m, j]), (lambda m, j: bs[m, j])
         # 1F1B, interleaved with chunks: microbatches in groups of S, each group through
         # chunk 0, then chunk 1, ...; backwards the other way round (Megatron-LM's)
         return (
@@ -52,6 +61,12 @@ class StageGraph:
             return n
         if self.v == 1:
             return max(1, min(n, self.S - s))
+        if self.split.placement == "v":  # the most alive at once in ZBV's sequence
+            live = most = 0
+            for op, *_ in v_sequence(self.S, self.M, s):
+                live += 1 if op == "F" else -1
+                most = max(most, live)
+            return most
         # interleaved 1F1B's warm-up (Megatron-LM's), and the forward it overlaps
         return min(n, 2 * (self.S - s - 1) + (self.v - 1) * self.S + 1)
 
@@ -65,7 +80,11 @@ class StageGraph:
         pc = 5 * n  # transfers (and zero-grads) before any compute, W after all of it
         # each F's and B's priority: (op, microbatch, chunk) -> priority
         prio: dict[tuple[str, int, int], int] = {}
-        if back_first and v > 1:
+        if back_first and self.split.placement == "v":
+            # a V: ZBV's sequence as the priorities of F and B alike
+            seq = v_sequence(self.S, M, self.stage)
+            prio = {(op, m, j): 4 * n - i for i, (op, m, j) in enumerate(seq)}
+        elif back_first and v > 1:
             # interleaved: Megatron-LM's sequence as the priorities of F and B alike —
             # the warm-up's forwards, then a forward and a backward in turn (the
             # forward first: a later chunk's forward feeds the next stage, which
@@ -93,6 +112,9 @@ class StageGraph:
             for j in range(v):
                 frees[bkey(m, j)] = self._name(Op.WEIGHT if split[j] else Op.BACKWARD, m, j)
         name = self._name
+        # the chunk of this rank that runs each part (a V's turn: two of its chunks
+        # next to each other, the activation and its gradient handed over in memory)
+        local = {c: j for j, c in enumerate(self.parts)}
         g.add(self._load_next, name="load-next", out="next-batch")
         # while the stage waits for its first input, not before the step
         g.add(
@@ -103,18 +125,23 @@ class StageGraph:
             for j, c in enumerate(self.parts):
                 k = fkey(m, j)
                 token = (frees[k - alive],) if k >= alive else ()
-                if c > 0:
+                if c > 0 and not self.remote(c, c - 1):
+                    inp: Any = Ref(f"act{m}.{local[c - 1]}")
+                elif c > 0:
+                    inp = Ref(f"in{m}.{j}")
                     ev = Event()
                     g.add(
                         self._recv_act, m, j, ev, name=name(Op.RECV_ACT, m, j),
                         out=f"in{m}.{j}", detach=ev, after=token, priority=pc - k,
                     )  # fmt: skip
+                else:
+                    inp = None
                 g.add(
-                    self._forward, m, j, Ref(f"in{m}.{j}") if c > 0 else None,
+                    self._forward, m, j, inp,
                     name=name(Op.FORWARD, m, j), out=f"act{m}.{j}", in_="params",
                     after=token, priority=prio["F", m, j],
                 )  # fmt: skip
-                if c < self.V - 1:
+                if self.remote(c, c + 1):
                     ev = Event()
                     g.add(
                         self._send_act, m, j, Ref(f"act{m}.{j}"), ev,
@@ -126,10 +153,19 @@ class StageGraph:
                         out=f"dout{m}.{j}", detach=ev, after=name(Op.FORWARD, m, j),
                         priority=pc - bkey(m, j),
                     )  # fmt: skip
+        # a part's backward after the next part's where that is this rank's (it reads
+        # that one's input gradient)
+        turn = any(not self.remote(c, c + 1) for c in self.parts if c < self.V - 1)
+        chunks = sorted(enumerate(self.parts), key=lambda q: q[1], reverse=turn)
         for m in range(M):
-            for j, c in enumerate(self.parts):
+            for j, c in chunks:
                 k = bkey(m, j)
-                dout = Ref(f"dout{m}.{j}") if c < self.V - 1 else None
+                if c == self.V - 1:
+                    dout = None
+                elif self.remote(c, c + 1):
+                    dout = Ref(f"dout{m}.{j}")
+                else:  # the input gradient of this rank's next part
+                    dout = Ref(f"dx{m}.{local[c + 1]}")
                 if split[j]:
                     g.add(
                         self._backward_input, m, j, Ref(f"act{m}.{j}"), dout,
@@ -145,7 +181,7 @@ class StageGraph:
                         name=name(Op.BACKWARD, m, j), out=f"dx{m}.{j}", inout=f"grads{j}",
                         priority=prio["B", m, j],
                     )  # fmt: skip
-                if c > 0:
+                if self.remote(c, c - 1):
                     ev = Event()
                     g.add(
                         self._send_grad, m, j, Ref(f"dx{m}.{j}"), ev,
@@ -165,3 +201,42 @@ class StageGraph:
         g.add(self._check, name="check-finite", in_=reduced, out="finite")
         g.add(self._update, name="update", in_="finite", inout="params")
         return g
+
+
+def v_sequence(S: int, M: int, s: int) -> list[tuple[str, int, int]]:
+    """Rank stage ``s``'s forwards and backwards, ``(op, microbatch, chunk)``, in the
+    order torch's ``ScheduleZBVZeroBubble`` gives a V of ``S`` ranks (chunk 0: part s,
+    chunk 1: part 2S - 1 - s): ``2(S - s) - 1`` forwards of chunk 0, ``s`` pairs of
+    forwards, ``S - s`` of chunk 1's forward and backward, then a forward and a backward
+    of each chunk in turn, then the last backwards (a backward here is ZBV's input and
+    weight gradient together: where the order splits it, W fills the bubbles)."""
+    n = max(2 * S - 1, M)  # (as ZBV: enough microbatches to fill the V, the extra dropped)
+    seq: list[tuple[str, int, int]] = []
+    f = [0, 0]
+    b = [0, 0]
+
+    def put(op: str, j: int) -> None:
+        c = f if op == "F" else b
+        seq.append((op, c[j], j))
+        c[j] += 1
+
+    for _ in range(2 * (S - s) - 1):
+        put("F", 0)
+    for _ in range(s):
+        put("F", 1)
+        put("F", 0)
+    for _ in range(S - s):
+        put("F", 1)
+        put("B", 1)
+    while f[1] < f[0] or f[0] < n:
+        if f[0] < n:
+            put("F", 0)
+        put("B", 0)
+        put("F", 1)
+        put("B", 1)
+    for _ in range(s):
+        put("B", 0)
+        put("B", 1)
+    for _ in range(S - s):
+        put("B", 0)
+    return [(op, m, j) for op, m, j in seq if m < M]

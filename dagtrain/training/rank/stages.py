@@ -74,6 +74,7 @@ def build_stages(
     split = agreed_split(
         backend, blocks, p.stages, p.split, to_device(cut(sample, 0, mb), device),
         real=lambda b: _real(b, device), chunks=p.chunks,
+        placement=p.placement,
     )  # fmt: skip
     keys = stage_keys(meta, blocks, split)
     mine = stage_blocks(blocks, split, stage)
@@ -182,6 +183,8 @@ def evaluate(step: Any, samples: Any, split: str) -> dict[str, float]:
                     for c, module in zip(step.parts, step.modules):
                         if c == 0:
                             h = module(to_device(x, step.device))
+                        elif not step.remote(c, c - 1):  # this rank's part before (a V)
+                            h = module(h)
                         else:
                             shape, dtype = step.shapes[c - 1]
                             h = torch.empty((length(y), *shape), dtype=dtype, device=step.device)
@@ -196,7 +199,7 @@ def evaluate(step: Any, samples: Any, split: str) -> dict[str, float]:
                             y = to_device(y, h.device)
                             for k, v in output_sums(h, y, step.objective).items():
                                 total[k] = total.get(k, 0) + v
-                        else:
+                        elif step.remote(c, c + 1):
                             peer = step.rank_of(c + 1)
                             what = (
                                 f"rank {rank} ({step.where(c)}): sending {split} batch {i}'s "

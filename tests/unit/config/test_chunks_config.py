@@ -22,6 +22,10 @@ TWO = {"backend": "torch", "ranks": 2}
          "2 stages x 2 chunks need 3"),
         ({"stages": 2, "chunks": 2, "microbatches": 4}, {**TWO, "device": "cuda"},
          "NCCL pairs a send with a receive by the order they are posted"),
+        ({"stages": 2, "chunks": 3, "microbatches": 4, "placement": "v"}, TWO,
+         "parallel.placement v with parallel.chunks 3: a V places two chunks a rank"),
+        ({"stages": 2, "microbatches": 4, "placement": "v"}, TWO,
+         "set parallel.chunks to 2, or placement to looped"),
     ],
 )  # fmt: skip
 def test_a_chunked_pipeline_that_cannot_run_is_refused_naming_the_field(

@@ -82,7 +82,7 @@ class Stage1Of2:
     rank, size, device = 1, 2, "cpu"
 
     def broadcast_object(self, obj, root=0):
-        return {"bounds": [1], "blocks": 2, "how": "explicit", "chunks": 1}
+        return {"bounds": [1], "blocks": 2, "how": "explicit", "chunks": 1, "placement": "looped"}
 
 
 def test_a_stage_builds_its_blocks_unsaved_buffers_too():
