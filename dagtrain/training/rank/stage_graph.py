@@ -125,9 +125,6 @@ class StageGraph:
             for j, c in enumerate(self.parts):
                 k = fkey(m, j)
                 token = (frees[k - alive],) if k >= alive else ()
-                # its receive one place ahead: the activation comes while the task
-                # that frees the token runs, not after it (one buffer more alive)
-                ahead = (frees[k - alive - 1],) if k > alive else ()
                 if c > 0 and not self.remote(c, c - 1):
                     inp: Any = Ref(f"act{m}.{local[c - 1]}")
                 elif c > 0:
@@ -135,7 +132,7 @@ class StageGraph:
                     ev = Event()
                     g.add(
                         self._recv_act, m, j, ev, name=name(Op.RECV_ACT, m, j),
-                        out=f"in{m}.{j}", detach=ev, after=ahead, priority=pc - k,
+                        out=f"in{m}.{j}", detach=ev, after=token, priority=pc - k,
                     )  # fmt: skip
                 else:
                     inp = None
