@@ -1,9 +1,12 @@
 """The picture of an interleaved pipeline step in docs/parallelism.md, from a real run.
 
     .venv/bin/python tools/pipeline_picture.py [--out docs/images/pipeline-interleaved.png]
+    .venv/bin/python tools/pipeline_picture.py --placement v --order zero-bubble \
+        --out docs/images/pipeline-v.png
 
 Trains a 2-stage MLP (eight hidden layers of 1024, 18 blocks in 4 parts:
-``parallel: {stages: 2, chunks: 2, microbatches: 4, order: 1f1b}``) for a few steps
+``parallel: {stages: 2, chunks: 2, microbatches: 4, order: 1f1b}``, or the given order
+and placement) for a few steps
 with traces on, then draws its last step's trace: a lane per rank, each F/B op as a
 bar labelled ``m.j`` (microbatch m through the rank's chunk j), coloured by chunk; and
 prints each rank's compute ops in the order they ran (the text the docs show under the
@@ -29,6 +32,7 @@ def main() -> None:
         "--out", default=str(HERE.parent / "docs" / "images" / "pipeline-interleaved.png")
     )
     ap.add_argument("--order", default="1f1b")
+    ap.add_argument("--placement", default="looped", choices=["looped", "v"])
     args = ap.parse_args()
 
     import matplotlib
@@ -44,7 +48,13 @@ def main() -> None:
             model={"name": "mlp", "args": {"hidden": [1024] * 8}},
             training={"epochs": 1, "max_steps": 6, "batch_size": 64},
             distributed={"backend": "torch", "ranks": 2},
-            parallel={"stages": 2, "chunks": 2, "microbatches": 4, "order": args.order},
+            parallel={
+                "stages": 2,
+                "chunks": 2,
+                "microbatches": 4,
+                "order": args.order,
+                "placement": args.placement,
+            },
             checkpoint_dir=str(Path(tmp) / "ckpt"),
             trace_dir=str(Path(tmp) / "trace"),
         )
@@ -72,12 +82,14 @@ def main() -> None:
             ax.text(x + dur / 2e3, y, f"{kind}{m}.{j}", ha="center", va="center", fontsize=7)
         print(f"rank {rank}: " + " ".join(f"{k}{m}.{j}" for _, _, k, m, j in lane))
     parts = r.pipeline["parts"]
-    ax.set_yticks([1, 0], [f"rank 0 · parts {parts}", "rank 1 · parts [1, 3]"])
+    other = [1, 2] if args.placement == "v" else [1, 3]
+    ax.set_yticks([1, 0], [f"rank 0 · parts {parts}", f"rank 1 · parts {other}"])
     ax.set_xlabel("ms into the step (its trace)")
     ax.set_title(
-        f"one step, order {args.order}, 2 stages x 2 chunks, 4 microbatches: "
-        "F/B of microbatch m through the rank's chunk j (light: chunk 0, dark: chunk 1)",
-        fontsize=9,
+        f"one {args.order} step, 2 stages x 2 chunks"
+        f"{' in a V' if args.placement == 'v' else ''}, 4 microbatches: "
+        "F/B/W of microbatch m through the rank's chunk j (light: chunk 0, dark: chunk 1)",
+        fontsize=8.5,
     )
     fig.tight_layout()
     fig.savefig(args.out, dpi=110)

@@ -79,6 +79,7 @@ def validate(config: ConfigArg, sets: Sets = None, home: HomeOpt = Path(".dagtra
                 f" ({eff.parallel.stages} pipeline stages x {eff.replicas} replica(s), "
                 f"{eff.parallel.microbatches} microbatches, "
                 + (f"{eff.parallel.chunks} chunks a rank, " if eff.parallel.chunks > 1 else "")
+                + ("placed in a V, " if eff.parallel.placement == "v" else "")
                 + f"order {eff.parallel.order})"
                 if eff.parallel.stages > 1
                 else ""

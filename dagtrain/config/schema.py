@@ -378,10 +378,10 @@ class ParallelConfig(Section):
         1,
         ge=1,
         le=16,
-        description="model chunks v per rank, looped: the blocks are cut into S x v parts "
-        "and rank s holds parts s, s + S, ... (with order 1f1b: interleaved 1F1B, gpipe: "
-        "looped BFS, zero-bubble: interleaved zero-bubble); a smaller bubble for more "
-        "transfers. 1: one contiguous stage per rank",
+        description="model chunks v per rank: the blocks are cut into S x v parts and rank "
+        "s holds parts s, s + S, ... (parallel.placement looped; with order 1f1b: "
+        "interleaved 1F1B, gpipe: looped BFS, zero-bubble: interleaved zero-bubble), or "
+        "two in a V; a smaller bubble for more transfers. 1: one contiguous stage per rank",
     )
     placement: Literal["looped", "v"] = Field(
         "looped",
@@ -426,7 +426,8 @@ class ParallelConfig(Section):
                 "chunks a rank (parts s and 2S - 1 - s); set parallel.chunks to 2, or "
                 "placement to looped"
             )
-        interleaved = self.order in ("1f1b", "zero-bubble", "auto")
+        # (a V's 1f1b and zero-bubble follow ZBV's sequence, which takes any M)
+        interleaved = self.order in ("1f1b", "zero-bubble", "auto") and self.placement == "looped"
         if self.chunks > 1 and interleaved and self.microbatches % self.stages:
             raise ValueError(
                 f"parallel.microbatches {self.microbatches} with parallel.chunks "
@@ -455,7 +456,7 @@ class ParallelConfig(Section):
     @property
     def parts(self) -> int:
         """S x v: the parts the model's blocks are cut into (rank stage s holds parts
-        s, s + S, ...)."""
+        s, s + S, ...; in a V, s and 2S - 1 - s)."""
         return self.stages * self.chunks
 
 

@@ -292,7 +292,7 @@ function pipelineSummary(p) {
   const edges = Array.isArray(p.split) && n ? [0, ...p.split, n] : null;
   const ranges = edges ? ` (blocks ${edges.slice(1).map((b, i) => (b - 1 > edges[i] ? `${edges[i]}–${b - 1}` : `${edges[i]}`)).join(" | ")})` : "";
   const plural = (v, w) => `${v} ${w}${v === 1 ? "" : "s"}`;
-  return html`<p class="pipeline"><b>pipeline</b>: ${plural(p.stages, "stage")} × ${plural(p.replicas, "replica")}, ${plural(p.microbatches, "microbatch").replace(/hs$/, "hes")}, ${p.chunks > 1 ? `${p.chunks} chunks a rank (looped${Array.isArray(p.parts) ? `: rank 0 runs parts ${p.parts.join(", ")}` : ""}), ` : ""}order ${p.order}${p.order_trial ? ` (auto: ${p.order_trial.why})` : ""}, split ${JSON.stringify(p.split)}${ranges}${
+  return html`<p class="pipeline"><b>pipeline</b>: ${plural(p.stages, "stage")} × ${plural(p.replicas, "replica")}, ${plural(p.microbatches, "microbatch").replace(/hs$/, "hes")}, ${p.chunks > 1 ? `${p.chunks} chunks a rank (${p.placement === "v" ? "in a V" : "looped"}${Array.isArray(p.parts) ? `: rank 0 runs parts ${p.parts.join(", ")}` : ""}), ` : ""}order ${p.order}${p.order_trial ? ` (auto: ${p.order_trial.why})` : ""}, split ${JSON.stringify(p.split)}${ranges}${
     typeof p.peak_activation_bytes === "number" ? ` · peak activations ${bytes(p.peak_activation_bytes)}${p.stage != null ? ` (stage ${p.stage})` : ""}` : ""}</p>`;
 }
 

@@ -4,8 +4,11 @@ Ranks are stages x replicas, stage-major: rank ``s * D + d`` runs stage ``s`` of
 replica ``d``. A replica's stages pass each microbatch's activation forward and its
 gradient back; a stage's D replicas average their gradients. With ``parallel.chunks``
 v > 1 the model is cut into S x v parts and stage s runs parts s, s + S, ... (its
-chunks 0..v-1, looped), so a microbatch goes round the stages v times. On the rank of
-stage s, for each microbatch m of the step and each of its chunks j (part c)::
+chunks 0..v-1, looped), so a microbatch goes round the stages v times; with
+``parallel.placement: v`` (v = 2) parts s and 2S - 1 - s (a V: down the ranks and back
+up, the loss on stage 0). Where a rank holds the next part too (a V's turn, on stage
+S - 1), the activation and its gradient are values of its graph, not transfers. On the
+rank of stage s, for each microbatch m of the step and each of its chunks j (part c)::
 
     recv-act{m}.{j} ─ F{m}.{j} ─ send-act{m}.{j}        (from part c-1 / to c+1)
     recv-grad{m}.{j} ─ B{m}.{j} ─ send-grad{m}.{j}      (from part c+1 / to c-1)
@@ -34,6 +37,8 @@ gpipe         F, B                       M x v
 1f1b          B, F; with chunks          S - s; with chunks 2(S - s - 1) + (v-1)S + 1
               Megatron-LM's sequence
 zero-bubble   as 1f1b, W last            as 1f1b (W frees them: it fills the bubbles)
+on a V        1f1b, zero-bubble: ZBV's   the most alive in ZBV's sequence
+              sequence (torch's)
 ============  =========================  ============================================
 
 Transfers go before any compute. Activations are values of the graph: ``F``'s result
@@ -92,12 +97,13 @@ SWITCH_INTERVAL = 0.0005
 
 class StageStep(StageGraph, StageState):
     """One rank's pipeline step (a :class:`~.protocol.TrainStep`):
-    ``run(batch, snapshot, trace)`` -> the objective's sums (the last stage's).
+    ``run(batch, snapshot, trace)`` -> the objective's sums (the last part's rank's).
 
     A rank holds its stage's blocks alone (:mod:`.stages`: the other stages' tensors
     are on the meta device) — with ``parallel.chunks`` v > 1, its v parts of the model
-    (parts s, s + S, ...); it evaluates as a pipeline (:meth:`evaluate`), and its
-    checkpoint is its stage's shard (:meth:`optimizer_states`, :meth:`shards`).
+    (parts s, s + S, ...; in a V, s and 2S - 1 - s); it evaluates as a pipeline
+    (:meth:`evaluate`), and its checkpoint is its stage's shard
+    (:meth:`optimizer_states`, :meth:`shards`).
     """
 
     def __init__(
@@ -123,9 +129,8 @@ class StageStep(StageGraph, StageState):
         # passes them; V parts in all
         self.v, self.V = self.split.chunks, len(self.split.ranges)
         self.parts = self.split.parts_of(self.stage)
-        # the rank with the first part (the batch's inputs) and with the last (the loss:
-        # stage S - 1, or with a V placement stage 0)
-        self.first, self.last = 0 in self.parts, self.V - 1 in self.parts
+        # the rank with the last part (the loss: stage S - 1, or in a V stage 0)
+        self.last = self.V - 1 in self.parts
         self.modules = [nn.Sequential(*blocks[slice(*self.split.ranges[c])]) for c in self.parts]
         self.module = nn.Sequential(*self.modules)
         first = next(self.module.parameters(), None)
@@ -443,7 +448,8 @@ class StageStep(StageGraph, StageState):
         trace: str | None = None,
     ) -> tuple[float, ...]:
         """Run one step on ``batch`` (this replica's share of the global batch); the
-        last stage returns its sums (as the data-parallel step's), the others zeros."""
+        rank with the last part returns its sums (as the data-parallel step's), the
+        others zeros."""
         self.x, self.y, self.count = batch
         n = length(self.y)
         sizes = [len(c) for c in torch.tensor_split(torch.arange(n), self.M)]

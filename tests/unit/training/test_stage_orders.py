@@ -1,12 +1,15 @@
 """Every order's graphs, played across the ranks of a pipeline without processes: each
 rank runs its ready task of highest priority, a receive completes once its peer's send
 has run, and each chunk's receives of one way complete in the order they were posted
-(as their thread waits for them: transfers.py). Every task of every rank must run — an
-order whose tokens or priorities could wedge the ranks fails here, not after a
-collective timeout in a real job. And a V's sequence is torch's ZBV's."""
+(as their thread waits for them: transfers.py), in lockstep and in timings drawn at
+random (compute 1-6 ticks, a transfer 0-4). Every task of every rank must run: an order
+whose tokens or priorities wedge the ranks in one of these timings fails here, not
+after a collective timeout in a real job (no play proves it for every timing). And a
+V's sequence is torch's ZBV's."""
 
 from __future__ import annotations
 
+import random
 import re
 from types import SimpleNamespace
 
@@ -45,61 +48,106 @@ class _Rank(StageGraph):
         return 0 <= other < self.V and self.split.stage_of(other) != self.stage
 
 
-def play(order: str, S: int, M: int, v: int, placement: str) -> dict[int, list[str]]:
+def play(
+    order: str, S: int, M: int, v: int, placement: str, seed: int | None = None
+) -> dict[int, list[str]]:
     """Each rank's tasks in the order they ran; AssertionError naming what is left if
-    the ranks wedge."""
+    the ranks wedge. With ``seed``, a timing drawn from it: each compute task takes 1-6
+    ticks, a transfer arrives 0-4 ticks after its send, and the ranks take their turns
+    in a random order each tick; without, every task one tick and no delay."""
+    rng = random.Random(seed)
     split = Split(list(range(1, S * v)), S * v, "explicit", chunks=v, placement=placement)
     ranks = [_Rank(split, s, M) for s in range(S)]
     graphs = [r._build(order) for r in ranks]
+    for g in graphs:
+        g.prepare()  # (resolves the names in ``after``)
     waiting = [{id(t): 0 for t in g.tasks} for g in graphs]
     for g, w in zip(graphs, waiting):
         for t in g.tasks:
             for succ in t:
                 w[id(succ)] += 1
+    ready = [{id(t): t for t in g.tasks if not w[id(t)]} for g, w in zip(graphs, waiting)]
     done: list[set[int]] = [set() for _ in ranks]
     queues: list[dict[tuple[str, int], list]] = [{} for _ in ranks]
-    sent: set[tuple[str, int, int]] = set()  # (act or grad, the part it goes into, m)
+    arrives: dict[tuple[str, int, int], int] = {}  # (act or grad, part into, m) -> tick
+    running: list[tuple[int, object] | None] = [None] * S
     ran: dict[int, list[str]] = {s: [] for s in range(S)}
 
     def finish(s: int, t) -> None:
         done[s].add(id(t))
         for succ in t:
             waiting[s][id(succ)] -= 1
+            if not waiting[s][id(succ)]:
+                ready[s][id(succ)] = succ
 
-    moved = True
-    while moved:
+    def end(s: int, t, tick: int) -> None:  # a task's body is over
+        if t.name.startswith("recv-"):  # posted: completes once its transfer is in
+            way, m, j = _parse(t.name)
+            queues[s].setdefault((way, j), []).append(t)
+            return
+        if t.name.startswith("send-"):
+            way, m, j = _parse(t.name)
+            c = ranks[s].parts[j]
+            key = ("act", c + 1, m) if way == "send-act" else ("grad", c - 1, m)
+            arrives[key] = tick + (rng.randint(0, 4) if seed is not None else 0)
+        finish(s, t)
+
+    def arrived(s: int, tick: int) -> bool:  # receives complete in the order posted
+        got = False
+        for q in queues[s].values():
+            while q:
+                way, m, j = _parse(q[0].name)
+                at = arrives.get((way.removeprefix("recv-"), ranks[s].parts[j], m))
+                if at is None or at > tick:
+                    break
+                finish(s, q.pop(0))
+                got = True
+        return got
+
+    def start(s: int):  # the ready task of highest priority
+        t = max(ready[s].values(), key=lambda t: (t.priority, -t.index))
+        del ready[s][id(t)]
+        ran[s].append(t.name)
+        return t
+
+    tick = 0
+    while True:
         moved = False
-        for s, (rank, g) in enumerate(zip(ranks, graphs)):
-            for q in queues[s].values():  # receives complete in the order posted
-                while q:
-                    way, m, j = _parse(q[0].name)
-                    if (way.removeprefix("recv-"), rank.parts[j], m) not in sent:
-                        break
-                    finish(s, q.pop(0))
+        if seed is None:  # lockstep: rank by rank, each task's effects seen at once
+            for s in range(S):
+                moved |= arrived(s, tick)
+                if ready[s]:
+                    end(s, start(s), tick)
                     moved = True
-            posted = {id(t) for q in queues[s].values() for t in q}
-            ready = [
-                t
-                for t in g.tasks
-                if not waiting[s][id(t)] and id(t) not in done[s] and id(t) not in posted
-            ]
-            if not ready:
-                continue
-            t = max(ready, key=lambda t: (t.priority, -t.index))
-            ran[s].append(t.name)
-            moved = True
-            if t.name.startswith("recv-"):
-                way, m, j = _parse(t.name)
-                queues[s].setdefault((way, j), []).append(t)
-                continue
-            if t.name.startswith("send-"):
-                way, m, j = _parse(t.name)
-                c = rank.parts[j]
-                sent.add(("act", c + 1, m) if way == "send-act" else ("grad", c - 1, m))
-            finish(s, t)
+            if not moved:
+                break
+            continue
+        for s in range(S):  # the tasks that end now; a send's transfer leaves
+            if running[s] is not None and running[s][0] <= tick:
+                end(s, running[s][1], tick)
+                running[s] = None
+                moved = True
+        for s in range(S):
+            moved |= arrived(s, tick)
+        turns = list(range(S))
+        rng.shuffle(turns)
+        for s in turns:  # each idle rank starts a task: compute 1-6 ticks, others 1
+            if running[s] is None and ready[s]:
+                t = start(s)
+                running[s] = (tick + (rng.randint(1, 6) if t.name[0] in "FBW" else 1), t)
+                moved = True
+        if (
+            not moved
+            and all(r is None for r in running)
+            and not any(a > tick for a in arrives.values())
+        ):
+            break
+        tick += 1
     for s, g in enumerate(graphs):
         left = [t.name for t in g.tasks if id(t) not in done[s]]
-        assert not left, f"{order} S={S} M={M} v={v} {placement}: rank {s} wedged: {left[:8]}"
+        assert not left, (
+            f"{order} S={S} M={M} v={v} {placement} seed={seed}: rank {s} wedged: {left[:8]}"
+        )
     return ran
 
 
@@ -113,20 +161,22 @@ CASES = [
     (order, S, M, v, placement)
     for order in ("gpipe", "1f1b", "zero-bubble")
     for S in (2, 3, 4)
-    for M in (1, 2, 4, 6, 8, 12)
+    for M in (1, 2, 3, 4, 6, 8, 12)
     for v, placement in ((1, "looped"), (2, "looped"), (3, "looped"), (2, "v"))
-    if order == "gpipe" or v == 1 or M % S == 0  # (the config's rule for interleaving)
+    # (the config's rule for looped interleaving: microbatches in groups of S)
+    if order == "gpipe" or v == 1 or placement == "v" or M % S == 0
 ]
 
 
 @pytest.mark.parametrize("case", CASES, ids=["-".join(map(str, c)) for c in CASES])
 def test_every_order_runs_to_its_end_on_every_rank(case):
     order, S, M, v, placement = case
-    ran = play(order, S, M, v, placement)
-    # every forward and backward of every microbatch and chunk, once per rank
-    for s, names in ran.items():
-        fs = [n for n in names if n.startswith("F")]
-        assert len(fs) == len(set(fs)) == M * v, (s, fs)
+    for seed in (None, 0, 1, 2):  # lockstep, then three timings drawn at random
+        ran = play(order, S, M, v, placement, seed)
+        # every forward of every microbatch and chunk, once per rank
+        for s, names in ran.items():
+            fs = [n for n in names if n.startswith("F")]
+            assert len(fs) == len(set(fs)) == M * v, (s, fs)
 
 
 def test_a_vs_sequence_is_torchs_zbv():
