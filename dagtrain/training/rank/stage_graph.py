@@ -6,6 +6,7 @@ be alive). The task bodies are the step's."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cache
 from typing import Any
 
 from dagtrain.records.trace import Op
@@ -203,7 +204,8 @@ class StageGraph:
         return g
 
 
-def v_sequence(S: int, M: int, s: int) -> list[tuple[str, int, int]]:
+@cache  # (the keys, the token and the priorities of one graph read it)
+def v_sequence(S: int, M: int, s: int) -> tuple[tuple[str, int, int], ...]:
     """Rank stage ``s``'s forwards and backwards, ``(op, microbatch, chunk)``, in the
     order torch's ``ScheduleZBVZeroBubble`` gives a V of ``S`` ranks (chunk 0: part s,
     chunk 1: part 2S - 1 - s): ``2(S - s) - 1`` forwards of chunk 0, ``s`` pairs of
@@ -239,4 +241,4 @@ def v_sequence(S: int, M: int, s: int) -> list[tuple[str, int, int]]:
         put("B", 1)
     for _ in range(S - s):
         put("B", 0)
-    return [(op, m, j) for op, m, j in seq if m < M]
+    return tuple((op, m, j) for op, m, j in seq if m < M)

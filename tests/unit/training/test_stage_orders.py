@@ -192,7 +192,7 @@ def test_a_vs_sequence_is_torchs_zbv():
                 for a in actions
                 if a is not None and a.computation_type.name in ("FORWARD", "BACKWARD_INPUT")
             ]  # fmt: skip
-            assert v_sequence(S, M, s) == theirs, (S, M, s)
+            assert list(v_sequence(S, M, s)) == theirs, (S, M, s)
 
 
 def test_a_vs_ranks_hold_the_first_and_last_parts_and_turn_in_memory():
