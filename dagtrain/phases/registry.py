@@ -115,7 +115,7 @@ def _evaluated(
     model = build_model(cfg.model.name, info.in_shape, info.classes, info, **cfg.model.args)
     # mapped: the weights are copied into the model from the file's pages, and the
     # optimizer state (twice the weights with Adam) never read
-    model.load_state_dict(checkpoint.load(ckpt, mmap=True)["model"])
+    model.load_state_dict(checkpoint.load(ckpt, mmap=True, optim=False)["model"])
     return evaluate_samples(model, test.train, split, objective), dict(objective.metrics)
 
 
@@ -295,7 +295,7 @@ def promote(
     # verified against its checksum; mapped, not read: its tensors go from the
     # checkpoint's pages to the model file's, never held whole (nor its optimizer
     # state read)
-    state = checkpoint.load(ckpt, mmap=True)["model"]
+    state = checkpoint.load(ckpt, mmap=True, optim=False)["model"]
     with _locked(cfg) as reg:
         ok, why = better(cfg, metrics, reg.champion_entry(), directions_of(cfg))
         version = reg.next_version()

@@ -75,7 +75,7 @@ def shard_delta(
     from dagtrain.training.rank import checkpoint
 
     base, _, _ = global_model(cfg, manifest, run, r)
-    local = checkpoint.load(ckpt, mmap=True)["model"]  # (its optimizer state unread)
+    local = checkpoint.load(ckpt, mmap=True, optim=False)["model"]
     return write_delta(run.shard(r, shard), shard, base, local)
 
 

@@ -363,7 +363,7 @@ def check_init_fits(
     from dagtrain.training.rank.models import DataInfo, build_model
     from dagtrain.training.rank.warmstart import check_fits, load_weights
 
-    state = load_weights(path)
+    state = load_weights(path, read=set())  # shapes: a sharded checkpoint's unread
     info = DataInfo.of(manifest, cfg.objective.name)
     m = cfg.model
     added = [str(d) for d in code_dirs if d and str(d) not in sys.path]

@@ -56,6 +56,7 @@ from .names import (
     RANK_RECORD,
     SHARD,
     SIDECAR,
+    TENSORS,
     Name,
 )
 
@@ -367,6 +368,8 @@ def _train_file(rest: tuple[str, ...]) -> str | None:
         if rest[0] in plain:
             return plain[rest[0]]
         return "failure record" if _FAILURE.match(rest[0]) else None
+    if len(rest) == 3 and rest[0] == t.checkpoints.name and TENSORS.match(rest[1]):
+        return "checkpoint shard tensors"  # a stage's DCP folder's files
     if len(rest) != 2:
         return None
     folder, name = rest

@@ -23,6 +23,7 @@ __all__ = [
     "RANK_RECORD",
     "SHARD",
     "SIDECAR",
+    "TENSORS",
     "Name",
 ]
 
@@ -66,6 +67,10 @@ CHECKPOINT = Name("ckpt-{step:08d}.pt")
 # each stage's written by that stage's first replica (``SIDECAR`` beside each too)
 SHARD = Name("ckpt-{step:08d}.stage{stage:d}.pt")
 SIDECAR = Name("{name}.json")
+# the tensors of a pipeline stage's part (stage 0's too): a torch.distributed.checkpoint
+# folder (DCP's own format), which that part's file (whose sidecar holds their
+# checksums) stands for
+TENSORS = Name("ckpt-{step:08d}.stage{stage:d}.dcp")
 # a rank's trace of a step: the run's last step, and each epoch's last (step counted
 # from 1)
 LAST_TRACE = Name("step-rank{rank:d}.json")

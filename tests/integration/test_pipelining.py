@@ -212,6 +212,10 @@ def test_a_pipeline_checkpoint_resumes_on_other_stages_and_chunks(tmp_path):
         "ckpt-00000020.stage2.pt",
         "ckpt-00000020.stage3.pt",
     ]
+    # (each with its tensors in a DCP folder of its own)
+    assert sorted(p.name for p in Path(d).glob("ckpt-00000020*.dcp")) == [
+        f"ckpt-00000020.stage{s}.dcp" for s in range(4)
+    ]
     four = {"stages": 2, "chunks": 2, "microbatches": 2, "order": "gpipe", "placement": "v"}
     r = run_training(TrainConfig(**cfg, ranks=2, parallel=four, checkpoint_dir=d), **QUIET)
     assert r.resumed_from_step == 20 and r.steps == 50

@@ -11,16 +11,23 @@ match it (truncated, corrupted) is skipped with a warning, and the previous one 
 Loading uses ``torch.load(weights_only=True)``: a checkpoint holds no code.
 
 A pipeline's checkpoint is sharded by stage, with no gather: each stage's first
-replica writes its own parameters and optimizer state, in parallel::
+replica writes its own parameters and optimizer state, in parallel, through
+``torch.distributed.checkpoint`` (DCP, :mod:`.tensor_folder`)::
 
     ckpt-00000120.pt          stage 0's part, the run's figures, and ``shards``: the
                               other stages' files with the keys and parameters each holds
+    ckpt-00000120.stage0.dcp/ stage 0's tensors: a DCP checkpoint
     ckpt-00000120.stage1.pt   stage 1's part (and its sidecar), ...
+    ckpt-00000120.stage1.dcp/ stage 1's tensors, ...
 
-It is valid when every file it lists is (each against its own sidecar). :func:`load`
-consolidates the shards into one state (the model any consumer sees: evaluation, the
-registry, a data-parallel resume), or, given ``keys``, reads only the shards holding
-those (a pipeline rank resuming its stage, on any split).
+A part's file holds its state with each tensor's place marked; the tensors are in its
+DCP folder, written under a temporary name, then renamed; the part's sidecar, written
+last, holds every one of the folder's files' checksums. A checkpoint is valid when
+every file it lists is (each against its own sidecar, each folder's files against
+theirs). :func:`load` consolidates the shards into one state (the model any consumer
+sees: evaluation, the registry, a data-parallel resume), or, given ``keys``, reads
+only the shards holding those (a pipeline rank resuming its stage, on any split): DCP
+reads each tensor into a tensor of the size and type its metadata gives.
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ import hashlib
 import json
 import logging
 import os
+import shutil
+import tempfile
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -39,7 +48,7 @@ import torch
 
 from dagtrain.atomic import atomic_write, fsync_dir
 from dagtrain.errors import InputError
-from dagtrain.records.names import CHECKPOINT, SHARD, SIDECAR
+from dagtrain.records.names import CHECKPOINT, SHARD, SIDECAR, TENSORS
 
 __all__ = ["combine_digests", "latest", "load", "save", "state_digest", "tensor_digests"]
 
@@ -76,23 +85,31 @@ def save(
     for stale in d.glob(".ckpt-*"):  # temp files of this stage's writer killed mid-write
         of = _stage_of(stale.name.lstrip(".").rsplit(".", 1)[0].removesuffix(".json"))
         if of == stage or (stages is not None and of is not None and of >= stages):
-            stale.unlink(missing_ok=True)
+            _delete(stale)
     path = d / _name(step, stage)
-    write(path, state, step=step)
+    if stage > 0 or state.get("shards"):
+        part, files = _save_tensors(state, d / TENSORS(step=step, stage=stage))
+        write(path, part, step=step, tensors=files)
+    else:
+        write(path, state, step=step)
     fsync_dir(d)
     for old in _steps(d, stage)[:-keep]:
         if old == protect:
             continue
-        _remove(d / _name(old, stage))
+        _remove(d, old, stage)
+    for p in d.iterdir():  # tensors of this stage whose part's file was never written
+        m = TENSORS.match(p.name)
+        if m and m["stage"] == stage and m["step"] != step and not (d / _name(**m)).exists():
+            _delete(p)
     if stages is not None:
         # shards of the stages this run does not have (it resumed on fewer stages, or
         # without a pipeline) have no writer to rotate them: rank 0 removes each once
         # its checkpoint's own file is rotated out (that checkpoint was gone with it)
         own = set(_steps(d))
         for p in d.iterdir():
-            m = SHARD.match(p.name)
+            m = SHARD.match(p.name) or TENSORS.match(p.name)
             if m and m["stage"] >= stages and m["step"] not in own:
-                _remove(p)
+                _remove(d, m["step"], m["stage"])
     return path
 
 
@@ -109,10 +126,146 @@ def write(path: Path, obj: Any, **meta: Any) -> dict[str, Any]:
     return meta
 
 
-def _remove(path: Path) -> None:
-    """A checkpoint file and its sidecar."""
+def _remove(d: Path, step: int, stage: int) -> None:
+    """A checkpoint's file of ``stage``, its sidecar (first: the part is invalid from
+    then on) and its tensors' folder."""
+    path = d / _name(step, stage)
     _sidecar(path).unlink(missing_ok=True)
     path.unlink(missing_ok=True)
+    _delete(d / TENSORS(step=step, stage=stage))
+
+
+def _delete(path: Path) -> None:
+    """A file, or a folder and what it holds; nothing if neither is there."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+# a tensor's place in a stage's part: its bytes are in the part's DCP folder
+_IN_DCP = "<dcp>"
+
+
+def _save_tensors(state: dict[str, Any], folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Write the tensors of a stage's ``state`` (its model's and its optimizer
+    state's) into ``folder`` through DCP (:mod:`.tensor_folder`); return the state
+    with each one's place marked, and each of the folder's files' sha256 and size."""
+    from .tensor_folder import save_tensors
+
+    tensors: dict[str, torch.Tensor] = {}
+
+    def take(key: str, v: Any) -> Any:
+        if not isinstance(v, torch.Tensor):
+            return v
+        tensors[key] = v.detach()
+        return _IN_DCP
+
+    part = dict(state)
+    part["model"] = {k: take(f"model/{k}", v) for k, v in state["model"].items()}
+    part["optim"] = [
+        {
+            **opt,
+            "state": {
+                i: {k: take(f"optim/{n}/{i}/{k}", v) for k, v in st.items()}
+                for i, st in opt["state"].items()
+            },
+        }
+        for n, opt in enumerate(state["optim"])
+    ]
+    _delete(folder)
+    if not tensors:
+        return part, {}
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    try:
+        save_tensors(tensors, tmp)
+        digests = {p.name: _digest(p) for p in sorted(tmp.iterdir())}
+        fsync_dir(tmp)
+        os.replace(tmp, folder)
+    except BaseException:
+        _delete(tmp)
+        raise
+    return part, digests
+
+
+def _digest(path: Path) -> dict[str, Any]:
+    """A file's sha256 and size, read in chunks."""
+    h, n = hashlib.sha256(), 0
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 24):
+            h.update(chunk)
+            n += len(chunk)
+    return {"sha256": h.hexdigest(), "bytes": n}
+
+
+def _folder(path: Path) -> Path:
+    """The DCP folder of the part of a pipeline's checkpoint in ``path``."""
+    m = SHARD.match(path.name) or {"stage": 0, **(CHECKPOINT.match(path.name) or {"step": -1})}
+    return path.with_name(TENSORS(step=m["step"], stage=m["stage"]))
+
+
+def _check_tensors(path: Path, files: dict[str, Any]) -> None:
+    """Check the DCP folder of ``path``'s part against the checksums its sidecar
+    lists (InputError if a file is missing, extra or bad)."""
+    if not files:
+        return
+    folder = _folder(path)
+    try:
+        there = sorted(p.name for p in folder.iterdir())
+    except OSError as e:
+        raise InputError(
+            f"{path.name}: its tensors' folder {folder.name} cannot be read ({e})"
+        ) from e
+    if there != sorted(files):
+        raise InputError(
+            f"{folder.name} holds {there}, not the files {path.name}'s sidecar lists "
+            f"{sorted(files)}: not this checkpoint's"
+        )
+    for name, want in files.items():
+        try:
+            got = _digest(folder / name)
+        except OSError as e:
+            raise InputError(f"{folder.name}/{name}: cannot be read ({e})") from e
+        if got != {"sha256": want.get("sha256"), "bytes": want.get("bytes")}:
+            raise InputError(f"{folder.name}/{name}: checksum mismatch (truncated or corrupted)")
+
+
+def _load_tensors(path: Path, state: dict[str, Any], read: set[str] | None = None) -> None:
+    """Read the tensors whose places ``state`` (``path``'s part, checked) marks from
+    its DCP folder, in place of the marks; with ``read``, the model's others are put
+    there as meta tensors of their sizes and types, unread."""
+    places: dict[str, tuple[dict[Any, Any], Any]] = {}
+    for k, v in (state.get("model") or {}).items():
+        if isinstance(v, str) and v == _IN_DCP:
+            places[f"model/{k}"] = (state["model"], k)
+    for n, opt in enumerate(state.get("optim") or []):
+        for i, st in opt["state"].items():
+            for k, v in st.items():
+                if isinstance(v, str) and v == _IN_DCP:
+                    places[f"optim/{n}/{i}/{k}"] = (st, k)
+    if not places:
+        return
+    from .tensor_folder import load_tensors, sizes
+
+    folder = _folder(path)
+    try:
+        there = sizes(folder)
+        missing = sorted(set(places) - set(there))
+        if missing:
+            raise InputError(
+                f"{path.name}: its tensors' folder {folder.name} has no {missing[:3]}: "
+                "not this checkpoint's"
+            )
+        skip = {k for k in places if read is not None and k.startswith("model/")}
+        skip -= {f"model/{k}" for k in read or ()}
+        wanted = [k for k in places if k not in skip]
+        tensors = load_tensors(folder, wanted) if wanted else {}
+        for k in skip:
+            tensors[k] = torch.empty(there[k][0], dtype=there[k][1], device="meta")
+    except (OSError, ValueError, RuntimeError) as e:
+        raise InputError(f"{folder.name}: cannot be read ({e})") from e
+    for k, (holder, name) in places.items():
+        holder[name] = tensors[k]
 
 
 class _Hashed:
@@ -139,10 +292,11 @@ def _name(step: int, stage: int) -> str:
 
 
 def _stage_of(name: str) -> int | None:
-    """The stage whose file ``name`` is (0: a checkpoint's own file), None: neither."""
+    """The stage whose file (or tensors' folder) ``name`` is (0: a checkpoint's own
+    file), None: neither."""
     if CHECKPOINT.match(name):
         return 0
-    m = SHARD.match(name)
+    m = SHARD.match(name) or TENSORS.match(name)
     return None if m is None else m["stage"]
 
 
@@ -184,7 +338,11 @@ def _sidecar(path: Path) -> Path:
 
 
 def load(
-    path: str | os.PathLike, keys: set[str] | None = None, mmap: bool = False
+    path: str | os.PathLike,
+    keys: set[str] | None = None,
+    mmap: bool = False,
+    optim: bool = True,
+    read: set[str] | None = None,
 ) -> dict[str, Any]:
     """Load one checkpoint after checking it against its sidecar; InputError if bad.
 
@@ -193,13 +351,19 @@ def load(
     in; with ``keys``, ``model`` holds only those. ``mmap``: the files mapped, not read
     (a tensor's bytes come into memory where it is used), for a caller that copies
     what it uses and keeps none of the tensors (a tensor kept keeps its file mapped);
-    a file of torch's older format, or one that cannot be mapped, is read. Either way
-    the checksum check reads every byte once."""
+    a file of torch's older format, or one that cannot be mapped, is read, and so are
+    a pipeline part's tensors (DCP reads them). ``optim=False``: the optimizer state's
+    tensors are not read (each parameter's entry empty), for a caller that uses the
+    model alone. ``read``: of a pipeline part's model tensors, only these are read, the
+    others come back on the meta device (their shapes and types: a caller checking the
+    whole model's shapes and taking its own stage's tensors). Either way the checksum
+    check reads every byte once."""
     path = Path(path)
     # a stage's resume wants none of the checkpoint's own file's tensors (stage 0's)
     # when its keys are all in shards: that file is then mapped, its tensors dropped
     # without being brought into memory (its run's figures and list of shards kept)
-    state = _load_one(path, mmap, read_if=None if keys is None or mmap else _wants(keys))
+    read_if = None if keys is None or mmap else _wants(keys)
+    state = _load_one(path, mmap, read_if, optim, read)
     shards = state.pop("shards", None)
     if shards:
         model, optim = dict(state["model"]), state["optim"]
@@ -208,7 +372,7 @@ def load(
             if keys is not None and not keys.intersection(sh["keys"]):
                 _verify(f)  # the checkpoint is whole only with it
                 continue
-            part = _load_one(f, mmap)
+            part = _load_one(f, mmap, optim=optim, read=read)
             if set(part["model"]) != set(sh["keys"]):  # a shard of another split's run
                 raise InputError(
                     f"{f.name} does not hold the keys {path.name} lists for stage "
@@ -223,9 +387,10 @@ def load(
     return state
 
 
-def _check(path: Path, f: Any) -> None:
+def _check(path: Path, f: Any) -> dict[str, Any]:
     """Check ``path`` (open as ``f``) against its sidecar, reading it in chunks
-    (InputError if bad); ``f`` is left at its start."""
+    (InputError if bad), and the tensors' folder the sidecar lists, if any; return
+    the sidecar's fields. ``f`` is left at its start."""
     side = _sidecar(path)
     try:
         meta = json.loads(side.read_text())
@@ -241,6 +406,8 @@ def _check(path: Path, f: Any) -> None:
         raise InputError(f"{path.name}: cannot be read ({e})") from e
     if n != meta.get("bytes") or h.hexdigest() != meta.get("sha256"):
         raise InputError(f"{path.name}: checksum mismatch (truncated or corrupted)")
+    _check_tensors(path, meta.get("tensors") or {})
+    return meta
 
 
 def _verify(path: Path) -> None:
@@ -264,35 +431,54 @@ def _wants(keys: set[str]) -> Callable[[dict[str, Any]], bool]:
 
 
 def _load_one(
-    path: Path, mmap: bool = False, read_if: Callable[[dict[str, Any]], bool] | None = None
+    path: Path,
+    mmap: bool = False,
+    read_if: Callable[[dict[str, Any]], bool] | None = None,
+    optim: bool = True,
+    read: set[str] | None = None,
 ) -> dict[str, Any]:
     """The state in ``path``, checked against its sidecar first; mapped with ``mmap``
     where it can be. ``read_if``: the file is mapped, and read only if
     ``read_if(state)`` says its tensors are wanted; else its state comes back without
-    them (no model, no optimizer state: nothing keeps the file mapped)."""
+    them (no model, no optimizer state: nothing keeps the file mapped). ``optim``,
+    ``read``: as :func:`load`'s."""
     try:
         f = path.open("rb")
     except OSError as e:
         raise InputError(f"{path.name}: cannot be read ({e})") from e
     with f:
-        _check(path, f)
-        mapped = None
-        if (mmap or read_if is not None) and zipfile.is_zipfile(f):
-            f.seek(0)
-            # a file system that cannot map it (FUSE with direct_io): read instead
-            with contextlib.suppress(InputError):
-                mapped = _torch_load(path, f, mmap=True)
-        if mapped is not None and read_if is not None and not read_if(mapped):
-            mapped["model"] = {}
-            for st in mapped.get("optim") or []:
-                if isinstance(st, dict):
-                    st["state"] = {}
-            return mapped
-        if mapped is not None and mmap:
-            return mapped
-        del mapped
+        side = _check(path, f)
+        state = _read(path, f, mmap, read_if)
+    if not optim:
+        for st in state.get("optim") or []:
+            if isinstance(st, dict):
+                st["state"] = {}
+    if side.get("tensors"):  # a pipeline's part: its tensors are in its DCP folder
+        _load_tensors(path, state, read)
+    return state
+
+
+def _read(
+    path: Path, f: Any, mmap: bool, read_if: Callable[[dict[str, Any]], bool] | None
+) -> dict[str, Any]:
+    """:func:`_load_one`'s reading of the file ``f`` (checked)."""
+    mapped = None
+    if (mmap or read_if is not None) and zipfile.is_zipfile(f):
         f.seek(0)
-        return _torch_load(path, f, mmap=False)
+        # a file system that cannot map it (FUSE with direct_io): read instead
+        with contextlib.suppress(InputError):
+            mapped = _torch_load(path, f, mmap=True)
+    if mapped is not None and read_if is not None and not read_if(mapped):
+        mapped["model"] = {}
+        for st in mapped.get("optim") or []:
+            if isinstance(st, dict):
+                st["state"] = {}
+        return mapped
+    if mapped is not None and mmap:
+        return mapped
+    del mapped
+    f.seek(0)
+    return _torch_load(path, f, mmap=False)
 
 
 def _torch_load(path: Path, f: Any, mmap: bool) -> dict[str, Any]:

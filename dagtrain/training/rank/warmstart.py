@@ -15,7 +15,9 @@ dict itself. It is read with ``torch.load(weights_only=True)``: it holds no code
 The file is mapped rather than loaded (``mmap``; a file of torch's older format, not a
 zip, is loaded): its shapes are checked without its tensors in memory, and a pipeline
 rank brings into memory only its own stage's tensors, which it copies into its model;
-none of the loaded tensors is kept. (A file with a sidecar is still read once through
+none of the loaded tensors is kept. A pipeline's sharded checkpoint is not mapped (its
+tensors are in DCP folders): a rank reads its own stage's tensors, the others' shapes
+come from the folders' metadata. (A file with a sidecar is still read once through
 for its checksum, every shard of a sharded checkpoint included.)
 """
 
@@ -34,7 +36,7 @@ from dagtrain.errors import InputError
 from dagtrain.records.names import SIDECAR
 
 from . import checkpoint
-from .stages import load_own
+from .stages import load_own, own_state
 
 __all__ = ["check_fits", "init_field", "initial_weights", "load_weights", "shapes_of"]
 
@@ -48,11 +50,15 @@ def init_field(cfg: TrainConfig) -> str:
     return "init_from" if cfg.training.init == "scratch" else FIELD
 
 
-def load_weights(path: str | Path, field: str = FIELD) -> dict[str, torch.Tensor]:
+def load_weights(
+    path: str | Path, field: str = FIELD, read: set[str] | None = None
+) -> dict[str, torch.Tensor]:
     """The model state in ``path``: a dagtrain checkpoint or registry model file (its
     sidecar checked when it has one), or a plain ``torch.save(state_dict)``; the
     ``"model"`` entry of a dict that has one, else the dict itself. Never an optimizer's
-    state. InputError naming ``field`` for a missing, corrupt or foreign file."""
+    state. ``read``: of a sharded checkpoint's tensors, only these are read, the others
+    are meta tensors (:func:`.checkpoint.load`). InputError naming ``field`` for a
+    missing, corrupt or foreign file."""
     p = Path(path)
     if not p.is_file():
         raise InputError(
@@ -63,7 +69,7 @@ def load_weights(path: str | Path, field: str = FIELD) -> dict[str, torch.Tensor
     if p.with_name(SIDECAR(name=p.name)).exists():
         try:
             # (its checksum verified; a file of torch's older format cannot be mapped)
-            state: Any = checkpoint.load(p, mmap=True)
+            state: Any = checkpoint.load(p, mmap=True, optim=False, read=read)
         except InputError as e:
             raise InputError(
                 f"{field}: {e}; use an intact copy or set training.init: scratch"
@@ -155,7 +161,9 @@ def initial_weights(cfg: TrainConfig, model: nn.Module) -> None:
     if not source:
         return
     field = init_field(cfg)
-    state = load_weights(source, field)
+    # a pipeline rank reads its own stage's tensors of a sharded checkpoint (the
+    # others' shapes from its metadata)
+    state = load_weights(source, field, read=set(own_state(model)))
     said = (
         "champion"
         if cfg.training.init == "champion"

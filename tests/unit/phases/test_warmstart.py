@@ -280,3 +280,35 @@ def test_a_model_file_is_mapped_not_read_and_an_old_format_one_read(tmp_path):
     del state
     assert str(new) not in Path("/proc/self/maps").read_text()  # nothing else holds it
     assert torch.equal(load_weights(old)["w"], w)
+
+
+def test_a_pipeline_rank_warm_starts_from_a_sharded_checkpoint_reading_its_stage_only(
+    tmp_path, monkeypatch
+):
+    # a 2-stage checkpoint (each stage's tensors in a DCP folder); a stage-1 rank's
+    # model holds stage 0's blocks on the meta device: it checks the whole model's
+    # shapes (stage 0's from the folder's metadata) and reads its own tensors only
+    state = model_of().state_dict()
+    first = {k: v for k, v in state.items() if k.startswith("1.")}
+    rest = {k: v for k, v in state.items() if k not in first}
+    opt = [{"state": {}, "param_groups": [{"params": list(range(len(state)))}]}]
+    shard = {"file": "ckpt-00000003.stage1.pt", "stage": 1, "keys": sorted(rest), "params": []}
+    checkpoint.save({"model": rest, "optim": opt, "step": 3}, tmp_path, 3, stage=1)
+    main = {"model": first, "optim": opt, "step": 3, "shards": [shard]}
+    path = checkpoint.save(main, tmp_path, 3)
+    read: list[list[str]] = []
+    from dagtrain.training.rank import tensor_folder
+
+    loads = tensor_folder.load_tensors
+
+    def spy(folder, names):
+        read.append(sorted(names))
+        return loads(folder, names)
+
+    monkeypatch.setattr(tensor_folder, "load_tensors", spy)
+    model = model_of()
+    model[1].to("meta")
+    tcfg = TrainConfig(model={"name": "mlp", "args": {"hidden": [8]}}, training={"init": "x"})
+    initial_weights(tcfg.model_copy(update={"init_from": str(path)}), model)
+    assert read == [[f"model/{k}" for k in sorted(rest)]]  # stage 0's never read
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in rest.items())

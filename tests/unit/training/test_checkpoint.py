@@ -171,14 +171,15 @@ def test_each_stage_keeps_its_last_k_and_clears_only_its_own_temp_files(tmp_path
         sharded(tmp_path, step, float(step), keep=1)
     names = sorted(p.name for p in tmp_path.iterdir())
     assert ".ckpt-00000005.stage1.pt.abc" not in names  # stage 1's writer cleared its own
-    # (keep 1 and a sharded checkpoint's margin: each stage keeps 3)
+    # (keep 1 and a sharded checkpoint's margin: each stage keeps 3, each part with its
+    # tensors' DCP folder)
     assert [n for n in names if not n.startswith(".")] == [
-        "ckpt-00000001.pt", "ckpt-00000001.pt.json",
-        "ckpt-00000001.stage1.pt", "ckpt-00000001.stage1.pt.json",
-        "ckpt-00000002.pt", "ckpt-00000002.pt.json",
-        "ckpt-00000002.stage1.pt", "ckpt-00000002.stage1.pt.json",
-        "ckpt-00000003.pt", "ckpt-00000003.pt.json",
-        "ckpt-00000003.stage1.pt", "ckpt-00000003.stage1.pt.json",
+        "ckpt-00000001.pt", "ckpt-00000001.pt.json", "ckpt-00000001.stage0.dcp",
+        "ckpt-00000001.stage1.dcp", "ckpt-00000001.stage1.pt", "ckpt-00000001.stage1.pt.json",
+        "ckpt-00000002.pt", "ckpt-00000002.pt.json", "ckpt-00000002.stage0.dcp",
+        "ckpt-00000002.stage1.dcp", "ckpt-00000002.stage1.pt", "ckpt-00000002.stage1.pt.json",
+        "ckpt-00000003.pt", "ckpt-00000003.pt.json", "ckpt-00000003.stage0.dcp",
+        "ckpt-00000003.stage1.dcp", "ckpt-00000003.stage1.pt", "ckpt-00000003.stage1.pt.json",
     ]  # fmt: skip
     (tmp_path / ".ckpt-00000009.stage1.pt.abc").write_bytes(b"stage 1 writing")
     # stage 0's writer of a 2-stage run leaves stage 1's alone
@@ -242,8 +243,8 @@ def test_shards_of_stages_a_resumed_run_lacks_go_with_their_checkpoint(tmp_path)
     (tmp_path / ".ckpt-00000003.stage1.pt.abc").write_bytes(b"stage 1 killed writing")
     checkpoint.save(state(4), tmp_path, 4, keep=1)  # keeps 4 only: 1-3 rotated out...
     assert not (tmp_path / ".ckpt-00000003.stage1.pt.abc").exists()  # (and its temp)
-    shards = sorted(p.name for p in tmp_path.glob("ckpt-*.stage1.pt*"))
-    assert shards == []  # ...and their stage-1 shards with them
+    shards = sorted(p.name for p in tmp_path.glob("ckpt-*.stage*"))
+    assert shards == []  # ...and their stage-1 shards with them, and the parts' tensors
     # a 2-stage run keeps its own stage 1's shards (their writer rotates them)
     for step in (5, 6):
         sharded(tmp_path, step, float(step), keep=1)
@@ -251,3 +252,121 @@ def test_shards_of_stages_a_resumed_run_lacks_go_with_their_checkpoint(tmp_path)
     # a 1-stage checkpoint written while a 2-stage one's own file is kept: whole still
     checkpoint.save(state(7), tmp_path, 7, keep=3)
     assert checkpoint.load(tmp_path / "ckpt-00000006.pt")["model"]["b"].shape == (3,)
+
+
+def test_a_pipeline_part_keeps_its_tensors_in_a_dcp_folder_that_torch_reads(tmp_path):
+    # each part's tensors go through torch.distributed.checkpoint (no collectives:
+    # no_dist), in DCP's own format; the part's file holds none, only their places,
+    # and its sidecar the folder's files' checksums. torch's own tools read the folder.
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    path = sharded(tmp_path, 10, 1.0)
+    part = torch.load(tmp_path / "ckpt-00000010.stage1.pt", weights_only=True)
+    assert part["model"] == {"b": "<dcp>"} and part["optim"][0]["state"] == {1: {"m": "<dcp>"}}
+    folder = tmp_path / "ckpt-00000010.stage1.dcp"
+    files = sorted(p.name for p in folder.iterdir())
+    assert files == [".metadata", "__0_0.distcp"]
+    meta = json.loads((tmp_path / "ckpt-00000010.stage1.pt.json").read_text())
+    for name in files:
+        data = (folder / name).read_bytes()
+        want = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+        assert meta["tensors"][name] == want
+    dcp_to_torch_save(folder, tmp_path / "stage1.pt")
+    got = torch.load(tmp_path / "stage1.pt", weights_only=True)
+    assert torch.equal(got["model/b"], torch.full((3,), 1.5))
+    assert torch.equal(got["optim/0/1/m"], torch.full((3,), -1.0))
+    whole = checkpoint.load(path)
+    assert torch.equal(whole["optim"][0]["state"][1]["m"], torch.full((3,), -1.0))
+    assert not list(tmp_path.glob(".ckpt-*"))  # no temp folder left
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "missing", "extra"])
+def test_a_part_whose_tensors_are_damaged_is_not_whole(tmp_path, caplog, damage):
+    sharded(tmp_path, 10, 1.0)
+    sharded(tmp_path, 20, 2.0)
+    folder = tmp_path / "ckpt-00000020.stage1.dcp"
+    f = folder / "__0_0.distcp"
+    data = f.read_bytes()
+    if damage == "flip":
+        f.write_bytes(data[:-4] + bytes(b ^ 0xFF for b in data[-4:]))
+    elif damage == "truncate":
+        f.write_bytes(data[:-4])
+    elif damage == "missing":
+        f.unlink()
+    else:
+        (folder / "__1_0.distcp").write_bytes(data)
+    # stage 0 does not read stage 1's tensors, and still skips the checkpoint
+    with caplog.at_level(logging.WARNING):
+        path, got = checkpoint.latest(tmp_path, {"a"})
+    assert path.name == "ckpt-00000010.pt" and torch.equal(got["model"]["a"], torch.ones(2))
+    assert "ckpt-00000020.stage1.dcp" in caplog.text
+
+
+def test_tied_views_and_other_values_come_back_as_saved_and_read_limits_the_read(tmp_path):
+    w = torch.randn(100, 3)
+    model = {"w": w, "tied": w, "v": w[:10], "x": torch.arange(5.0).to(torch.bfloat16)}
+    part = {"model": model, "optim": [{"state": {0: {"step": torch.tensor(3.0), "k": 1}}}]}
+    path = checkpoint.save({**part, "step": 1}, tmp_path, 1, stage=1)
+    got = checkpoint.load(path)
+    assert all(torch.equal(got["model"][k], v) for k, v in model.items())
+    assert got["optim"][0]["state"][0] == {"step": torch.tensor(3.0), "k": 1}
+    # read: only these of the model's tensors come into memory, the others as their
+    # shapes and types (a warm start's check of the whole model); optim=False: none of
+    # the optimizer's
+    got = checkpoint.load(path, read={"w"}, optim=False)
+    assert torch.equal(got["model"]["w"], w) and got["optim"][0]["state"] == {}
+    assert got["model"]["x"].is_meta and got["model"]["x"].dtype == torch.bfloat16
+    assert got["model"]["v"].shape == (10, 3)
+
+
+def test_a_dcp_folder_whose_metadata_holds_other_objects_is_refused(tmp_path):
+    # the metadata is a pickle: read with DCP's metadata types and nothing else
+    import pickle
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    sharded(tmp_path, 10, 1.0)
+    path = sharded(tmp_path, 20, 2.0)
+    folder = tmp_path / "ckpt-00000020.stage0.dcp"
+    (folder / ".metadata").write_bytes(pickle.dumps(Evil()))
+    side = path.with_name(path.name + ".json")
+    meta = json.loads(side.read_text())  # its checksum made to match: the reader refuses
+    data = (folder / ".metadata").read_bytes()
+    meta["tensors"][".metadata"] = {
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "bytes": len(data),
+    }
+    side.write_text(json.dumps(meta))
+    with pytest.raises(checkpoint.InputError, match=r"builtins\.print"):
+        checkpoint.load(path)
+    assert checkpoint.latest(tmp_path)[0].name == "ckpt-00000010.pt"
+
+
+def test_tensors_without_their_part_and_a_killed_writers_folder_are_cleared(tmp_path):
+    sharded(tmp_path, 1, 1.0)
+    # a writer killed after its tensors were in, before its part's file was
+    orphan = tmp_path / "ckpt-00000002.stage1.dcp"
+    orphan.mkdir()
+    (orphan / "__0_0.distcp").write_bytes(b"x")
+    temp = tmp_path / ".ckpt-00000002.stage1.dcp.abc"  # killed while writing them
+    temp.mkdir()
+    (temp / "__0_0.distcp").write_bytes(b"half")
+    sharded(tmp_path, 3, 3.0)
+    assert not orphan.exists() and not temp.exists()
+    assert (tmp_path / "ckpt-00000001.stage1.dcp").is_dir()  # whole checkpoints' kept
+
+
+def test_the_docs_dcp_example_reads_a_stages_tensors(tmp_path, monkeypatch):
+    # docs/parallelism.md's example, run as written in a checkpoint folder
+    import re
+
+    doc = (Path(__file__).parents[3] / "docs/parallelism.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"^```python\n(.*?)^```$", doc, re.S | re.M)
+    (block,) = [b for b in blocks if "dcp_to_torch_save" in b]
+    sharded(tmp_path, 120, 1.0)
+    monkeypatch.chdir(tmp_path)
+    ns: dict = {}
+    exec(compile(block, "docs/parallelism.md", "exec"), ns)
+    assert torch.equal(ns["state"]["model/b"], torch.full((3,), 1.5))
