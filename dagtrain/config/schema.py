@@ -495,13 +495,25 @@ class RunSections(Section):
                 f"training.batch_size {bs} is smaller than "
                 f"distributed.ranks {d.ranks}: each rank needs a sample per step"
             )
-        if d.elastic:
-            if p.stages > 1:
+        if d.elastic and p.stages > 1:
+            # an elastic pipeline's worlds are whole replicas: S x D' ranks
+            if d.fewest_ranks % p.stages:
                 raise ValueError(
                     f"distributed.min_ranks {d.min_ranks} with parallel.stages {p.stages}: "
-                    "elastic runs are data-parallel only for now; set parallel.stages 1 or "
-                    f"leave min_ranks unset (= ranks {d.ranks})"
+                    "an elastic pipeline's world is stages x replicas ranks; set min_ranks "
+                    f"to a multiple of {p.stages} (e.g. {p.stages})"
                 )
+            worlds = range(d.fewest_ranks // p.stages, d.ranks // p.stages + 1)
+            bad = [m for m in worlds if bs % (m * p.microbatches)]
+            if bad:
+                raise ValueError(
+                    f"training.batch_size {bs} does not divide into parallel.microbatches "
+                    f"{p.microbatches} on each of {', '.join(map(str, bad))} replica(s), "
+                    f"worlds that distributed.min_ranks {d.min_ranks}..ranks {d.ranks} allow: "
+                    "make it a multiple of replicas x microbatches for each of them (e.g. "
+                    f"{_lcm_multiple(bs, [m * p.microbatches for m in worlds])})"
+                )
+        elif d.elastic:
             bad = [m for m in range(d.fewest_ranks, d.ranks + 1) if bs % m]
             if bad:
                 raise ValueError(

@@ -192,6 +192,57 @@ def test_a_killed_stage_rank_fails_named_and_the_run_resumes_bitwise(
     assert [e["train_loss"] for e in resumed.epochs] == [e["train_loss"] for e in whole.epochs]
 
 
+@pytest.mark.parametrize("backend", ["torch", "mpi"])
+def test_an_elastic_pipeline_relaunches_its_stages_from_the_newest_checkpoint(
+    tmp_path, backend, monkeypatch
+):
+    # 2 stages x 2 replicas, min_ranks 2: stage 1's second replica (rank 3) is killed
+    # once the checkpoint of step 20 is whole; its slot is used again at once and the
+    # stages resume from the newest sharded checkpoint (a survivor's state alone is
+    # one stage's: no rescue), losing the steps since. Same stages and replicas: the
+    # run ends bit for bit where the one nobody killed does.
+    par = {"stages": 2, "microbatches": 2, "order": "1f1b", "split": [4]}
+    cfg = dict(SLOW, backend=backend, ranks=4, parallel=par)
+    whole = run_training(TrainConfig(**cfg, checkpoint_dir=str(tmp_path / "a")), **QUIET)
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    monkeypatch.setenv("DAGTRAIN_PID_DIR", str(pids))
+    d = tmp_path / "b"
+    box: dict = {}
+    kill = signal_rank(
+        d, pids, 3, signal.SIGKILL, ("ckpt-00000020.pt.json", "ckpt-00000020.stage1.pt.json"), box
+    )
+    worlds: list = []
+
+    def first_world_only(job):
+        worlds.append(job)
+        if len(worlds) == 1:
+            kill(job)
+
+    lines: list[str] = []
+    run = TrainConfig(
+        **cfg,
+        min_ranks=2,
+        checkpoint_dir=str(d),
+        status_dir=str(tmp_path / "ranks"),
+        metrics_file=str(tmp_path / "metrics.jsonl"),
+    )
+    res = run_training(run, on_start=first_world_only, on_line=lines.append)
+    assert "at" in box, "rank 3 was never killed"
+    (change,) = res.world_changes
+    assert (change["change"], change["from"], change["to"]) == ("restart", 4, 4), change
+    assert change["ranks"] == [3], change
+    # from a checkpoint (every 10 steps), the one of step 20 or a later one
+    assert change["step"] % 10 == 0 and change["step"] >= 20, change
+    assert change["steps_lost"] is not None and change["steps_lost"] <= 11, change
+    assert any(x.startswith("dagtrain: world of 4 ranks relaunched at step") for x in lines)
+    assert res.world == 4 and res.steps == whole.steps == 60
+    assert res.params_sha256 == whole.params_sha256  # bitwise
+    assert [e["train_loss"] for e in res.epochs] == [e["train_loss"] for e in whole.epochs]
+    time.sleep(0.5)
+    assert not [p for p in pids.iterdir() if alive(int(p.read_text()))], "orphaned ranks"
+
+
 def test_a_pipeline_checkpoint_resumes_on_other_stages_and_chunks(tmp_path):
     # 20 steps on 4 stages, then on to 50 on 2 stages of 2 chunks each in a V: 4 other
     # parts, rank 0 holding parts 0 and 3 (epoch 0 ends at step 45: its evaluation goes

@@ -85,6 +85,7 @@ class World:
 
     slots: dict[str, int]
     ranks: int
+    unit: int = 1  # a world's size is a multiple of it: a pipeline's stages
     out: Counter = field(default_factory=Counter)  # host -> its slots left out now
     silent: set[str] = field(default_factory=set)
     losses: Counter = field(default_factory=Counter)  # host -> times lost whole
@@ -93,18 +94,20 @@ class World:
     dropped: Counter = field(default_factory=Counter)  # host -> its slots out for the try
 
     @classmethod
-    def of(cls, hosts: Hosts | None, ranks: int) -> World:
+    def of(cls, hosts: Hosts | None, ranks: int, unit: int = 1) -> World:
         """The world of ``ranks`` ranks placed on ``hosts`` (this host when None) as the
-        launchers place them (slots in order, wrapping around past the last)."""
+        launchers place them (slots in order, wrapping around past the last), of a size
+        that is a multiple of ``unit`` (a pipeline's stages: whole replicas)."""
         placed = hosts.placement(ranks) if hosts is not None else [_local()] * ranks
-        return cls(dict(Counter(placed)), ranks)
+        return cls(dict(Counter(placed)), ranks, unit)
 
     def free(self, host: str) -> int:
         return self.slots[host] - self.out[host]
 
     @property
     def size(self) -> int:
-        return min(self.ranks, sum(self.free(h) for h in self.slots))
+        n = min(self.ranks, sum(self.free(h) for h in self.slots))
+        return n - n % self.unit
 
     def leave_out(self, host: str) -> None:
         """``host`` does not answer: every slot of it is out until it does."""
@@ -245,7 +248,7 @@ def run_elastic(
     the module docstring); the last world's TrainResult, with ``world_changes``."""
     d = cfg.distributed
     say = on_line or (lambda line: None)
-    world = World.of(spec, d.ranks)
+    world = World.of(spec, d.ranks, cfg.parallel.stages)
     for host in _silent(spec, list(world.slots)):  # every try starts on the hosts that answer
         world.leave_out(host)
         say(f"dagtrain: host {host} does not answer: this try starts without it")

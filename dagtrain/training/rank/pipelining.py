@@ -195,7 +195,7 @@ class StageStep(StageGraph, StageState):
             self._waiters["allreduce", 0] = Transfers("pipeline-allreduce", backend.rank, t)
         self.none = (0.0,) * len(self.objective.sum_names)
         self.step = 0
-        self.completed = 0  # as StepGraph's (elastic runs are data-parallel only)
+        self.completed = 0  # as StepGraph's (a pipeline rank rescues nothing)
         self.guard = threading.Lock()
         self.skipped = 0
         self.out = self.none

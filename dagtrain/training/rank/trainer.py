@@ -373,7 +373,11 @@ class RankRun:
             total = self.total
             sg.total = total  # the LR is a function of the step and of the run's steps
             if cfg.distributed.elastic and cfg.checkpoint_dir:
-                self.rescue = Rescue(cfg.checkpoint_dir, rank, sg.guard, self.rescued)
+                # a pipeline rank's state is its stage's alone: it saves none (an elastic
+                # pipeline's stages resume from the newest sharded checkpoint), and
+                # still says, when made to stop, that it survived
+                capture = self.rescued if self.keys is None else lambda: None
+                self.rescue = Rescue(cfg.checkpoint_dir, rank, sg.guard, capture)
                 self.rescue.arm()
             batches = _batches(self.ds, cfg, sg.replica, sg.replicas, start, cfg.data_workers)
             upcoming = next(batches, None)

@@ -37,14 +37,38 @@ def test_the_config_refuses_what_an_elastic_world_cannot_do(dist, training, says
     assert says in str(info.value), str(info.value)
 
 
-def test_a_shrinking_pipeline_is_refused_naming_the_fields():
-    with pytest.raises(ValueError) as info:
+def test_an_elastic_pipeline_takes_whole_replicas_and_a_batch_every_world_splits():
+    cfg = TrainConfig(
+        distributed={"backend": "torch", "ranks": 4, "min_ranks": 2},
+        parallel={"stages": 2, "microbatches": 4},
+        batch_size=24,
+    )
+    assert cfg.distributed.elastic
+    with pytest.raises(ValueError) as info:  # 3 ranks is no whole number of replicas
         TrainConfig(
-            distributed={"backend": "torch", "ranks": 4, "min_ranks": 2},
+            distributed={"backend": "torch", "ranks": 4, "min_ranks": 3},
             parallel={"stages": 2},
             batch_size=24,
         )
-    assert "distributed.min_ranks 2 with parallel.stages 2" in str(info.value)
+    assert "distributed.min_ranks 3 with parallel.stages 2" in str(info.value)
+    assert "multiple of 2" in str(info.value)
+    with pytest.raises(ValueError) as info:  # 1 replica: 4 microbatches of 5; 2: no
+        TrainConfig(
+            distributed={"backend": "torch", "ranks": 4, "min_ranks": 2},
+            parallel={"stages": 2, "microbatches": 4},
+            batch_size=20,
+        )
+    assert "parallel.microbatches 4 on each of 2 replica(s)" in str(info.value)
+    assert "e.g. 24" in str(info.value)
+
+
+def test_a_pipelines_world_shrinks_by_whole_replicas():
+    w = World.of(None, 6, unit=2)
+    host = next(iter(w.slots))
+    assert w.size == 6
+    assert w.lose_slot(host, 0) and w.size == 6  # a first loss: its slot used again
+    assert not w.lose_slot(host, 0)  # twice: out; 5 slots left, a world of 2 x 2
+    assert w.size == 4
 
 
 def test_the_batch_error_suggests_a_batch_every_world_splits():
