@@ -65,6 +65,20 @@ def test_the_elastic_yaml_is_an_elastic_config():
     assert d.elastic and (d.ranks, d.fewest_ranks, d.max_world_changes, d.regrow) == (3, 2, 4, True)
 
 
+def test_the_elastic_pipeline_yaml_is_an_elastic_pipeline_config():
+    import yaml
+
+    from dagtrain.config import validate
+
+    block = _block("docs/elastic.md", "# an elastic pipeline")
+    cfg = validate({"name": "example", **yaml.safe_load(block)})
+    d, p = cfg.distributed, cfg.parallel
+    assert d.elastic and (d.ranks, d.fewest_ranks, p.stages) == (4, 2, 2)
+    # one more replica would need a batch of 4 x 3 x ... : 32 does not split 3 ways
+    with pytest.raises(Exception, match="on each of 3 replica"):
+        validate({"name": "x", **yaml.safe_load(block.replace("ranks: 4 ", "ranks: 6 "))})
+
+
 def _block(doc: str, first_line: str) -> str:
     """The fenced block of ``doc`` whose first line is ``first_line``."""
     text = (ROOT / doc).read_text(encoding="utf-8")
