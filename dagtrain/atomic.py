@@ -19,10 +19,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-__all__ = ["append_line", "atomic_write", "fsync_dir"]
+__all__ = ["append_line", "atomic_write", "fsync_dir", "umask"]
 
 
-def _umask() -> int:
+def umask() -> int:
     """This process's umask, read without changing it (Linux), else set and restored."""
     try:
         with open("/proc/self/status") as f:
@@ -43,7 +43,7 @@ def atomic_write(path: Path, data: bytes | Iterable[bytes] | Callable[[BinaryIO]
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        os.fchmod(fd, 0o666 & ~_umask())
+        os.fchmod(fd, 0o666 & ~umask())
         with os.fdopen(fd, "wb") as f:
             if callable(data):
                 data(f)

@@ -495,25 +495,7 @@ class RunSections(Section):
                 f"training.batch_size {bs} is smaller than "
                 f"distributed.ranks {d.ranks}: each rank needs a sample per step"
             )
-        if d.elastic and p.stages > 1:
-            # an elastic pipeline's worlds are whole replicas: S x D' ranks
-            if d.fewest_ranks % p.stages:
-                raise ValueError(
-                    f"distributed.min_ranks {d.min_ranks} with parallel.stages {p.stages}: "
-                    "an elastic pipeline's world is stages x replicas ranks; set min_ranks "
-                    f"to a multiple of {p.stages} (e.g. {p.stages})"
-                )
-            worlds = range(d.fewest_ranks // p.stages, d.ranks // p.stages + 1)
-            bad = [m for m in worlds if bs % (m * p.microbatches)]
-            if bad:
-                raise ValueError(
-                    f"training.batch_size {bs} does not divide into parallel.microbatches "
-                    f"{p.microbatches} on each of {', '.join(map(str, bad))} replica(s), "
-                    f"worlds that distributed.min_ranks {d.min_ranks}..ranks {d.ranks} allow: "
-                    "make it a multiple of replicas x microbatches for each of them (e.g. "
-                    f"{_lcm_multiple(bs, [m * p.microbatches for m in worlds])})"
-                )
-        elif d.elastic:
+        if d.elastic and p.stages == 1:
             bad = [m for m in range(d.fewest_ranks, d.ranks + 1) if bs % m]
             if bad:
                 raise ValueError(
@@ -546,6 +528,24 @@ class RunSections(Section):
                 f"{d.ranks} / parallel.stages {p.stages}): make it a multiple of "
                 f"{replicas * p.microbatches}"
             )
+        if d.elastic:
+            # an elastic pipeline's worlds are whole replicas: S x D' ranks
+            if d.fewest_ranks % p.stages:
+                raise ValueError(
+                    f"distributed.min_ranks {d.min_ranks} with parallel.stages {p.stages}: "
+                    "an elastic pipeline's world is stages x replicas ranks; set min_ranks "
+                    f"to a multiple of {p.stages} (e.g. {p.stages})"
+                )
+            worlds = range(d.fewest_ranks // p.stages, d.ranks // p.stages + 1)
+            bad = [m for m in worlds if bs % (m * p.microbatches)]
+            if bad:
+                raise ValueError(
+                    f"training.batch_size {bs} does not divide into parallel.microbatches "
+                    f"{p.microbatches} on each of {', '.join(map(str, bad))} replica(s), "
+                    f"worlds that distributed.min_ranks {d.min_ranks}..ranks {d.ranks} allow: "
+                    "make it a multiple of replicas x microbatches for each of them (e.g. "
+                    f"{_lcm_multiple(bs, [m * p.microbatches for m in worlds])})"
+                )
         return self
 
     @model_validator(mode="after")

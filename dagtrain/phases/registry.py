@@ -113,8 +113,9 @@ def _evaluated(
     test = load_dataset(data_file(manifest, split), 0.0, 0, False, form)
     info = DataInfo.of(manifest, cfg.objective.name)
     model = build_model(cfg.model.name, info.in_shape, info.classes, info, **cfg.model.args)
-    # mapped: the weights are copied into the model from the file's pages, and the
-    # optimizer state (twice the weights with Adam) never read
+    # mapped: the weights are copied into the model from the file's pages (a
+    # pipeline's DCP shards are read, the model's tensors only), and the optimizer
+    # state (twice the weights with Adam) never read
     model.load_state_dict(checkpoint.load(ckpt, mmap=True, optim=False)["model"])
     return evaluate_samples(model, test.train, split, objective), dict(objective.metrics)
 
@@ -293,8 +294,8 @@ def promote(
     tracker = tracker_of(cfg, run_id, airflow, log)
 
     # verified against its checksum; mapped, not read: its tensors go from the
-    # checkpoint's pages to the model file's, never held whole (nor its optimizer
-    # state read)
+    # checkpoint's pages to the model file's, never held whole (a pipeline's DCP
+    # shards are read: its weights are held once); its optimizer state never read
     state = checkpoint.load(ckpt, mmap=True, optim=False)["model"]
     with _locked(cfg) as reg:
         ok, why = better(cfg, metrics, reg.champion_entry(), directions_of(cfg))

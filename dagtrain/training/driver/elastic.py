@@ -6,7 +6,9 @@ stopped, and :func:`run_elastic` launches the ranks again, on the slots that ans
 as many as there are, at least ``min_ranks``, no more than ``ranks``. The next world's
 rank 0 resumes from the rescue, the global batch and the sample order unchanged
 (each rank's share of a batch is cut for the new world size). A change of world is a
-relaunch, the same for mpi, torch and horovod.
+relaunch, the same for mpi, torch and horovod. A pipeline's world (``parallel.stages``
+S > 1) is whole replicas, S x D' ranks; its survivors save nothing (a stage's state
+alone is no model) and its stages resume from the newest sharded checkpoint.
 
 - **Lost**: a rank killed by a signal, stalled past ``collective_timeout``, or lost
   with its host; every rank lost at once is named (:func:`lost_ranks`). A rank that
@@ -139,6 +141,14 @@ class World:
     def take_back(self, host: str) -> None:
         self.silent.discard(host)
         self.out[host] = self.dropped[host]
+
+    def grows_with(self, hosts: list[str]) -> bool:
+        """Whether taking ``hosts`` back makes the world larger (a pipeline's grows by
+        whole replicas only)."""
+        free = sum(self.free(h) for h in self.slots)
+        free += sum(self.out[h] - self.dropped[h] for h in hosts if h in self.silent)
+        n = min(self.ranks, free)
+        return n - n % self.unit > self.size
 
     def hosts_for(self, spec: Hosts | None) -> Hosts | None:
         """The host list of the world now (None: this host alone)."""
@@ -448,10 +458,12 @@ def _reached(job: Job | None) -> int | None:
 def _probe_left_out(
     world: World, spec: Hosts | None, status_dir: Path, stop: threading.Event, grow: bool
 ) -> None:
-    """While a world runs: probe the hosts of its left-out slots; when one answers, ask
-    the ranks to stop at their next epoch's end (``REGROW``)."""
+    """While a world runs: probe the hosts of its left-out slots; when those that
+    answer would make the world larger (a pipeline's: by a whole replica), ask the
+    ranks to stop at their next epoch's end (``REGROW``)."""
     while grow and world.waiting() and not stop.wait(PROBE_EVERY):
-        if any(answers(spec, h, PROBE_TIMEOUT) for h in world.waiting()):
+        back = [h for h in world.waiting() if answers(spec, h, PROBE_TIMEOUT)]
+        if back and world.grows_with(back):
             (status_dir / REGROW).write_text("a left-out host answers again\n")
             return
 

@@ -46,7 +46,7 @@ from typing import Any
 
 import torch
 
-from dagtrain.atomic import atomic_write, fsync_dir
+from dagtrain.atomic import atomic_write, fsync_dir, umask
 from dagtrain.errors import InputError
 from dagtrain.records.names import CHECKPOINT, SHARD, SIDECAR, TENSORS
 
@@ -178,6 +178,7 @@ def _save_tensors(state: dict[str, Any], folder: Path) -> tuple[dict[str, Any], 
         return part, {}
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:
+        os.chmod(tmp, 0o777 & ~umask())  # (mkdtemp's is 0700: readable as the files are)
         save_tensors(tensors, tmp)
         digests = {p.name: _digest(p) for p in sorted(tmp.iterdir())}
         fsync_dir(tmp)
@@ -245,6 +246,8 @@ def _load_tensors(path: Path, state: dict[str, Any], read: set[str] | None = Non
                     places[f"optim/{n}/{i}/{k}"] = (st, k)
     if not places:
         return
+    from torch.distributed.checkpoint.api import CheckpointException
+
     from .tensor_folder import load_tensors, sizes
 
     folder = _folder(path)
@@ -262,8 +265,10 @@ def _load_tensors(path: Path, state: dict[str, Any], read: set[str] | None = Non
         tensors = load_tensors(folder, wanted) if wanted else {}
         for k in skip:
             tensors[k] = torch.empty(there[k][0], dtype=there[k][1], device="meta")
-    except (OSError, ValueError, RuntimeError) as e:
-        raise InputError(f"{folder.name}: cannot be read ({e})") from e
+    except (OSError, ValueError, RuntimeError, TypeError, AttributeError, CheckpointException) as e:
+        # (DCP's CheckpointException is a BaseException: a latest() skipping a bad
+        # checkpoint catches Exception)
+        raise InputError(f"{folder.name}: cannot be read ({type(e).__name__}: {e})") from e
     for k, (holder, name) in places.items():
         holder[name] = tensors[k]
 
@@ -366,7 +371,7 @@ def load(
     state = _load_one(path, mmap, read_if, optim, read)
     shards = state.pop("shards", None)
     if shards:
-        model, optim = dict(state["model"]), state["optim"]
+        model, optims = dict(state["model"]), state["optim"]
         for sh in shards:
             f = path.with_name(sh["file"])
             if keys is not None and not keys.intersection(sh["keys"]):
@@ -379,7 +384,7 @@ def load(
                     f"{sh['stage']} (a shard of another run's split): not this checkpoint's"
                 )
             model.update(part["model"])
-            for mine, theirs in zip(optim, part["optim"]):
+            for mine, theirs in zip(optims, part["optim"]):
                 mine["state"].update(theirs["state"])
         state["model"] = model
     if keys is not None:

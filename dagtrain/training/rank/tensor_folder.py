@@ -11,6 +11,10 @@ pickle: it is read here with an unpickler that builds DCP's metadata types and n
 else (no ``BytesStorageMetadata``: no item is ever unpickled by torch's
 ``torch.load(weights_only=False)`` of bytes), and every file it names must be one of
 the folder's own. The tensors are read by ``torch.load(weights_only=True)``.
+
+The caller checks the folder's files against their checksums first; DCP then opens
+them again by name, so a file swapped in between is read unchecked (as safely: no
+pickle runs), which only someone who can write the checkpoint folder can do.
 """
 
 from __future__ import annotations
@@ -57,6 +61,10 @@ def load_tensors(folder: Path, names: list[str]) -> dict[str, torch.Tensor]:
     return tensors
 
 
+# torch's dtypes by name, from its namespace as imported (no lazy submodule imported)
+_DTYPES = {n: v for n, v in vars(torch).items() if isinstance(v, torch.dtype)}
+
+
 class _Unpickler(pickle.Unpickler):
     """DCP's metadata types, torch's sizes, dtypes and layouts, a path: nothing else."""
 
@@ -83,8 +91,8 @@ class _Unpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in self.ALLOWED:
             return super().find_class(module, name)
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
+        if module == "torch" and name in _DTYPES:
+            return _DTYPES[name]
         raise pickle.UnpicklingError(
             f"a DCP folder's metadata may not hold {module}.{name}: not a dagtrain checkpoint's"
         )

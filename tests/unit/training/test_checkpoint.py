@@ -370,3 +370,40 @@ def test_the_docs_dcp_example_reads_a_stages_tensors(tmp_path, monkeypatch):
     ns: dict = {}
     exec(compile(block, "docs/parallelism.md", "exec"), ns)
     assert torch.equal(ns["state"]["model/b"], torch.full((3,), 1.5))
+
+
+def test_optim_false_reads_no_shards_optimizer_state(tmp_path, monkeypatch):
+    # a consumer of the model alone (evaluation, promotion, a warm start's check)
+    from dagtrain.training.rank import tensor_folder
+
+    path = sharded(tmp_path, 10, 1.0)
+    read: list[str] = []
+    loads = tensor_folder.load_tensors
+
+    def spy(folder, names):
+        read.extend(names)
+        return loads(folder, names)
+
+    monkeypatch.setattr(tensor_folder, "load_tensors", spy)
+    got = checkpoint.load(path, mmap=True, optim=False)
+    assert sorted(read) == ["model/a", "model/b"]  # every stage's, no optimizer state
+    assert got["optim"][0]["state"] == {} and torch.equal(got["model"]["b"], torch.full((3,), 1.5))
+
+
+def test_a_folder_dcp_cannot_read_is_skipped_like_a_corrupt_checkpoint(tmp_path, caplog):
+    # checksums that match bytes DCP cannot read (DCP raises CheckpointException, a
+    # BaseException): an InputError, and the previous checkpoint is used
+    sharded(tmp_path, 10, 1.0)
+    path = sharded(tmp_path, 20, 2.0)
+    folder = tmp_path / "ckpt-00000020.stage1.dcp"
+    data = b"not a torch.save record" * 10
+    (folder / "__0_0.distcp").write_bytes(data)
+    side = tmp_path / "ckpt-00000020.stage1.pt.json"
+    meta = json.loads(side.read_text())
+    digest = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    meta["tensors"]["__0_0.distcp"] = digest
+    side.write_text(json.dumps(meta))
+    with pytest.raises(checkpoint.InputError, match=r"ckpt-00000020\.stage1\.dcp: cannot be read"):
+        checkpoint.load(path)
+    with caplog.at_level(logging.WARNING):
+        assert checkpoint.latest(tmp_path)[0].name == "ckpt-00000010.pt"

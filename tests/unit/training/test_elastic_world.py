@@ -52,14 +52,14 @@ def test_an_elastic_pipeline_takes_whole_replicas_and_a_batch_every_world_splits
         )
     assert "distributed.min_ranks 3 with parallel.stages 2" in str(info.value)
     assert "multiple of 2" in str(info.value)
-    with pytest.raises(ValueError) as info:  # 1 replica: 4 microbatches of 5; 2: no
+    with pytest.raises(ValueError) as info:  # 3 or 1 replica(s) of 4 microbatches: 2 no
         TrainConfig(
-            distributed={"backend": "torch", "ranks": 4, "min_ranks": 2},
+            distributed={"backend": "torch", "ranks": 6, "min_ranks": 2},
             parallel={"stages": 2, "microbatches": 4},
-            batch_size=20,
+            batch_size=36,
         )
     assert "parallel.microbatches 4 on each of 2 replica(s)" in str(info.value)
-    assert "e.g. 24" in str(info.value)
+    assert "e.g. 48" in str(info.value)  # lcm(4, 8, 12) = 24; the least multiple >= 36
 
 
 def test_a_pipelines_world_shrinks_by_whole_replicas():
@@ -69,6 +69,17 @@ def test_a_pipelines_world_shrinks_by_whole_replicas():
     assert w.lose_slot(host, 0) and w.size == 6  # a first loss: its slot used again
     assert not w.lose_slot(host, 0)  # twice: out; 5 slots left, a world of 2 x 2
     assert w.size == 4
+
+
+def test_a_pipelines_world_grows_only_by_whole_replicas():
+    # 2 stages: hosts b and c (a slot each) are out, 2 ranks run; b alone back would
+    # make 3 slots, still one replica: no regrow; b and c back: 4 ranks, 2 replicas
+    w = World.of(Hosts(("a:2", "b:1", "c:1")), 4, unit=2)
+    w.leave_out("b")
+    w.leave_out("c")
+    assert w.size == 2
+    assert not w.grows_with(["b"]) and w.grows_with(["b", "c"])
+    assert not World.of(Hosts(("a:2", "b:1", "c:1")), 4).grows_with([])
 
 
 def test_the_batch_error_suggests_a_batch_every_world_splits():
