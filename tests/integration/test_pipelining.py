@@ -156,6 +156,19 @@ SLOW = dict(
 )
 
 
+def kill_at_step_20(tmp_path, monkeypatch, rank: int):
+    """(the ranks' pid folder, the checkpoint folder, the kill's box, an ``on_start``
+    that SIGKILLs ``rank`` once both stages' checkpoint of step 20 is whole: each stage
+    writes its own shard)."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    monkeypatch.setenv("DAGTRAIN_PID_DIR", str(pids))
+    d = tmp_path / "b"
+    box: dict = {}
+    both = ("ckpt-00000020.pt.json", "ckpt-00000020.stage1.pt.json")
+    return pids, d, box, signal_rank(d, pids, rank, signal.SIGKILL, both, box)
+
+
 @pytest.mark.parametrize("backend", ["torch", "mpi"])
 def test_a_killed_stage_rank_fails_named_and_the_run_resumes_bitwise(
     tmp_path, backend, monkeypatch
@@ -168,14 +181,7 @@ def test_a_killed_stage_rank_fails_named_and_the_run_resumes_bitwise(
     trial = whole.pipeline["order_trial"]
     assert trial["chosen"] in ("1f1b", "gpipe") and whole.pipeline["order"] == trial["chosen"]
     assert set(trial["median_step_ms"]) == {"1f1b", "gpipe"}, trial
-    pids = tmp_path / "pids"
-    pids.mkdir()
-    monkeypatch.setenv("DAGTRAIN_PID_DIR", str(pids))
-    d = tmp_path / "b"
-    box: dict = {}
-    # once both stages' checkpoint of step 20 is whole (each stage writes its own shard)
-    both = ("ckpt-00000020.pt.json", "ckpt-00000020.stage1.pt.json")
-    kill = signal_rank(d, pids, 1, signal.SIGKILL, both, box)
+    pids, d, box, kill = kill_at_step_20(tmp_path, monkeypatch, 1)
     with pytest.raises(RankFailure) as info:
         run_training(TrainConfig(**cfg, checkpoint_dir=str(d)), on_start=kill, **QUIET)
     assert "at" in box, "rank 1 was never killed"
@@ -205,14 +211,7 @@ def test_an_elastic_pipeline_relaunches_its_stages_from_the_newest_checkpoint(
     par = {"stages": 2, "microbatches": 2, "order": "1f1b", "split": [4]}
     cfg = dict(SLOW, backend=backend, ranks=4, parallel=par)
     whole = run_training(TrainConfig(**cfg, checkpoint_dir=str(tmp_path / "a")), **QUIET)
-    pids = tmp_path / "pids"
-    pids.mkdir()
-    monkeypatch.setenv("DAGTRAIN_PID_DIR", str(pids))
-    d = tmp_path / "b"
-    box: dict = {}
-    kill = signal_rank(
-        d, pids, 3, signal.SIGKILL, ("ckpt-00000020.pt.json", "ckpt-00000020.stage1.pt.json"), box
-    )
+    pids, d, box, kill = kill_at_step_20(tmp_path, monkeypatch, 3)
     worlds: list = []
 
     def first_world_only(job):

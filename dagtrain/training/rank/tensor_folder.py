@@ -8,8 +8,8 @@ The folder is DCP's own format (``__0_0.distcp``, the tensors one after the othe
 ``torch.save`` streams them, and ``.metadata``), which torch's tools read (e.g.
 ``torch.distributed.checkpoint.format_utils.dcp_to_torch_save``). Its metadata is a
 pickle: it is read here with an unpickler that builds DCP's metadata types and nothing
-else (no ``BytesStorageMetadata``: no item is ever unpickled by torch's
-``torch.load(weights_only=False)`` of bytes), and every file it names must be one of
+else (no ``BytesStorageMetadata``: DCP's loading of an item's bytes, which unpickles
+them without torch's weights-only guard, never runs), and every file it names must be one of
 the folder's own. The tensors are read by ``torch.load(weights_only=True)``.
 
 The caller checks the folder's files against their checksums first; DCP then opens
