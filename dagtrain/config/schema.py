@@ -394,9 +394,10 @@ class ParallelConfig(Section):
     order: Order = Field(
         "auto",
         description="gpipe (every forward first: M microbatches alive), 1f1b (a backward "
-        "as soon as it can: about S - s alive on stage s), zero-bubble (backward split into "
-        "input and weight gradients, weights late: fills the bubble at 1f1b's memory, "
-        "but splitting the backward costs more than that on CPU); auto: the faster of "
+        "as soon as it can: about S - s alive on stage s), zero-bubble (as 1f1b, "
+        "with the backwards after a stage's last forward split into input and weight "
+        "gradients, the weights' late: they fill the cooldown's bubble at 1f1b's "
+        "memory); auto: the faster of "
         "gpipe and 1f1b, measured on the first steps (gpipe holds every microbatch's "
         "activations during its 3 trial steps: choose 1f1b where memory is tight)",
     )

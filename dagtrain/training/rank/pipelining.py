@@ -26,9 +26,13 @@ its microbatch), so a send matches its receive whatever order the two ranks post
 in (NCCL ignores tags: chunks are refused there).
 
 The orders are not tables. They are priorities among ready tasks and a token that
-bounds how many of a rank's forwards are alive: a forward (and the receive that feeds
-it) waits for the task that frees the activations of the forward T places before it
-in the order's sequence:
+bounds how many of a rank's forwards are alive: a forward waits for the task that
+frees the activations of the forward T places before it in the order's sequence, and
+the receive that feeds it for the one T + 1 places before (posted before its peer's
+send: gloo's rendezvous then lets the sender write at once, where a receive posted
+after the send waits in the call for the sender's progress thread, 2-5 ms on a busy
+core; one more input buffer a rank; not on NCCL, whose transfers between two ranks
+queue on one stream), a chunk's receives in order:
 
 ============  =========================  ============================================
 order         priorities (first first)   T (forwards alive on stage s)
@@ -36,10 +40,15 @@ order         priorities (first first)   T (forwards alive on stage s)
 gpipe         F, B                       M x v
 1f1b          B, F; with chunks          S - s; with chunks 2(S - s - 1) + (v-1)S + 1
               Megatron-LM's sequence
-zero-bubble   as 1f1b, W last            as 1f1b (W frees them: it fills the bubbles)
+zero-bubble   as 1f1b, W last            as 1f1b (W frees a split one)
 on a V        1f1b, zero-bubble: ZBV's   the most alive in ZBV's sequence
               sequence (torch's)
 ============  =========================  ============================================
+
+zero-bubble splits only the backwards after the rank's last forward in its sequence
+(its cooldown, where the stages after it still run theirs: W fills that wait); every
+other backward is whole, since a split one costs far more on CPU (torch's split walks
+the autograd graph in Python) and the steady state has no bubble for W to fill.
 
 Transfers go before any compute. Activations are values of the graph: ``F``'s result
 is dropped as its last reader (the send and ``B``, or ``W``) ends. Each chunk's weight
@@ -135,8 +144,10 @@ class StageStep(StageGraph, StageState):
         self.module = nn.Sequential(*self.modules)
         first = next(self.module.parameters(), None)
         self.device = first.device if first is not None else torch.device(backend.device)
-        if self.v > 1 and cfg.distributed.backend == "torch" and self.device.type == "cuda":
+        nccl = cfg.distributed.backend == "torch" and self.device.type == "cuda"
+        if self.v > 1 and nccl:
             raise InputError(CHUNKS_ON_NCCL.format(chunks=self.v))  # (device: auto)
+        self.early_receives = not nccl
         described = blocks_of(stages.meta)  # the boundaries' shapes, from the description
         one = to_device(cut(sample, 0, 1), torch.device("meta"))
         self.shapes = boundary_shapes(stages.meta, described, self.split, one)

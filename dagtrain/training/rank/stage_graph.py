@@ -12,7 +12,8 @@ from typing import Any
 from dagtrain.records.trace import Op
 from dagtrain.taskgraph import Event, Ref, TaskGraph
 
-# the orders whose backward is two tasks: B (the input gradient) and W (the weights')
+# the orders that split a backward into two tasks, B (the input gradient) and W (the
+# weights'), where a bubble follows it: the backwards after a rank's last forward
 _SPLIT_ORDERS = ("zero-bubble",)
 
 
@@ -30,6 +31,8 @@ class StageGraph:
     parts: list[int]
     buckets: list[Any]
     split: Any  # (.split.Split)
+    # a receive goes one place before its forward's token (False on NCCL)
+    early_receives = True
 
     def remote(self, part: int, other: int) -> bool:
         raise NotImplementedError  # (the step's)
@@ -71,6 +74,17 @@ class StageGraph:
         # interleaved 1F1B's warm-up (Megatron-LM's), and the forward it overlaps
         return min(n, 2 * (self.S - s - 1) + (self.v - 1) * self.S + 1)
 
+    def _cooldown(self, order: str) -> set[tuple[int, int]]:
+        """The (microbatch, chunk) of the backwards after this rank's last forward in
+        the order's sequence: where the stages after it still run theirs."""
+        if self.split.placement == "v":
+            seq = v_sequence(self.S, self.M, self.stage)
+            last = max(i for i, (op, _, _) in enumerate(seq) if op == "F")
+            return {(m, j) for op, m, j in seq[last + 1 :]}
+        _, bkey = self._keys(order)
+        n, alive = self.M * self.v, self._alive(order)
+        return {(m, j) for m in range(self.M) for j in range(self.v) if bkey(m, j) >= n - alive}
+
     def _build(self, order: str) -> TaskGraph:
         g = TaskGraph(f"pipeline-stage{self.stage}-{order}")
         M, v = self.M, self.v
@@ -106,12 +120,15 @@ class StageGraph:
                     prio["F", m, j], prio["B", m, j] = pf - fkey(m, j), pb - bkey(m, j)
 
         # the backward of each place in the sequence, and the task that frees its
-        # microbatch's activations (where the order splits backward: W)
-        split = [order in _SPLIT_ORDERS and c > 0 for c in self.parts]
+        # microbatch's activations (where the order splits that backward: W; never the
+        # first part's, which has no input gradient to send first)
+        cool = self._cooldown(order) if order in _SPLIT_ORDERS else set()
+        parts = self.parts
+        split = {(m, j): c > 0 and (m, j) in cool for m in range(M) for j, c in enumerate(parts)}
         frees = {}
         for m in range(M):
             for j in range(v):
-                frees[bkey(m, j)] = self._name(Op.WEIGHT if split[j] else Op.BACKWARD, m, j)
+                frees[bkey(m, j)] = self._name(Op.WEIGHT if split[m, j] else Op.BACKWARD, m, j)
         name = self._name
         # the chunk of this rank that runs each part (a V's turn: two of its chunks
         # next to each other, the activation and its gradient handed over in memory)
@@ -122,10 +139,20 @@ class StageGraph:
             self._zero_grads, name="zero-grads", out=[f"grads{j}" for j in range(v)],
             priority=pc,
         )  # fmt: skip
+        # each chunk's last receive's token: a chunk's receives are posted in order
+        posted: dict[int, tuple[str, ...]] = {}
         for m in range(M):
             for j, c in enumerate(self.parts):
                 k = fkey(m, j)
                 token = (frees[k - alive],) if k >= alive else ()
+                # its receive one place earlier, before the peer's send (not on NCCL,
+                # whose transfers between two ranks queue on one stream: its receives
+                # keep the forward's token, as before)
+                early = (frees[k - alive - 1],) if k > alive else ()
+                early = tuple(dict.fromkeys(early + posted.get(j, ())))
+                if not self.early_receives:
+                    early = token
+                posted[j] = early
                 if c > 0 and not self.remote(c, c - 1):
                     inp: Any = Ref(f"act{m}.{local[c - 1]}")
                 elif c > 0:
@@ -133,7 +160,7 @@ class StageGraph:
                     ev = Event()
                     g.add(
                         self._recv_act, m, j, ev, name=name(Op.RECV_ACT, m, j),
-                        out=f"in{m}.{j}", detach=ev, after=token, priority=pc - k,
+                        out=f"in{m}.{j}", detach=ev, after=early, priority=pc - k,
                     )  # fmt: skip
                 else:
                     inp = None
@@ -167,7 +194,7 @@ class StageGraph:
                     dout = Ref(f"dout{m}.{j}")
                 else:  # the input gradient of this rank's next part
                     dout = Ref(f"dx{m}.{local[c + 1]}")
-                if split[j]:
+                if split[m, j]:
                     g.add(
                         self._backward_input, m, j, Ref(f"act{m}.{j}"), dout,
                         name=name(Op.BACKWARD, m, j), out=f"dx{m}.{j}", priority=prio["B", m, j],

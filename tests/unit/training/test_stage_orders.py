@@ -205,3 +205,58 @@ def test_a_vs_ranks_hold_the_first_and_last_parts_and_turn_in_memory():
     assert not any(n.startswith(("send-act", "recv-grad")) and n.endswith(".0") for n in ran[2])
     assert not any(n.startswith(("recv-act", "send-grad")) and n.endswith(".1") for n in ran[2])
     assert any(n.startswith("send-act") and n.endswith(".1") for n in ran[2])
+
+
+def _weights(order: str, S: int, M: int, v: int, placement: str) -> list[set[tuple[int, int]]]:
+    """Each rank's (microbatch, chunk) whose backward its graph splits (has a W)."""
+    split = Split(list(range(1, S * v)), S * v, "explicit", chunks=v, placement=placement)
+    got = []
+    for s in range(S):
+        names = [t.name for t in _Rank(split, s, M)._build(order).tasks]
+        ws = [re.match(r"W(\d+)(?:\.(\d+))?$", n) for n in names]
+        got.append({(int(w.group(1)), int(w.group(2) or 0)) for w in ws if w})
+    return got
+
+
+def test_zero_bubble_splits_the_backwards_after_a_ranks_last_forward():
+    # 1F1B's sequence: stage s runs its last S - s backwards after its last forward;
+    # the first part's backward is never split (no input gradient to send first)
+    assert _weights("zero-bubble", 2, 4, 1, "looped") == [set(), {(3, 0)}]
+    assert _weights("zero-bubble", 4, 8, 1, "looped") == [
+        set(), {(5, 0), (6, 0), (7, 0)}, {(6, 0), (7, 0)}, {(7, 0)}
+    ]  # fmt: skip
+    # a V of 2 (rank 0: parts 0 and 3, rank 1: parts 1 and 2): what follows the last
+    # forward in ZBV's sequence
+    assert _weights("zero-bubble", 2, 4, 2, "v") == [
+        {(3, 1)}, {(2, 0), (2, 1), (3, 0), (3, 1)}
+    ]  # fmt: skip
+    # interleaved (looped, 2 chunks): Megatron-LM's last backwards, past part 0
+    looped = _weights("zero-bubble", 2, 4, 2, "looped")
+    assert looped[1] and all(m >= 2 for m, _ in looped[1]), looped
+    assert not _weights("1f1b", 2, 4, 1, "looped")[1]  # (1f1b splits none)
+
+
+def _before(order: str, S: int, M: int, stage: int, early: bool = True) -> dict[str, set[str]]:
+    """Each task of stage ``stage``'s graph: the names of the tasks it follows."""
+    split = Split(list(range(1, S)), S, "explicit")
+    rank = _Rank(split, stage, M)
+    rank.early_receives = early
+    g = rank._build(order)
+    g.prepare()
+    before: dict[str, set[str]] = {t.name: set() for t in g.tasks}
+    for t in g.tasks:
+        for succ in t:
+            before[succ.name].add(t.name)
+    return before
+
+
+def test_a_receive_is_posted_one_forward_before_its_forward_may_run():
+    # the last of 2 stages under 1f1b (T = 1): F{m} after B{m-1}, its receive after
+    # B{m-2} (and after the chunk's previous receive: posted in order)
+    got = _before("1f1b", 2, 4, 1)
+    assert {"B1"} <= got["F2"] and "B0" not in got["F2"] and "B1" not in got["recv-act2"]
+    assert "B0" in got["recv-act2"] and not {"B0", "B1"} & got["recv-act1"]
+    assert {"B1"} <= got["recv-act3"] and "B2" not in got["recv-act3"]
+    # on NCCL (its transfers between two ranks queue on one stream) the forward's token
+    nccl = _before("1f1b", 2, 4, 1, early=False)
+    assert "B2" in nccl["recv-act3"] and "B1" in nccl["recv-act2"]
