@@ -47,7 +47,9 @@ the live bytes of the tensors autograd saved, counted by
 ``torch.autograd.graph.saved_tensors_hooks`` during one extra, untimed step; dagtrain
 reports its own, and a job of its own per order counts dagtrain's the torch way over a
 few untimed steps, with what is still alive after them). A torch schedule that fails is
-recorded with its error. About 6 minutes a model here (half of it starting 2-rank jobs).
+recorded with its error. About 10 minutes a model here (half of it starting 2-rank jobs):
+5 rounds of 12 timed steps, since with 3 of 8 a system's figure moved by 5-15% from one
+run to the next on these 2 shared cores, as much as the differences measured.
 Writes benchmarks/results/pipeline_throughput.json; with ``--models`` naming only some,
 their entries replace those of the file and the others' are kept (each entry says when
 it was measured).
@@ -779,8 +781,8 @@ def _summarise(name: str, runs: list[dict], m: int, tokens: int = 0) -> dict[str
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=8, help="timed steps per system per round")
-    ap.add_argument("--rounds", type=int, default=3, help="rounds interleaving the systems")
+    ap.add_argument("--steps", type=int, default=12, help="timed steps per system per round")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds interleaving the systems")
     ap.add_argument("--warmup", type=int, default=WARMUP, help="untimed steps per block")
     ap.add_argument("--microbatches", type=int, default=MICROBATCHES)
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated")
