@@ -12,18 +12,18 @@ rank of stage s, for each microbatch m of the step and each of its chunks j (par
 
     recv-act{m}.{j} ─ F{m}.{j} ─ send-act{m}.{j}        (from part c-1 / to c+1)
     recv-grad{m}.{j} ─ B{m}.{j} ─ send-grad{m}.{j}      (from part c+1 / to c-1)
-                         └─ W{m}.{j} ─ ... W{M-1}.{j} ─ allreduce[k] ─ update[k]
+                         └─ (W{m}.{j}) ─ ... ─ allreduce[k] ─ update[k]
 
 (with one chunk the names have no ``.{j}``: ``F3``). ``F`` is the forward (on the last
 part, with the loss), ``B`` the backward: the input gradient alone where the order
-splits it (``W`` then computes the weight gradient, from the intermediates ``B`` kept),
-else the whole backward. The first part has no input gradient to send, so its backward
-is one task. Sends and receives are detached tasks: their body posts the transfer
-(``isend``/``irecv`` on gloo or nccl, ``Isend``/``Irecv`` under mpirun) and the
-transfer's completion, awaited with a deadline by a thread per direction and chunk,
-completes them. Every transfer has a tag of its own (the part it goes into, its way,
-its microbatch), so a send matches its receive whatever order the two ranks post them
-in (NCCL ignores tags: chunks are refused there).
+splits it (zero-bubble's cooldown: ``W`` then computes the weight gradient, from the
+intermediates ``B`` kept), else the whole backward. The first part has no input
+gradient to send, so its backward is one task. Sends and receives are detached tasks:
+their body posts the transfer (``isend``/``irecv`` on gloo or nccl, ``Isend``/``Irecv``
+under mpirun) and the transfer's completion, awaited with a deadline by a thread per
+direction and chunk, completes them. Every transfer has a tag of its own (the part it
+goes into, its way, its microbatch), so a send matches its receive whatever order the
+two ranks post them in (NCCL ignores tags: chunks are refused there).
 
 The orders are not tables. They are priorities among ready tasks and a token that
 bounds how many of a rank's forwards are alive: a forward waits for the task that

@@ -139,8 +139,12 @@ class StageGraph:
             self._zero_grads, name="zero-grads", out=[f"grads{j}" for j in range(v)],
             priority=pc,
         )  # fmt: skip
-        # each chunk's last receive's token: a chunk's receives are posted in order
-        posted: dict[int, tuple[str, ...]] = {}
+        # the freeing task at each place of the backward sequence, and its chunk; and
+        # per chunk, what its last receive waited for (the latest freeing task of each
+        # chunk: a chunk's freeing tasks end in order, chained on its gradients), so
+        # that a chunk's receives are posted in order
+        chunk_at = {bkey(m, j): j for m in range(M) for j in range(v)}
+        posted: dict[int, dict[int, int]] = {}
         for m in range(M):
             for j, c in enumerate(self.parts):
                 k = fkey(m, j)
@@ -148,11 +152,14 @@ class StageGraph:
                 # its receive one place earlier, before the peer's send (not on NCCL,
                 # whose transfers between two ranks queue on one stream: its receives
                 # keep the forward's token, as before)
-                early = (frees[k - alive - 1],) if k > alive else ()
-                early = tuple(dict.fromkeys(early + posted.get(j, ())))
+                waits = dict(posted.get(j, {}))
+                if k > alive:  # the place T + 1 before this forward's
+                    at = k - alive - 1
+                    waits[chunk_at[at]] = max(at, waits.get(chunk_at[at], -1))
+                posted[j] = waits
+                early = tuple(frees[at] for at in sorted(waits.values()))
                 if not self.early_receives:
                     early = token
-                posted[j] = early
                 if c > 0 and not self.remote(c, c - 1):
                     inp: Any = Ref(f"act{m}.{local[c - 1]}")
                 elif c > 0:

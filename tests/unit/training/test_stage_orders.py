@@ -230,9 +230,11 @@ def test_zero_bubble_splits_the_backwards_after_a_ranks_last_forward():
     assert _weights("zero-bubble", 2, 4, 2, "v") == [
         {(3, 1)}, {(2, 0), (2, 1), (3, 0), (3, 1)}
     ]  # fmt: skip
-    # interleaved (looped, 2 chunks): Megatron-LM's last backwards, past part 0
-    looped = _weights("zero-bubble", 2, 4, 2, "looped")
-    assert looped[1] and all(m >= 2 for m, _ in looped[1]), looped
+    # interleaved (looped, 2 chunks; rank 0: parts 0 and 2, rank 1: parts 1 and 3):
+    # Megatron-LM's last backwards (rank 1: its last T = 3), part 0's never
+    assert _weights("zero-bubble", 2, 4, 2, "looped") == [
+        {(2, 1), (3, 1)}, {(3, 1), (2, 0), (3, 0)}
+    ]  # fmt: skip
     assert not _weights("1f1b", 2, 4, 1, "looped")[1]  # (1f1b splits none)
 
 
