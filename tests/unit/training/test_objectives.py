@@ -29,12 +29,23 @@ def sums_of(objective, out, y):
     return s | dict(zip(objective.tallies, objective.tally(out, y)))
 
 
+_gen = torch.Generator().manual_seed(35)
+
+
 @pytest.mark.parametrize(
     ("objective", "out", "y"),
     [
-        (Classification(), torch.randn(12, 5), torch.randint(0, 5, (12,))),
-        (Regression(), torch.randn(12, 3), torch.randn(12, 3)),
-        (LanguageModel(), torch.randn(12, 7, 11), torch.randint(0, 11, (12, 7))),
+        (
+            Classification(),
+            torch.randn(12, 5, generator=_gen),
+            torch.randint(0, 5, (12,), generator=_gen),
+        ),
+        (Regression(), torch.randn(12, 3, generator=_gen), torch.randn(12, 3, generator=_gen)),
+        (
+            LanguageModel(),
+            torch.randn(12, 7, 11, generator=_gen),
+            torch.randint(0, 11, (12, 7), generator=_gen),
+        ),
     ],
 )
 def test_the_sums_of_parts_give_the_metrics_of_the_whole(objective, out, y):
@@ -44,7 +55,9 @@ def test_the_sums_of_parts_give_the_metrics_of_the_whole(objective, out, y):
     split = objective.compute(total)
     assert set(whole) == set(objective.metrics)
     for k, v in whole.items():
-        assert split[k] == pytest.approx(v, rel=1e-6), k
+        # the loss is summed in float32, so a part's sum differs from the whole's in the
+        # 7th digit; R^2 = 1 - loss/spread near 0 magnifies that relatively, not absolutely
+        assert split[k] == pytest.approx(v, rel=1e-6, abs=1e-6), k
 
 
 def test_the_built_in_figures_are_what_they_say():
