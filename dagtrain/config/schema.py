@@ -471,6 +471,13 @@ class ExecutorConfig(Section):
 
     workers: int = Field(2, ge=1, le=64, description="task-graph threads per rank")
     intra_op_threads: int = Field(1, ge=1, le=1024, description="torch threads per rank")
+    keep_freed_memory: bool = Field(
+        True,
+        description="glibc's malloc keeps what a step frees for the next step (no page "
+        "faults each step; a rank holds its peak); false: glibc's defaults. A process "
+        "whose malloc was already chosen (MALLOC_*_ variables, a preloaded allocator) "
+        "keeps its own",
+    )
     trace: bool = Field(
         True,
         description="write Perfetto traces of each epoch's last step (the newest 10) "

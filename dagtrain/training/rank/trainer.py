@@ -31,6 +31,7 @@ from dagtrain.records.result import TrainResult
 from dagtrain.sync import Backend, get_backend
 
 from . import checkpoint
+from .allocator import keep_freed_memory
 from .batches import to_device
 from .data import Dataset, data_form, load_dataset, shard_batches
 from .device import choose_device
@@ -78,6 +79,8 @@ def _batches(
 def train(cfg: TrainConfig, backend: Backend | None = None) -> TrainResult:
     """Run (or resume) training as one rank; returns this rank's TrainResult."""
     torch.set_num_threads(cfg.executor.intra_op_threads)
+    if cfg.executor.keep_freed_memory:
+        keep_freed_memory()  # before the model and the data are built
     own = backend is None
     if backend is None:
         # before anything initialises CUDA: a GPU rank sees its own GPU only
