@@ -9,9 +9,13 @@ step, when the step's gradients and activations go. Either way the next step tou
 fresh pages: the 21M-parameter MLP's two-stage pipeline took about 20,000 page faults a
 step over its two ranks. Here the rank sets glibc's thresholds once, before it builds
 anything: blocks up to :data:`MMAP_THRESHOLD` (glibc's largest) come from the heap, and
-the heap is never trimmed, so a step reuses the pages the step before freed (no faults
-after the first step). What the rank holds stays at its peak, which is what the next
-step needs again; a tensor larger than the threshold is still mapped and unmapped.
+the main heap is never trimmed, so a step reuses the pages the step before freed (no
+faults after the first step). What the rank holds stays at its peak, which is what the
+next step needs again; a tensor larger than the threshold is still mapped and unmapped,
+and a thread's own arena (glibc gives busy threads one) still unmaps a heap of its own
+that is wholly free. The setting is the process's, for good: a program that calls
+:func:`dagtrain.training.train` itself keeps it after the call
+(``executor.keep_freed_memory: false`` leaves its malloc alone).
 
 This is what the allocators PyTorch's CPU tuning guide recommends (jemalloc, tcmalloc)
 do by default. A rank leaves it alone where the process already chose: glibc's malloc
