@@ -270,3 +270,17 @@ def test_evaluation_is_cut_by_output_values_not_only_samples(monkeypatch):
     cut = models.evaluate_samples(model, samples, "test", LanguageModel())
     assert cut["test_correct"] == whole["test_correct"] and cut["test_units"] == 640
     assert cut["test_loss"] == pytest.approx(whole["test_loss"], rel=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_tally_counts_what_argmax_would_with_ties_and_nans(dtype):
+    gen = torch.Generator().manual_seed(7)
+    # small integer scores tie often; a tenth of them NaN (argmax takes NaN as highest)
+    out = torch.randint(-2, 3, (40, 6, 9), generator=gen).to(dtype)
+    out.view(-1)[torch.rand(out.numel(), generator=gen) < 0.1] = float("nan")
+    y = torch.randint(0, 9, (40, 6), generator=gen)
+    assert LanguageModel().tally(out, y) == [int((out.argmax(dim=-1) == y).sum())]
+    flat = out[:, 0]  # (40, 9): classes along dim 1
+    assert Classification().tally(flat, y[:, 0]) == [int((flat.argmax(dim=1) == y[:, 0]).sum())]
+    images = out.reshape(40, 9, 6)  # (N, C, d): a class per value, along dim 1
+    assert Classification().tally(images, y) == [int((images.argmax(dim=1) == y).sum())]
