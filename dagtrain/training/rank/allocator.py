@@ -29,7 +29,7 @@ from __future__ import annotations
 import ctypes
 import os
 
-__all__ = ["MMAP_THRESHOLD", "keep_freed_memory", "whose"]
+__all__ = ["MMAP_THRESHOLD", "keep_freed_memory", "on_glibc", "whose"]
 
 # mallopt's parameters (malloc.h)
 M_TRIM_THRESHOLD = -1
@@ -60,16 +60,22 @@ def whose(env: dict[str, str] | None = None) -> str | None:
     return next((f"LD_PRELOAD ({a})" for a in _PRELOADED if a in preload), None)
 
 
+def on_glibc() -> bool:
+    """Whether this process's C library is glibc."""
+    try:
+        return (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc")
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
 def keep_freed_memory() -> bool:
     """Set glibc's thresholds as the module says; True where they were set, False where
     the process had chosen already or the C library is not glibc."""
-    if whose() is not None:
+    if whose() is not None or not on_glibc():
         return False
     try:
-        if not (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc"):
-            return False
         mallopt = ctypes.CDLL(None).mallopt
-    except (AttributeError, OSError, ValueError):
+    except (AttributeError, OSError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(

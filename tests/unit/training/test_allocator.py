@@ -12,7 +12,7 @@ import pytest
 
 from dagtrain.config import TrainConfig
 from dagtrain.training.rank import allocator
-from dagtrain.training.rank.allocator import keep_freed_memory, whose
+from dagtrain.training.rank.allocator import keep_freed_memory, on_glibc, whose
 
 # a "step": eight 16 MiB blocks made, written and freed, four times after a first one;
 # the page faults of the four
@@ -50,14 +50,7 @@ def faults(mode: str) -> int:
     return int(out.stdout.split()[-1])
 
 
-def _glibc() -> bool:
-    try:
-        return (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc")
-    except (AttributeError, ValueError, OSError):
-        return False
-
-
-@pytest.mark.skipif(not _glibc(), reason="glibc's malloc only")
+@pytest.mark.skipif(not on_glibc(), reason="glibc's malloc only")
 def test_a_step_reuses_the_pages_the_step_before_freed():
     # 4 steps x 128 MiB: 131,072 pages of 4 KiB each time they are faulted in
     assert faults("keep") < 2_000
