@@ -14,7 +14,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
-@pytest.mark.alone  # a benchmark: it times its phases
 def test_a_smoke_run_writes_every_source_and_the_same_parameters(tmp_path):
     out = tmp_path / "data_source.json"
     run = subprocess.run(

@@ -76,7 +76,6 @@ def test_the_language_models_blocks_and_loss_are_dagtrains(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.alone  # a benchmark: it times its phases
 def test_smoke_run_writes_every_figure(tmp_path):
     pytest.importorskip("dagtrain.training.rank.pipelining")
     out = tmp_path / "pipeline.json"
