@@ -9,6 +9,7 @@ model module lies beside the DAG files (``dagtrain_tiny_mine``)."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -18,7 +19,17 @@ import httpx
 import psutil
 import pytest
 
-from .live import DAGTRAIN, PYLIB, REPO, alive, free_port, password_of, run_in_terminal
+from .live import (
+    ANSI,
+    DAGTRAIN,
+    PYLIB,
+    REPO,
+    alive,
+    free_port,
+    password_of,
+    run_in_terminal,
+    trigger,
+)
 
 DAG_IDS = (
     "dagtrain_tiny",
@@ -135,3 +146,29 @@ def airflow(tmp_path_factory):
     while time.monotonic() < deadline and [p for p in family if alive(p)]:
         time.sleep(0.2)
     assert not [p for p in family if alive(p)], "processes outlived dagtrain up"
+
+
+# runs of the session's Airflow that several modules read, made once each (a DAG run
+# here is two ranks, four tasks and a trigger command: tens of seconds of CPU)
+@pytest.fixture(scope="package")
+def two_epochs_trigger(airflow) -> subprocess.CompletedProcess:
+    """``dagtrain trigger --set training.epochs=2 --wait`` of dagtrain_tiny, as the user
+    ran it: test_trigger reads what it printed, test_page the run it made."""
+    return trigger(airflow, "--set", "training.epochs=2", "--wait", "--timeout", "300")
+
+
+@pytest.fixture(scope="package")
+def two_epochs(two_epochs_trigger) -> str:
+    """That run's id: two traced steps, two points a curve."""
+    r = two_epochs_trigger
+    assert r.returncode == 0, r.stdout + r.stderr
+    return re.search(r"triggered dagtrain_tiny run (\S+)", ANSI.sub("", r.stdout)).group(1)
+
+
+@pytest.fixture(scope="package")
+def failed_run(airflow) -> str:
+    """A finished run of dagtrain_tiny_fail: its rank 1 SIGKILLs itself in its 6th step."""
+    r = trigger(airflow, "--wait", "--timeout", "300", dag_id="dagtrain_tiny_fail")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "rank 1" in r.stderr, r.stderr
+    return re.search(r"triggered dagtrain_tiny_fail run (\S+)", ANSI.sub("", r.stdout)).group(1)

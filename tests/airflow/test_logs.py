@@ -11,10 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
 import pytest
 
-from .live import ANSI, DAGTRAIN, REPO, tiny_run_id, trigger
+from .live import DAGTRAIN, REPO, tiny_run_id
 
 pytestmark = pytest.mark.slow
 TASKS = ["prepare_data", "train", "evaluate", "promote"]
@@ -38,23 +37,6 @@ def headers(text: str) -> list[tuple[str, int, int, str | None]]:
         (t, int(n), max([int(n), *(int(k) for k in tries.split(",") if k.strip())]), state)
         for t, n, tries, state in HEADER.findall(text)
     ]
-
-
-@pytest.fixture(scope="module")
-def failed(airflow) -> str:
-    """A finished run of dagtrain_tiny_fail (rank 1 SIGKILLs itself): one the session
-    already has, else one triggered now."""
-    runs = httpx.get(
-        f"{airflow['url']}/api/v2/dags/dagtrain_tiny_fail/dagRuns",
-        params={"state": "failed"},
-        headers=airflow["headers"],
-        timeout=30,
-    ).json()["dag_runs"]
-    if runs:
-        return runs[0]["dag_run_id"]
-    r = trigger(airflow, "--wait", "--timeout", "300", dag_id="dagtrain_tiny_fail")
-    assert r.returncode == 1, r.stdout + r.stderr
-    return re.search(r"triggered dagtrain_tiny_fail run (\S+)", ANSI.sub("", r.stdout)).group(1)
 
 
 def test_the_train_tasks_log_from_the_home_shows_every_ranks_lines(airflow):
@@ -98,9 +80,9 @@ def test_through_the_rest_api_the_same_lines(airflow):
     assert [h[0] for h in headers(every.stdout)] == TASKS, every.stdout + every.stderr
 
 
-def test_a_killed_rank_shows_as_the_tasks_error_with_its_exception(airflow, failed):
+def test_a_killed_rank_shows_as_the_tasks_error_with_its_exception(airflow, failed_run):
     for url in (False, True):
-        r = logs(airflow, failed, url=url)
+        r = logs(airflow, failed_run, url=url)
         assert r.returncode == 0, r.stdout + r.stderr
         assert headers(r.stdout) == [("prepare_data", 1, 1, "success"), ("train", 1, 1, "failed")]
         assert "evaluate: did not run (upstream_failed)" in r.stdout, r.stdout
@@ -115,7 +97,9 @@ def test_a_killed_rank_shows_as_the_tasks_error_with_its_exception(airflow, fail
     from dagtrain.records.layout import ArtifactLayout
 
     metrics = (
-        ArtifactLayout(airflow["art"] / "tiny_fail", "dagtrain_tiny_fail").run(failed).train.metrics
+        ArtifactLayout(airflow["art"] / "tiny_fail", "dagtrain_tiny_fail")
+        .run(failed_run)
+        .train.metrics
     )
     kinds = [json.loads(x) for x in metrics.read_text().splitlines()]
     assert [(k["kind"], k.get("try")) for k in kinds[:2]] == [("try", 1), ("start", None)]
@@ -158,7 +142,7 @@ def test_a_home_without_a_database_says_to_run_first(tmp_path):
     assert "--url" in r.stderr and not (tmp_path / "h").exists()  # nothing made
 
 
-def test_log_files_are_where_airflow_wrote_each_try(airflow, failed):
+def test_log_files_are_where_airflow_wrote_each_try(airflow, failed_run):
     code = (
         "import json, sys\n"
         "from pathlib import Path\n"
@@ -169,7 +153,7 @@ def test_log_files_are_where_airflow_wrote_each_try(airflow, failed):
         " for d, r in zip(sys.argv[2::2], sys.argv[3::2])}))\n"
     )
     argv = [sys.executable, "-c", code, str(airflow["home"])]
-    argv += ["dagtrain_tiny", tiny_run_id(airflow), "dagtrain_tiny_fail", failed]
+    argv += ["dagtrain_tiny", tiny_run_id(airflow), "dagtrain_tiny_fail", failed_run]
     r = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout.splitlines()[-1])

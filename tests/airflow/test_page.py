@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -18,7 +17,7 @@ from urllib.parse import quote, unquote
 import httpx
 import pytest
 
-from .live import ANSI, PYLIB, REPO, free_port, tiny_run_id, trigger
+from .live import PYLIB, REPO, free_port, tiny_run_id
 
 pytestmark = pytest.mark.slow
 PAGE = "/dagtrain/api/dags"
@@ -26,23 +25,6 @@ PAGE = "/dagtrain/api/dags"
 
 def get(airflow, path: str, **kw) -> httpx.Response:
     return httpx.get(f"{airflow['url']}{path}", headers=airflow["headers"], timeout=30, **kw)
-
-
-@pytest.fixture(scope="module")
-def two_epochs(airflow) -> str:
-    """A run of the tiny pipeline with 2 epochs: two traced steps, two points a curve."""
-    r = trigger(airflow, "--set", "training.epochs=2", "--wait", "--timeout", "300")
-    assert r.returncode == 0, r.stdout + r.stderr
-    return re.search(r"triggered dagtrain_tiny run (\S+)", ANSI.sub("", r.stdout)).group(1)
-
-
-@pytest.fixture(scope="module")
-def failed_run(airflow) -> str:
-    """A run of dagtrain_tiny_fail: its rank 1 SIGKILLs itself in its 6th step."""
-    r = trigger(airflow, "--wait", "--timeout", "300", dag_id="dagtrain_tiny_fail")
-    assert r.returncode == 1, r.stdout + r.stderr
-    assert "rank 1" in r.stderr, r.stderr
-    return re.search(r"triggered dagtrain_tiny_fail run (\S+)", ANSI.sub("", r.stdout)).group(1)
 
 
 def test_the_plugin_is_registered_once_without_import_errors(airflow):

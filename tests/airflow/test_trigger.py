@@ -29,8 +29,8 @@ def _run_id(r) -> str:
     return re.search(r"triggered \S+ run (\S+)", r.stdout).group(1)
 
 
-def test_wait_shows_the_stage_and_epoch_lines_of_dagtrain_run_in_order(airflow):
-    r = trigger(airflow, "--set", "training.epochs=2", "--wait", "--timeout", "300")
+def test_wait_shows_the_stage_and_epoch_lines_of_dagtrain_run_in_order(two_epochs_trigger):
+    r = two_epochs_trigger
     assert r.returncode == 0, r.stdout + r.stderr
     order = [
         "following it",
