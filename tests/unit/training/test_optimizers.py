@@ -1,4 +1,5 @@
-"""dagtrain's Adam and AdamW: torch's, their step in slices (optimizers.py)."""
+"""dagtrain's optimizers: torch's (Adam and AdamW their step in slices), none loading torch's
+compiler (optimizers.py)."""
 
 from __future__ import annotations
 
@@ -94,3 +95,70 @@ def test_a_large_parameter_is_cut_and_its_step_counted_once() -> None:
     # each piece's step a copy: the functional step counts it up, not the parameter's
     assert all(s is not step and float(s) == 2.0 for piece in pieces for s in piece[5])
     assert pieces[2][0][0].data_ptr() == p.data_ptr() + 4096 * 4  # a view, not a copy
+
+
+def test_sgd_steps_as_torchs_bit_for_bit() -> None:
+    a, b = twins([(300, 41), (7,)])
+    mine = optimizers.SGD(a, lr=0.1, momentum=0.9, weight_decay=0.01)
+    ref = torch.optim.SGD(b, lr=0.1, momentum=0.9, weight_decay=0.01)
+    for _ in range(3):
+        grads(a, b)
+        mine.step()
+        ref.step()
+    for p, q in zip(a, b):
+        assert torch.equal(p, q)
+        assert torch.equal(mine.state[p]["momentum_buffer"], ref.state[q]["momentum_buffer"])
+    assert isinstance(mine, torch.optim.SGD)
+
+
+# a fresh interpreter: what a rank imports, then each of its optimizers built, stepped,
+# its state out and in, against torch's own (which loads the compiler: last)
+NO_COMPILER = """
+import sys, torch
+from dagtrain.config import TrainConfig
+from dagtrain.training.rank.optimizers import make_optimizer
+
+def run(make):
+    torch.manual_seed(0)
+    p = torch.nn.Parameter(torch.randn(50, 30))
+    o = make([p])
+    for _ in range(3):
+        p.grad = torch.randn(50, 30)
+        o.step()
+        o.zero_grad()
+    o.load_state_dict(o.state_dict())
+    return p.detach().clone()
+
+kw = {"sgd": dict(momentum=0.9, weight_decay=0.01), "adam": dict(weight_decay=0.01),
+      "adamw": dict(weight_decay=0.01)}
+theirs = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
+ours = {}
+for name in kw:
+    cfg = TrainConfig(backend="torch", ranks=1, optimizer=name, lr=0.01, **kw[name])
+    ours[name] = run(lambda ps: make_optimizer(cfg, ps))
+loaded = "torch._dynamo" in sys.modules
+for name in kw:
+    assert torch.equal(ours[name], run(lambda ps: theirs[name](ps, lr=0.01, **kw[name]))), name
+assert "torch._dynamo" in sys.modules  # torch's own load it
+for name in kw:  # and ours, once it is loaded, are torch's with their marks as torch's
+    cfg = TrainConfig(backend="torch", ranks=1, optimizer=name, lr=0.01, **kw[name])
+    assert torch.equal(run(lambda ps: make_optimizer(cfg, ps)), ours[name]), name
+print("loaded" if loaded else "not loaded")
+"""
+
+
+def test_no_optimizer_of_a_rank_loads_torchs_compiler() -> None:
+    """torch imports torch._dynamo (over a second of CPU) to mark its optimizers' methods
+    "not compiled"; dagtrain's make the mark lazily (optimizers.py), and step alike."""
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-c", NO_COMPILER],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == ["not", "loaded"], r.stdout + r.stderr[-2000:]
