@@ -27,14 +27,15 @@ None of them loads torch's compiler. torch imports ``torch._dynamo`` (about 1.2 
 CPU, as much as torch's own import) the first time an optimizer is built or steps,
 only to mark its methods "not to be compiled" (``torch._disable_dynamo``, and SGD's
 step). A rank compiles nothing, so :func:`make_optimizer` has those marks take effect
-lazily (:func:`_uncompiled`): while ``torch._dynamo`` is not loaded nothing can be
-compiling and the method runs as it is; once anything has loaded it, the mark is
-torch's own. A rank starts about 1.2 s of CPU sooner (an elastic world's relaunched
-rank too).
+lazily, in the rank's process (:func:`_uncompiled`): while ``torch._dynamo`` is not
+loaded nothing can be compiling and the method runs as it is; once anything has loaded
+it, the mark is torch's own. A rank starts about 1.2 s of CPU sooner (an elastic
+world's relaunched rank too).
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -125,11 +126,19 @@ class SGD(torch.optim.SGD):
     group is differentiable) without importing the compiler while it is not loaded."""
 
     def step(self, closure: Any = None) -> Any:
-        raw = getattr(torch.optim.SGD.step, "__wrapped__", None)
+        torchs = _step_of(torch.optim.SGD)  # (this class has its own profiler hook)
+        raw = getattr(torchs, "__wrapped__", None)
         if raw is None or _COMPILER in sys.modules:
-            return super().step(closure)
+            return torchs(self, closure)
         with torch.set_grad_enabled(self.defaults["differentiable"]):
             return raw(self, closure)
+
+
+def _step_of(cls: type[torch.optim.Optimizer]) -> Callable[..., Any]:
+    """``cls.step`` as the class defines it, without the profiler's hook that torch puts
+    around it once an instance exists (``Optimizer._patch_step_function``)."""
+    step = cls.step
+    return step.__wrapped__ if getattr(step, "hooked", False) else step
 
 
 class Adam(_Sliced, torch.optim.Adam):
@@ -142,24 +151,27 @@ class AdamW(_Sliced, torch.optim.AdamW):
 
 _COMPILER = "torch._dynamo"
 # what torch marks "not to be compiled" (``torch._disable_dynamo``) that a rank calls:
-# building an optimizer, its state in and out, Adam's update
+# building an optimizer, its state in and out (torch's functional ``adam`` calls its
+# marked version only while compiling: it imports nothing otherwise)
 _MARKED = (
     torch.optim.Optimizer.add_param_group,
     torch.optim.Optimizer.zero_grad,
     torch.optim.Optimizer.state_dict,
     torch.optim.Optimizer.load_state_dict,
-    adam,
 )
 
 
 def _uncompiled() -> None:
-    """Each marked function's mark, made lazy: torch's ``_disable_dynamo`` imports the
-    compiler on a function's first call to build its "disabled" version, and keeps it
-    on the function (``__dynamo_disable``). Kept there beforehand is one that calls the
-    function as it is while the compiler is not loaded (nothing can be compiling), and
-    builds torch's own, as torch would, once it is. A function torch no longer wraps
-    so (no ``__wrapped__``) is left as it is: torch then imports its compiler, as it
-    did."""
+    """Each marked function's mark, made lazy, in this process: torch's
+    ``_disable_dynamo`` imports the compiler on a function's first call to build its
+    "disabled" version, and keeps it on the function (``__dynamo_disable``). Kept there
+    beforehand is one that calls the function as it is while the compiler is not loaded
+    (nothing can be compiling), and, once it is, builds torch's own, as torch would, and
+    puts it in its place. With the compiler loaded already (a model factory that
+    compiles), nothing is changed; nor is a function torch no longer wraps so (no
+    ``__wrapped__``): torch then imports its compiler, as it did."""
+    if _COMPILER in sys.modules:
+        return
     for marked in _MARKED:
         fn = getattr(marked, "__wrapped__", None)
         if fn is None or getattr(fn, "__dynamo_disable", None) is not None:
@@ -168,14 +180,12 @@ def _uncompiled() -> None:
 
 
 def _lazy_mark(fn: Callable[..., Any]) -> Callable[..., Any]:
-    real: Callable[..., Any] | None = None
-
     def call(*args: Any, **kwargs: Any) -> Any:
-        nonlocal real
-        if real is None:
-            if _COMPILER not in sys.modules:
-                return fn(*args, **kwargs)
-            real = sys.modules[_COMPILER].disable(fn, True, wrapping=False)
+        if _COMPILER not in sys.modules:
+            return fn(*args, **kwargs)
+        # (an import, not sys.modules: another thread may be importing it now)
+        real = importlib.import_module(_COMPILER).disable(fn, True, wrapping=False)
+        fn.__dynamo_disable = real  # torch's own from now on
         return real(*args, **kwargs)
 
     return call

@@ -111,10 +111,13 @@ def test_sgd_steps_as_torchs_bit_for_bit() -> None:
     assert isinstance(mine, torch.optim.SGD)
 
 
-# a fresh interpreter: what a rank imports, then each of its optimizers built, stepped,
-# its state out and in, against torch's own (which loads the compiler: last)
+# a fresh interpreter with what a rank imports: each of its optimizers built, stepped
+# (step hooks called once a step), its state out and in; a plain torch SGD built beside
+# them (torch hooks its class's step); then torch's own, which load the compiler, and
+# ours again, their marks now torch's
 NO_COMPILER = """
 import sys, torch
+import dagtrain.training.rank.__main__
 from dagtrain.config import TrainConfig
 from dagtrain.training.rank.optimizers import make_optimizer
 
@@ -122,27 +125,32 @@ def run(make):
     torch.manual_seed(0)
     p = torch.nn.Parameter(torch.randn(50, 30))
     o = make([p])
+    calls = []
+    o.register_step_pre_hook(lambda *a: calls.append(1))
     for _ in range(3):
         p.grad = torch.randn(50, 30)
         o.step()
         o.zero_grad()
     o.load_state_dict(o.state_dict())
+    assert len(calls) == 3, calls
     return p.detach().clone()
 
 kw = {"sgd": dict(momentum=0.9, weight_decay=0.01), "adam": dict(weight_decay=0.01),
       "adamw": dict(weight_decay=0.01)}
 theirs = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
-ours = {}
-for name in kw:
-    cfg = TrainConfig(backend="torch", ranks=1, optimizer=name, lr=0.01, **kw[name])
-    ours[name] = run(lambda ps: make_optimizer(cfg, ps))
+cfgs = {n: TrainConfig(backend="torch", ranks=1, optimizer=n, lr=0.01, **kw[n]) for n in kw}
+ours = {n: run(lambda ps: make_optimizer(cfgs[n], ps)) for n in kw}
+torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+assert torch.equal(run(lambda ps: make_optimizer(cfgs["sgd"], ps)), ours["sgd"])
 loaded = "torch._dynamo" in sys.modules
-for name in kw:
-    assert torch.equal(ours[name], run(lambda ps: theirs[name](ps, lr=0.01, **kw[name]))), name
-assert "torch._dynamo" in sys.modules  # torch's own load it
-for name in kw:  # and ours, once it is loaded, are torch's with their marks as torch's
-    cfg = TrainConfig(backend="torch", ranks=1, optimizer=name, lr=0.01, **kw[name])
-    assert torch.equal(run(lambda ps: make_optimizer(cfg, ps)), ours[name]), name
+for n in kw:
+    assert torch.equal(ours[n], run(lambda ps: theirs[n](ps, lr=0.01, **kw[n]))), n
+assert "torch._dynamo" in sys.modules
+for n in kw:
+    assert torch.equal(run(lambda ps: make_optimizer(cfgs[n], ps)), ours[n]), n
+for m in ("add_param_group", "zero_grad", "state_dict", "load_state_dict"):
+    mark = getattr(torch.optim.Optimizer, m).__wrapped__.__dynamo_disable
+    assert getattr(mark, "_torchdynamo_disable", False), m  # torch's own
 print("loaded" if loaded else "not loaded")
 """
 
