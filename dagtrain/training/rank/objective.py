@@ -242,7 +242,7 @@ def checked_loss(objective: Objective, output: torch.Tensor, target: Any, spec: 
             f"objective.name {spec!r}: tally() gave {len(tallied)} value(s) for tallies "
             f"{tuple(objective.tallies)}"
         )
-    sums = dict(zip(objective.tallies, tallied)) | {"loss": float(loss), "units": 1.0}
+    sums = dict(zip(objective.tallies, tallied)) | {"loss": float(loss.detach()), "units": 1.0}
     got = objective.compute(sums)
     absent = [m for m in objective.metrics if m not in got]
     if absent:
