@@ -27,22 +27,21 @@ None of them loads torch's compiler. torch imports ``torch._dynamo`` (about 1.2 
 CPU, as much as torch's own import) the first time an optimizer is built or steps,
 only to mark its methods "not to be compiled" (``torch._disable_dynamo``, and SGD's
 step). A rank compiles nothing, so :func:`make_optimizer` has those marks take effect
-lazily, in the rank's process (:func:`_uncompiled`): while ``torch._dynamo`` is not
-loaded nothing can be compiling and the method runs as it is; once anything has loaded
-it, the mark is torch's own. A rank starts about 1.2 s of CPU sooner (an elastic
-world's relaunched rank too).
+lazily (:mod:`dagtrain.training.rank.uncompiled`), and SGD's step runs as torch's
+decorator runs it while the compiler is not loaded. A rank starts about 1.2 s of CPU
+sooner (an elastic world's relaunched rank too).
 """
 
 from __future__ import annotations
 
-import importlib
-import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from torch.optim.adam import adam
+
+from dagtrain.training.rank.uncompiled import compiler_loaded, leave_compiler_unloaded
 
 if TYPE_CHECKING:
     from dagtrain.config import TrainConfig
@@ -128,7 +127,7 @@ class SGD(torch.optim.SGD):
     def step(self, closure: Any = None) -> Any:
         torchs = _step_of(torch.optim.SGD)  # (this class has its own profiler hook)
         raw = getattr(torchs, "__wrapped__", None)
-        if raw is None or _COMPILER in sys.modules:
+        if raw is None or compiler_loaded():
             return torchs(self, closure)
         with torch.set_grad_enabled(self.defaults["differentiable"]):
             return raw(self, closure)
@@ -149,50 +148,8 @@ class AdamW(_Sliced, torch.optim.AdamW):
     """torch's AdamW, its step in slices."""
 
 
-_COMPILER = "torch._dynamo"
-# what torch marks "not to be compiled" (``torch._disable_dynamo``) that a rank calls:
-# building an optimizer, its state in and out (torch's functional ``adam`` calls its
-# marked version only while compiling: it imports nothing otherwise)
-_MARKED = (
-    torch.optim.Optimizer.add_param_group,
-    torch.optim.Optimizer.zero_grad,
-    torch.optim.Optimizer.state_dict,
-    torch.optim.Optimizer.load_state_dict,
-)
-
-
-def _uncompiled() -> None:
-    """Each marked function's mark, made lazy, in this process: torch's
-    ``_disable_dynamo`` imports the compiler on a function's first call to build its
-    "disabled" version, and keeps it on the function (``__dynamo_disable``). Kept there
-    beforehand is one that calls the function as it is while the compiler is not loaded
-    (nothing can be compiling), and, once it is, builds torch's own, as torch would, and
-    puts it in its place. With the compiler loaded already (a model factory that
-    compiles), nothing is changed; nor is a function torch no longer wraps so (no
-    ``__wrapped__``): torch then imports its compiler, as it did."""
-    if _COMPILER in sys.modules:
-        return
-    for marked in _MARKED:
-        fn = getattr(marked, "__wrapped__", None)
-        if fn is None or getattr(fn, "__dynamo_disable", None) is not None:
-            continue
-        fn.__dynamo_disable = _lazy_mark(fn)
-
-
-def _lazy_mark(fn: Callable[..., Any]) -> Callable[..., Any]:
-    def call(*args: Any, **kwargs: Any) -> Any:
-        if _COMPILER not in sys.modules:
-            return fn(*args, **kwargs)
-        # (an import, not sys.modules: another thread may be importing it now)
-        real = importlib.import_module(_COMPILER).disable(fn, True, wrapping=False)
-        fn.__dynamo_disable = real  # torch's own from now on
-        return real(*args, **kwargs)
-
-    return call
-
-
 def make_optimizer(cfg: TrainConfig, params: list[nn.Parameter]) -> torch.optim.Optimizer:
-    _uncompiled()
+    leave_compiler_unloaded()
     t = cfg.training
     if t.optimizer == "sgd":
         # not fused=True: torch's fused CPU kernel is faster (21M parameters: 18 -> 11 ms)

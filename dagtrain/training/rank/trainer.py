@@ -45,6 +45,7 @@ from .rescue import Rescue, newest, remove_rescues
 from .samples import loader
 from .stages import build_stages, load_own, own_state
 from .step import StepGraph
+from .uncompiled import leave_compiler_unloaded
 from .warmstart import initial_weights
 
 __all__ = ["TrainResult", "train"]
@@ -79,6 +80,7 @@ def _batches(
 def train(cfg: TrainConfig, backend: Backend | None = None) -> TrainResult:
     """Run (or resume) training as one rank; returns this rank's TrainResult."""
     torch.set_num_threads(cfg.executor.intra_op_threads)
+    leave_compiler_unloaded()  # (torch's and the model's modules imported by now)
     if cfg.executor.keep_freed_memory:
         keep_freed_memory()  # before the model and the data are built
     own = backend is None

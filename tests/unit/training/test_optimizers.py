@@ -111,15 +111,26 @@ def test_sgd_steps_as_torchs_bit_for_bit() -> None:
     assert isinstance(mine, torch.optim.SGD)
 
 
-# a fresh interpreter with what a rank imports: each of its optimizers built, stepped
-# (step hooks called once a step), its state out and in; a plain torch SGD built beside
-# them (torch hooks its class's step); then torch's own, which load the compiler, and
-# ours again, their marks now torch's
+# a fresh interpreter with what a rank imports: the built-in transformer's forward on
+# the meta device (a pipeline rank's description of its stages: torch's meta kernels and
+# decompositions, which torch marks too); each of its optimizers built, stepped (step
+# hooks called once a step), its state out and in; a plain torch SGD built beside them
+# (torch hooks its class's step); then torch's own optimizers, which load the compiler,
+# and ours again, their marks now torch's
 NO_COMPILER = """
 import sys, torch
 import dagtrain.training.rank.__main__
 from dagtrain.config import TrainConfig
+from dagtrain.training.rank.models import build_model
 from dagtrain.training.rank.optimizers import make_optimizer
+from dagtrain.training.rank.uncompiled import leave_compiler_unloaded
+
+# a pipeline rank's description of its stages: the model on the meta device, forward
+leave_compiler_unloaded()  # (what a rank's train() does first)
+with torch.device("meta"):
+    described = build_model("transformer", (8, 8), 10, layers=2, dim=32, heads=4)
+    with torch.no_grad():
+        shape = tuple(described(torch.zeros(1, 8, 8)).shape)
 
 def run(make):
     torch.manual_seed(0)
@@ -151,13 +162,16 @@ for n in kw:
 for m in ("add_param_group", "zero_grad", "state_dict", "load_state_dict"):
     mark = getattr(torch.optim.Optimizer, m).__wrapped__.__dynamo_disable
     assert getattr(mark, "_torchdynamo_disable", False), m  # torch's own
+with torch.device("meta"), torch.no_grad():
+    assert tuple(described(torch.zeros(1, 8, 8)).shape) == shape == (1, 10)
 print("loaded" if loaded else "not loaded")
 """
 
 
 def test_no_optimizer_of_a_rank_loads_torchs_compiler() -> None:
     """torch imports torch._dynamo (over a second of CPU) to mark its optimizers' methods
-    "not compiled"; dagtrain's make the mark lazily (optimizers.py), and step alike."""
+    and its meta kernels "not compiled"; a rank makes the marks lazy (uncompiled.py), and
+    its SGD steps alike."""
     import subprocess
     import sys
 
