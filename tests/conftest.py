@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 
 import pytest
 
 _home = tempfile.mkdtemp(prefix="dagtrain-test-airflow-")
+atexit.register(shutil.rmtree, _home, ignore_errors=True)
 # set, not defaulted: a developer's own AIRFLOW_HOME must never see the tests
 os.environ["AIRFLOW_HOME"] = _home
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"

@@ -4,10 +4,13 @@ under mpirun. Nothing here is mocked."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -34,6 +37,15 @@ def small(**kw) -> TrainConfig:
         "collective_timeout": 30,
     }
     return TrainConfig(**{**base, **kw})
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A temporary folder with a short path (mpirun's PMIx puts its sockets in it, and a
+    socket's path may not pass 107 bytes), removed after the test."""
+    folder = Path(tempfile.mkdtemp(prefix="dt-"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def final_params(directory: Path) -> dict[str, torch.Tensor]:
@@ -254,7 +266,9 @@ def test_a_rank_hung_before_its_first_collective_is_named_and_nothing_hangs(tmp_
 @pytest.mark.parametrize(
     ("backend", "launcher"), [("mpi", "mpirun"), ("torch", "direct"), ("torch", "torchrun")]
 )
-def test_sigkill_of_the_launching_process_leaves_no_rank_behind(tmp_path, backend, launcher):
+def test_sigkill_of_the_launching_process_leaves_no_rank_behind(
+    tmp_path, short_tmp, backend, launcher
+):
     pids = tmp_path / "pids"
     pids.mkdir()
     code = (
@@ -263,7 +277,9 @@ def test_sigkill_of_the_launching_process_leaves_no_rank_behind(tmp_path, backen
         "model='tests.unit.training.factory:slow'), 2, "
         f"launcher={launcher!r}, on_line=lambda line: None)\n"
     )
-    env = {**os.environ, "DAGTRAIN_PID_DIR": str(pids)}
+    # (a SIGKILLed launcher cannot remove its temporary folders: they go where the test
+    # removes them)
+    env = {**os.environ, "DAGTRAIN_PID_DIR": str(pids), "TMPDIR": str(short_tmp)}
     parent = subprocess.Popen([sys.executable, "-c", code], env=env)
     deadline = time.monotonic() + 60
     while len(list(pids.iterdir())) < 2 and time.monotonic() < deadline:
