@@ -126,9 +126,7 @@ def test_a_sharded_checkpoint_loads_whole_or_by_keys_and_needs_every_shard(tmp_p
     assert checkpoint.latest(tmp_path)[0].name == "ckpt-00000010.pt"
 
 
-def test_a_stage_that_wants_none_of_the_checkpoints_own_file_maps_it_unread(
-    tmp_path, monkeypatch
-):
+def test_a_stage_that_wants_none_of_the_checkpoints_own_file_maps_it_unread(tmp_path, monkeypatch):
     # stage 1 reads the checkpoint's own file (stage 0's) for the run's figures and its
     # list of shards only: mapped, its tensors dropped unread, nothing left mapped
     # (Linux: /proc/self/maps); stage 0 wants them: read, not mapped
