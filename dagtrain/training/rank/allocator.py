@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Mapping
 
 __all__ = ["MMAP_THRESHOLD", "keep_freed_memory", "on_glibc", "whose"]
 
@@ -47,10 +48,10 @@ _GLIBC_VARIABLES = (
 _PRELOADED = ("jemalloc", "tcmalloc", "mimalloc")
 
 
-def whose(env: dict[str, str] | None = None) -> str | None:
+def whose(env: Mapping[str, str] | None = None) -> str | None:
     """Who already chose how this process's malloc behaves (a variable's name, or the
     preloaded allocator), or None."""
-    env = dict(os.environ) if env is None else env
+    env = os.environ if env is None else env
     for name in _GLIBC_VARIABLES:
         if name in env:
             return name
