@@ -7,6 +7,8 @@ import atexit
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -50,3 +52,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "pipeline_grid" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A temporary folder with a short path, removed after the test: the ``TMPDIR`` of a
+    launcher a test SIGKILLs, which cannot remove its own temporary folders (mpirun's
+    PMIx puts its sockets in it, and a socket's path may not pass 107 bytes)."""
+    folder = Path(tempfile.mkdtemp(prefix="dt-"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)

@@ -4,13 +4,10 @@ under mpirun. Nothing here is mocked."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -37,15 +34,6 @@ def small(**kw) -> TrainConfig:
         "collective_timeout": 30,
     }
     return TrainConfig(**{**base, **kw})
-
-
-@pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    """A temporary folder with a short path (mpirun's PMIx puts its sockets in it, and a
-    socket's path may not pass 107 bytes), removed after the test."""
-    folder = Path(tempfile.mkdtemp(prefix="dt-"))
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 def final_params(directory: Path) -> dict[str, torch.Tensor]:

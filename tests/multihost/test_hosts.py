@@ -164,7 +164,7 @@ def test_torchrun_losing_a_host_fails_fast_naming_the_rank_and_the_host(net: Net
 
 @pytest.mark.parametrize(("backend", "launcher"), [("torch", "torchrun"), ("mpi", "mpirun")])
 def test_sigkill_of_the_launching_process_leaves_no_rank_on_any_host(
-    net: Net, tmp_path, backend, launcher
+    net: Net, tmp_path, short_tmp, backend, launcher
 ):
     """Nothing of the job survives its launcher, however it dies: here SIGKILL, which
     no handler sees. torchrun's remote nodes see their input end; mpirun's daemons lose
@@ -188,7 +188,7 @@ def test_sigkill_of_the_launching_process_leaves_no_rank_on_any_host(
         "model='tests.unit.training.factory:slow', collective_timeout=60)\n"
         f"run_training(cfg, 2, launcher={launcher!r}, hosts=hosts, on_line=lambda l: None)\n"
     )
-    env = {**os.environ, MARK: net.tag, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, MARK: net.tag, "PYTHONPATH": str(ROOT), "TMPDIR": str(short_tmp)}
     parent = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=ROOT)
     try:
         wait_for("both ranks started", lambda: len(list(pids.iterdir())) == 2, 120)
