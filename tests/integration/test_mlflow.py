@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -220,7 +219,8 @@ def test_runs_retries_the_champion_alias_and_a_server_lost_mid_run_follow_dagtra
         assert reg["champion"] == 2
 
         # the third run: trained and kept by dagtrain; what MLflow missed is pending
-        third = xcom_run_id(tmp_path, runs[2])
+        values = return_values(tmp_path, "dagtrain_mlf")
+        third = run_id_of(values, runs[2])
         logs = tmp_path / "home" / "logs"
         texts = {}
         for task in ("train", "evaluate", "promote"):
@@ -229,7 +229,7 @@ def test_runs_retries_the_champion_alias_and_a_server_lost_mid_run_follow_dagtra
             assert text.count(f"MLflow tracking: connection '{CONN}'") == 1, (task, text[-3000:])
         pending = [i["part"] for i in read_json(runs[2] / "mlflow-pending.json")["pending"]]
         assert {"train", "evaluate", "promote"} <= set(pending), pending
-        train_xcom = xcom(tmp_path, "train", third)
+        train_xcom = values[third]["train"]
         assert train_xcom["tracking"]["ok"] is False
         assert train_xcom["tracking"]["connection"] == CONN
         assert train_xcom["tracking"]["error"]
@@ -292,29 +292,43 @@ def test_runs_retries_the_champion_alias_and_a_server_lost_mid_run_follow_dagtra
         server.stop()
 
 
-def _xcoms(tmp_path: Path) -> list[tuple[str, str, Any]]:
-    con = sqlite3.connect(tmp_path / "home" / "airflow" / "airflow.db")
-    try:
-        rows = con.execute(
-            "SELECT task_id, run_id, value FROM xcom WHERE key = 'return_value'"
-        ).fetchall()
-    finally:
-        con.close()
-    out = []
-    for task, run_id, value in rows:
-        v = json.loads(value) if isinstance(value, str | bytes) else value
-        out.append((task, run_id, json.loads(v) if isinstance(v, str) else v))
-    return out
+# the return values of a DAG's runs, through Airflow's own models, in a process of the
+# home `dagtrain run` used (the test's process has an Airflow of its own)
+RETURN_VALUES = """
+import json, sys
+from airflow.models.dagrun import DagRun
+from airflow.models.xcom import XComModel
+from airflow.utils.session import create_session
+
+dag_id, out = sys.argv[1], {}
+with create_session() as session:
+    for run in DagRun.find(dag_id=dag_id, session=session):
+        q = XComModel.get_many(run_id=run.run_id, key="return_value", dag_ids=dag_id)
+        out[run.run_id] = {x.task_id: XComModel.deserialize_value(x) for x in session.scalars(q)}
+print(json.dumps(out))
+"""
 
 
-def xcom(tmp_path: Path, task: str, run_id: str) -> dict[str, Any]:
-    (value,) = [v for t, r, v in _xcoms(tmp_path) if t == task and r == run_id]
-    return value
+def return_values(tmp_path: Path, dag_id: str) -> dict[str, dict[str, Any]]:
+    """{Airflow run id: {task id: its XCom return value}} of ``dag_id``'s runs."""
+    from dagtrain.cli.embedded import Home
+
+    env = {**os.environ, **Home(tmp_path / "home", tmp_path / "dags").environment()}
+    r = subprocess.run(
+        [sys.executable, "-c", RETURN_VALUES, dag_id],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.splitlines()[-1])
 
 
-def xcom_run_id(tmp_path: Path, run_dir: Path) -> str:
+def run_id_of(values: dict[str, dict[str, Any]], run_dir: Path) -> str:
     """The Airflow run id of the run whose artifacts are ``run_dir``."""
     from dagtrain.records.layout import safe_name
 
-    (run_id,) = {r for _, r, _ in _xcoms(tmp_path) if safe_name(r) == run_dir.name}
+    (run_id,) = {r for r in values if safe_name(r) == run_dir.name}
     return run_id
