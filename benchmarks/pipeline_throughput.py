@@ -715,6 +715,17 @@ def _run_dagtrain(model: dict, sp: dict, order: str, args, tmp: Path) -> dict[st
     }
 
 
+def _by_round(systems: dict[str, Any], a: str, b: str) -> list[float]:
+    """System ``a``'s samples/s over ``b``'s in each round both ran."""
+
+    def by(k: str) -> dict[int, float]:
+        v = systems[k]
+        return dict(zip(v["rounds_ran"], v["rounds_samples_per_s"]))
+
+    ra, rb = by(a), by(b)
+    return [ra[i] / rb[i] for i in sorted(ra.keys() & rb.keys())]
+
+
 def _formula(p: int, m: int) -> float:
     return (p - 1) / (m + p - 1)
 
@@ -737,6 +748,7 @@ def _summarise(name: str, runs: list[dict], m: int, tokens: int = 0) -> dict[str
         # the fastest tenth: what the system does in the quiet spells of a shared machine
         "fastest_tenth_step_ms": sorted(steps)[(len(steps) - 1) // 10] * 1e3,
         "rounds_samples_per_s": [BATCH / statistics.median(r["step_seconds"]) for r in ok],
+        "rounds_ran": [i for i, r in enumerate(runs) if "error" not in r],
         "timed_steps": len(steps),
         "peak_activation_bytes": ok[-1]["peak_activation_bytes"],
     }
@@ -888,6 +900,16 @@ def main() -> None:
                             ratios[f"{o}_peak_activation_vs_torch_{t}"] = [
                                 a / b if b else None for a, b in zip(ours_peak, theirs_peak)
                             ]
+                # the same ratios round by round (each round ran every system once, in
+                # turn, so a round's pair saw the same spell of the machine): their
+                # spread is what a ratio above can be trusted to
+                per_round = {"best_vs_torch_best": _by_round(systems, bo, bt)}
+                for o, t in PAIRS.items():
+                    if f"dagtrain {o}" in sps and f"torch {t}" in sps:
+                        per_round[f"{o}_vs_torch_{t}"] = _by_round(
+                            systems, f"dagtrain {o}", f"torch {t}"
+                        )
+                ratios["rounds"] = per_round
                 fast = {
                     k: BATCH / (v["fastest_tenth_step_ms"] / 1e3)
                     for k, v in systems.items()
@@ -1005,6 +1027,12 @@ def _print(mname: str, systems: dict, ratios: dict) -> None:
         )
     shown = {k: v for k, v in ratios.items() if isinstance(v, float)}
     print("  " + ", ".join(f"{k} {v:.2f}x" for k, v in shown.items()))
+    rounds = ratios.get("rounds", {})
+    if rounds:
+        print(
+            "  round by round: "
+            + ", ".join(f"{k} {min(v):.2f}-{max(v):.2f}x" for k, v in rounds.items() if v)
+        )
     fast = ratios.get("fastest_tenth", {})
     if fast:
         shown = {k: v for k, v in fast.items() if isinstance(v, float)}

@@ -113,6 +113,12 @@ def test_smoke_run_writes_every_figure(tmp_path):
         assert v["samples_per_s"] > 0 and v["timed_steps"] == 3
         assert len(v["peak_activation_bytes"]) == 2
     assert res["ratios"]["best_vs_torch_best"] > 0
+    # round by round: the one round's ratio is the run's
+    rounds = res["ratios"]["rounds"]
+    assert rounds["best_vs_torch_best"] == pytest.approx([res["ratios"]["best_vs_torch_best"]])
+    assert rounds["1f1b_vs_torch_Schedule1F1B"] == pytest.approx(
+        [res["ratios"]["1f1b_vs_torch_Schedule1F1B"]]
+    )
     ours, theirs = systems["dagtrain 1f1b"], systems["torch Schedule1F1B"]
     # the same blocks, split and microbatches: the same activations, counted alike
     assert ours["peak_activation_bytes_counted_as_torch"] == theirs["peak_activation_bytes"]
