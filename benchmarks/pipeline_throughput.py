@@ -34,8 +34,10 @@ summed over a microbatch's samples, or its tokens for the language model, divide
 global batch's samples or tokens: dagtrain's ``scaled_loss``), with SGD (lr 0.01,
 momentum 0.9), and time the same thing:
 a step from its batch to its update. Rounds interleave the systems (each system a block
-of steps per round, in an order rotated each round) so that a slow spell of this shared
-machine hits them alike.
+of steps per round, each dagtrain order next to torch's schedule of the same family, in
+an order rotated each round) so that a slow spell of this shared machine hits them
+alike; each ratio is also given round by round (``ratios.rounds``), which says what it
+can be trusted to.
 
 Per system: samples/s (global batch / the median of all timed steps, each step the
 slower of the two ranks'; and from the fastest tenth of them, what a system does in the
@@ -59,6 +61,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import itertools
 import json
 import os
 import statistics
@@ -715,6 +718,24 @@ def _run_dagtrain(model: dict, sp: dict, order: str, args, tmp: Path) -> dict[st
     }
 
 
+def _round_jobs(names: list[str], orders: list[str]) -> list[str]:
+    """A round's jobs: each dagtrain order next to torch's schedule of its pair (PAIRS),
+    then the others, torch's and dagtrain's in turn. The round's order is rotated by
+    one each round (which also swaps who goes first in a pair), so a pair runs seconds
+    apart and a slow spell of the machine meets both of it, not one side's block."""
+    theirs = [f"torch {n}" for n in names]
+    ours = list(orders)
+    jobs: list[str] = []
+    for o, t in PAIRS.items():
+        if o in ours and f"torch {t}" in theirs:
+            jobs += [f"torch {t}", o]
+            ours.remove(o)
+            theirs.remove(f"torch {t}")
+    for a, b in itertools.zip_longest(theirs, ours):
+        jobs += [j for j in (a, b) if j is not None]
+    return jobs
+
+
 def _by_round(systems: dict[str, Any], a: str, b: str) -> list[float]:
     """System ``a``'s samples/s over ``b``'s in each round both ran."""
 
@@ -847,7 +868,7 @@ def main() -> None:
             # every system in a job of its own (fresh processes, the same warm-up): a
             # schedule that ran after others in one process would find its allocator
             # and caches warm, which dagtrain's fresh ranks do not
-            jobs = [*(f"torch {n}" for n in names), *orders]
+            jobs = _round_jobs(names, orders)
             model_started = time.perf_counter()
             for rnd in range(args.rounds):
                 shift = rnd % len(jobs)

@@ -45,6 +45,22 @@ def test_saved_bytes_counts_a_microbatch_not_its_batch_nor_the_weights():
     assert count.now == 0 and count.peak == 4 * per_mb
 
 
+def test_a_round_runs_each_order_next_to_torchs_schedule_of_its_family():
+    bench = _bench()
+    names, orders = list(bench.SCHEDULES), list(bench.ORDERS)
+    jobs = bench._round_jobs(names, orders)
+    assert sorted(jobs) == sorted([f"torch {n}" for n in names] + orders)
+    for o, t in bench.PAIRS.items():
+        i = jobs.index(o)
+        assert jobs[i - 1] == f"torch {t}", (o, jobs)
+    # a subset: what is asked, paired where both sides are
+    assert bench._round_jobs(["Schedule1F1B"], ["gpipe", "1f1b"]) == [
+        "torch Schedule1F1B",
+        "1f1b",
+        "gpipe",
+    ]
+
+
 def test_balanced_split_minimises_the_largest_part():
     bench = _bench()
     assert bench._balanced([1, 1, 1, 1], 2) == [2]
