@@ -80,7 +80,7 @@ def _batches(
 def train(cfg: TrainConfig, backend: Backend | None = None) -> TrainResult:
     """Run (or resume) training as one rank; returns this rank's TrainResult."""
     torch.set_num_threads(cfg.executor.intra_op_threads)
-    leave_compiler_unloaded()  # (torch's and the model's modules imported by now)
+    leave_compiler_unloaded()  # (again in make_optimizer, after the model's factory)
     if cfg.executor.keep_freed_memory:
         keep_freed_memory()  # before the model and the data are built
     own = backend is None

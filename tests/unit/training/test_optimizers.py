@@ -165,6 +165,13 @@ for m in ("add_param_group", "zero_grad", "state_dict", "load_state_dict"):
     assert getattr(mark, "_torchdynamo_disable", False), m  # torch's own
 with torch.device("meta"), torch.no_grad():
     assert tuple(described(torch.zeros(1, 8, 8)).shape) == shape == (1, 10)
+# the compiler loaded, ours built again: no mark of ours is left on any function
+import gc, torch._compile
+probe = torch._compile._disable_dynamo(len)
+at = probe.__code__.co_freevars.index("fn")
+marks = [getattr(o.__closure__[at].cell_contents, "__dynamo_disable", None)
+         for o in gc.get_objects() if type(o) is type(probe) and o.__code__ is probe.__code__]
+assert len(marks) > 100 and not [m for m in marks if getattr(m, "lazy", False)]
 print("loaded" if loaded else "not loaded")
 """
 
