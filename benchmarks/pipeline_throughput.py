@@ -909,9 +909,16 @@ def main() -> None:
                     b = [sps[f"torch {t}"] for t in ts if f"torch {t}" in sps]
                     if a and b:
                         ratios[f"family_{fam}_best_vs_torch_best"] = max(a) / max(b)
+                # each ratio round by round too (each round ran a pair seconds apart, so
+                # it saw the same spell of the machine): their spread is what a ratio
+                # can be trusted to
+                per_round = {"best_vs_torch_best": _by_round(systems, bo, bt)}
                 for o, t in PAIRS.items():
                     if f"dagtrain {o}" in sps and f"torch {t}" in sps:
                         ratios[f"{o}_vs_torch_{t}"] = sps[f"dagtrain {o}"] / sps[f"torch {t}"]
+                        per_round[f"{o}_vs_torch_{t}"] = _by_round(
+                            systems, f"dagtrain {o}", f"torch {t}"
+                        )
                         # peak activations per rank, dagtrain's counted as torch's / torch's
                         ours_peak = systems[f"dagtrain {o}"].get(
                             "peak_activation_bytes_counted_as_torch"
@@ -921,15 +928,6 @@ def main() -> None:
                             ratios[f"{o}_peak_activation_vs_torch_{t}"] = [
                                 a / b if b else None for a, b in zip(ours_peak, theirs_peak)
                             ]
-                # the same ratios round by round (each round ran every system once, in
-                # turn, so a round's pair saw the same spell of the machine): their
-                # spread is what a ratio above can be trusted to
-                per_round = {"best_vs_torch_best": _by_round(systems, bo, bt)}
-                for o, t in PAIRS.items():
-                    if f"dagtrain {o}" in sps and f"torch {t}" in sps:
-                        per_round[f"{o}_vs_torch_{t}"] = _by_round(
-                            systems, f"dagtrain {o}", f"torch {t}"
-                        )
                 ratios["rounds"] = per_round
                 fast = {
                     k: BATCH / (v["fastest_tenth_step_ms"] / 1e3)
