@@ -58,10 +58,20 @@ def main(argv: list[str] | None = None) -> int:
     _preload()
     if sys.stdin.readline().strip() != "go":
         return 1
-    stopping = threading.Event()
+    stopping = _Stopping()
     signal.signal(signal.SIGTERM, lambda s, f: _stop_from_here(dag.dag_id, when, stopping))
     run_pipeline(dag, conf, datetime.fromisoformat(when))
+    if stopping.marked == "failed":  # and dag.test()'s loop may have written success over it
+        from .stop import fail_run, run_id_for
+
+        fail_run(dag.dag_id, run_id_for(datetime.fromisoformat(when)), overwritten=True)
     return 0
+
+
+class _Stopping(threading.Event):
+    """Set once SIGTERM has come; ``marked``: the run's state once the stop marked it."""
+
+    marked: str | None = None
 
 
 def _preload() -> None:
@@ -76,21 +86,23 @@ def _preload() -> None:
         import torch  # noqa: F401
 
 
-def _stop_from_here(dag_id: str, when: str, stopping: threading.Event) -> None:
+def _stop_from_here(dag_id: str, when: str, stopping: _Stopping) -> None:
     if stopping.is_set():
         return
     stopping.set()
-    threading.Thread(target=_stop, args=(dag_id, when), name="stop", daemon=True).start()
+    args = (dag_id, when, stopping)
+    threading.Thread(target=_stop, args=args, name="stop", daemon=True).start()
 
 
-def _stop(dag_id: str, when: str) -> None:
+def _stop(dag_id: str, when: str, stopping: _Stopping) -> None:
     from .stop import fail_run, kill_family, run_id_for
 
     deadline = time.monotonic() + STOP_DEADLINE
     run_id = run_id_for(datetime.fromisoformat(when))
     while time.monotonic() < deadline - 5:  # the run may not exist yet
         try:
-            if fail_run(dag_id, run_id) is not None:
+            stopping.marked = fail_run(dag_id, run_id)
+            if stopping.marked is not None:
                 break
         except Exception as e:  # the database busy: try again
             print(f"dagtrain: marking the run failed: {e}", file=sys.stderr, flush=True)

@@ -324,7 +324,7 @@ def _follow(session: _Session, interrupts: Interrupts, progress) -> None:
     session.polling = True
     ended: float | None = None
     stopping: float | None = None
-    marked = False
+    marked: str | None = None  # the run's state once the stop had marked it
     try:
         while back.poll() is None:
             progress.poll()
@@ -354,6 +354,11 @@ def _follow(session: _Session, interrupts: Interrupts, progress) -> None:
         session.polling = False
         with contextlib.suppress(subprocess.TimeoutExpired):
             back.wait(timeout=5)
+    if marked == "failed" and back.poll() is not None:  # dag.test()'s loop has ended
+        for _ in range(3):  # and may have written success over the mark (fail_run's doc)
+            if _fail(dag_id, run_id, overwritten=True) is not None:
+                break
+            time.sleep(0.5)
 
 
 _ENDED = ("success", "failed")
@@ -375,15 +380,15 @@ def _task_states(dag_id: str, run_id: str) -> dict[str, tuple[str, int]]:
         }
 
 
-def _fail(dag_id: str, run_id: str) -> bool:
-    """Whether the run is now marked failed (or had ended); False: not created yet, or
-    the database was busy (try again)."""
+def _fail(dag_id: str, run_id: str, overwritten: bool = False) -> str | None:
+    """``fail_run``: the run's state after (``failed``, or the state it had ended in);
+    None: not created yet, or the database was busy (try again)."""
     from sqlalchemy.exc import OperationalError
 
     try:
-        return fail_run(dag_id, run_id) is not None
+        return fail_run(dag_id, run_id, overwritten=overwritten)
     except OperationalError:  # SQLite's "database is locked": the next poll tries again
-        return False
+        return None
 
 
 def _state(dag_id: str, run_id: str) -> str | None:

@@ -9,7 +9,9 @@ supervisor then learns from its next heartbeat that its task should not run any 
 and terminates it (SIGTERM: the task runner calls the operator's ``on_kill``, which for
 training kills the ranks and their launcher). The second signal stops at once:
 ``kill_family`` SIGKILLs every process the command started, and the run is marked
-failed if it is not already.
+failed if it is not already. Once the run's process has ended, a run the first signal
+marked failed is marked failed again if Airflow's loop finished it as a success after
+the mark (``fail_run(..., overwritten=True)``).
 
 Signals are counted, never raised (``Interrupts``), so no ``KeyboardInterrupt``
 traceback reaches the terminal.
@@ -84,9 +86,16 @@ def run_id_for(when: datetime) -> str:
     return DagRun.generate_run_id(run_type=DagRunType.MANUAL, logical_date=when, run_after=when)
 
 
-def fail_run(dag_id: str, run_id: str) -> str | None:
+def fail_run(dag_id: str, run_id: str, *, overwritten: bool = False) -> str | None:
     """Mark the DAG run failed if it has not ended, as Airflow's REST API does for
-    ``PATCH`` with state ``failed``; return its state after (None: no such run yet)."""
+    ``PATCH`` with state ``failed``; return its state after (None: no such run yet).
+
+    ``overwritten``: also if it ended ``success``, for a run this process had marked
+    failed. ``dag.test()``'s loop can finish such a run as a success: its last
+    ``update_state`` read the run as running before the mark and the task instances
+    after it, when the mark had left no leaf failed (the running tasks failed, the rest
+    skipped, and Airflow judges a run by its leaves), and wrote ``success`` over
+    ``failed``. The loop has ended by then: the second mark stays."""
     from airflow.api_fastapi.core_api.datamodels.dag_run import DagRunMutableStates
     from airflow.api_fastapi.core_api.services.public.dag_run import patch_dag_run_state
     from airflow.models.dagbag import DBDagBag
@@ -99,7 +108,8 @@ def fail_run(dag_id: str, run_id: str) -> str | None:
         dr = queries.dag_run(session, dag_id, run_id)
         if dr is None:
             return None
-        if dr.state in (DagRunState.RUNNING, DagRunState.QUEUED):
+        ended = (DagRunState.SUCCESS,) if overwritten else ()
+        if dr.state in (DagRunState.RUNNING, DagRunState.QUEUED, *ended):
             dag = DBDagBag().get_dag_for_run(dr, session=session)
             patch_dag_run_state(
                 dag=dag, dag_run=dr, state=DagRunMutableStates.FAILED, session=session

@@ -1,11 +1,14 @@
 """Ctrl-C counted as presses: a copy of one SIGINT that arrives within a fraction of a
 second (a wrapper such as ``timeout`` forwarding the terminal's) is the same press; a
-person's second press, later, is the second."""
+person's second press, later, is the second. And a run the stop marked failed stays
+failed, whatever Airflow's loop wrote after the mark."""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 from dagtrain.cli.stop import SAME_PRESS, Interrupts
@@ -37,3 +40,82 @@ def test_a_closed_terminal_stops_as_ctrl_c_does():
     finally:
         interrupts.restore()
     assert signal.getsignal(signal.SIGHUP) is before
+
+
+DAG_FILE = """
+from airflow.providers.standard.operators.empty import EmptyOperator
+from airflow.sdk import DAG
+
+with DAG("two", schedule=None):
+    EmptyOperator(task_id="a") >> EmptyOperator(task_id="b")
+"""
+
+SAID = ("marked ", "the loop's ", "again ", "overwritten ")
+
+# what dag.test()'s loop does around a stop: it reads the run as running, the stop marks
+# it failed (a, running, failed; b skipped), the loop's update_state judges the leaves
+RACE = """
+from datetime import UTC, datetime
+
+from airflow import settings
+from airflow.dag_processing.bundles.manager import DagBundlesManager
+from airflow.dag_processing.dagbag import BundleDagBag, sync_bag_to_db
+from airflow.models.dagbag import DBDagBag
+from airflow.models.dagrun import get_or_create_dagrun
+from airflow.utils.db import initdb
+from airflow.utils.session import create_session
+from airflow.utils.state import TaskInstanceState
+from airflow.utils.types import DagRunTriggeredByType
+
+from dagtrain.cli.stop import fail_run, run_id_for
+
+initdb()
+manager = DagBundlesManager()
+with create_session() as session:
+    manager.sync_bundles_to_db(session=session)
+bundle = manager.get_bundle("dags-folder")
+bundle.initialize()
+bag = BundleDagBag(dag_folder=bundle.path, bundle_path=bundle.path, bundle_name=bundle.name)
+sync_bag_to_db(bag, bundle.name, bundle.version)
+when = datetime(2026, 1, 1, tzinfo=UTC)
+run_id = run_id_for(when)
+loop = settings.Session()
+dag = DBDagBag().get_latest_version_of_dag("two", session=loop)
+dr = get_or_create_dagrun(
+    dag=dag, run_id=run_id, logical_date=when, data_interval=None, run_after=when,
+    start_date=when, conf=None, triggered_by=DagRunTriggeredByType.TEST,
+    triggering_user_name="test", session=loop,
+)
+dr.dag = dag
+dr.get_task_instance("a", session=loop).set_state(TaskInstanceState.RUNNING, session=loop)
+loop.commit()
+assert dr.state == "running"
+print("marked", fail_run("two", run_id))
+dr.update_state(session=loop)
+loop.commit()
+print("the loop's", dr.state)
+print("again", fail_run("two", run_id))
+print("overwritten", fail_run("two", run_id, overwritten=True))
+"""
+
+
+def test_a_stopped_run_that_airflows_loop_then_finished_as_a_success_is_failed_again(tmp_path):
+    """The race that once failed CI (test_ctrl_c_during_evaluation_stops_it: the run
+    'success'), played in order against a real Airflow database: the mark, then the
+    loop's update_state, which writes success (no leaf failed); ``overwritten`` marks
+    the run failed again, and without it a run that ended as a success is left so."""
+    home = tmp_path / "airflow"
+    (home / "dags").mkdir(parents=True)
+    (home / "dags" / "two.py").write_text(DAG_FILE)
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(home / "dags"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+    }
+    argv = [sys.executable, "-c", RACE]
+    r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    said = [line for line in r.stdout.splitlines() if line.startswith(SAID)]
+    assert said == ["marked failed", "the loop's success", "again success", "overwritten failed"]
