@@ -61,10 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     stopping = _Stopping()
     signal.signal(signal.SIGTERM, lambda s, f: _stop_from_here(dag.dag_id, when, stopping))
     run_pipeline(dag, conf, datetime.fromisoformat(when))
-    if stopping.marked == "failed":  # and dag.test()'s loop may have written success over it
-        from .stop import fail_run, run_id_for
-
-        fail_run(dag.dag_id, run_id_for(datetime.fromisoformat(when)), overwritten=True)
+    _marked_again(dag.dag_id, when, stopping)
     return 0
 
 
@@ -110,7 +107,21 @@ def _stop(dag_id: str, when: str, stopping: _Stopping) -> None:
     while time.monotonic() < deadline:  # dag.test() ends, the process with it
         time.sleep(0.5)
     kill_family(os.getpid())  # it did not: nothing it started outlives it
+    _marked_again(dag_id, when, stopping)
     os._exit(1)
+
+
+def _marked_again(dag_id: str, when: str, stopping: _Stopping) -> None:
+    """A run this process's stop marked failed, marked failed again once dag.test()'s
+    loop has ended: the loop may have written success over the mark (``fail_run``)."""
+    if stopping.marked != "failed":
+        return
+    from .stop import fail_run, run_id_for
+
+    try:
+        fail_run(dag_id, run_id_for(datetime.fromisoformat(when)), overwritten=True)
+    except Exception as e:  # the database busy: the run keeps what the loop wrote
+        print(f"dagtrain: marking the run failed again: {e}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -91,6 +91,7 @@ dr.get_task_instance("a", session=loop).set_state(TaskInstanceState.RUNNING, ses
 loop.commit()
 assert dr.state == "running"
 print("marked", fail_run("two", run_id))
+loop.expire_all()  # as the loop does before update_state, which reads the run afresh
 dr.update_state(session=loop)
 loop.commit()
 print("the loop's", dr.state)
