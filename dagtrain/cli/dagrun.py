@@ -112,16 +112,11 @@ def _stop(dag_id: str, when: str, stopping: _Stopping) -> None:
 
 
 def _marked_again(dag_id: str, when: str, stopping: _Stopping) -> None:
-    """A run this process's stop marked failed, marked failed again once dag.test()'s
-    loop has ended: the loop may have written success over the mark (``fail_run``)."""
-    if stopping.marked != "failed":
-        return
-    from .stop import fail_run, run_id_for
+    """``stop.fail_again``, for the run of ``when`` once dag.test()'s loop has ended."""
+    if stopping.marked == "failed":
+        from .stop import fail_again, run_id_for
 
-    try:
-        fail_run(dag_id, run_id_for(datetime.fromisoformat(when)), overwritten=True)
-    except Exception as e:  # the database busy: the run keeps what the loop wrote
-        print(f"dagtrain: marking the run failed again: {e}", file=sys.stderr, flush=True)
+        fail_again(dag_id, run_id_for(datetime.fromisoformat(when)), stopping.marked)
 
 
 if __name__ == "__main__":

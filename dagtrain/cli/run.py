@@ -52,7 +52,7 @@ from .common import (
     out,
     start_preflight,
 )
-from .stop import Interrupts, fail_run, kill_family
+from .stop import Interrupts, fail_again, fail_run, kill_family
 
 __all__ = ["run"]
 
@@ -354,11 +354,8 @@ def _follow(session: _Session, interrupts: Interrupts, progress) -> None:
         session.polling = False
         with contextlib.suppress(subprocess.TimeoutExpired):
             back.wait(timeout=5)
-    if marked == "failed" and back.poll() is not None:  # dag.test()'s loop has ended
-        for _ in range(3):  # and may have written success over the mark (fail_run's doc)
-            if _fail(dag_id, run_id, overwritten=True) is not None:
-                break
-            time.sleep(0.5)
+    if back.poll() is not None:  # dag.test()'s loop has ended
+        fail_again(dag_id, run_id, marked)
 
 
 _ENDED = ("success", "failed")
@@ -380,13 +377,13 @@ def _task_states(dag_id: str, run_id: str) -> dict[str, tuple[str, int]]:
         }
 
 
-def _fail(dag_id: str, run_id: str, overwritten: bool = False) -> str | None:
+def _fail(dag_id: str, run_id: str) -> str | None:
     """``fail_run``: the run's state after (``failed``, or the state it had ended in);
     None: not created yet, or the database was busy (try again)."""
     from sqlalchemy.exc import OperationalError
 
     try:
-        return fail_run(dag_id, run_id, overwritten=overwritten)
+        return fail_run(dag_id, run_id)
     except OperationalError:  # SQLite's "database is locked": the next poll tries again
         return None
 

@@ -11,7 +11,7 @@ training kills the ranks and their launcher). The second signal stops at once:
 ``kill_family`` SIGKILLs every process the command started, and the run is marked
 failed if it is not already. Once the run's process has ended, a run the first signal
 marked failed is marked failed again if Airflow's loop finished it as a success after
-the mark (``fail_run(..., overwritten=True)``).
+the mark (``fail_again``).
 
 Signals are counted, never raised (``Interrupts``), so no ``KeyboardInterrupt``
 traceback reaches the terminal.
@@ -22,12 +22,13 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-__all__ = ["Interrupts", "fail_run", "kill_family", "run_id_for"]
+__all__ = ["Interrupts", "fail_again", "fail_run", "kill_family", "run_id_for"]
 
 
 # signals closer together than this are one press of Ctrl-C: a forwarded copy of the
@@ -115,6 +116,26 @@ def fail_run(dag_id: str, run_id: str, *, overwritten: bool = False) -> str | No
                 dag=dag, dag_run=dr, state=DagRunMutableStates.FAILED, session=session
             )
         return queries.state_text(dr.state)
+
+
+def fail_again(dag_id: str, run_id: str, marked: str | None, *, tries: int = 3) -> None:
+    """Once ``dag.test()``'s loop has ended: a run this process's stop had marked failed
+    (``marked``: what that ``fail_run`` returned) marked failed again, since the loop may
+    have written success over the mark (``fail_run``). Anything else is left alone: a
+    run the stop found ended (``marked`` ``success``) ended before the stop. A busy
+    database is tried again, ``tries`` times half a second apart, then said on stderr;
+    nothing is raised (the caller is ending its process)."""
+    if marked != "failed":
+        return
+    for attempt in range(tries):
+        try:
+            fail_run(dag_id, run_id, overwritten=True)
+            return
+        except Exception as e:  # SQLite's "database is locked", or the database gone
+            if attempt == tries - 1:
+                print(f"dagtrain: marking the run failed again: {e}", file=sys.stderr, flush=True)
+            else:
+                time.sleep(0.5)
 
 
 def kill_family(pid: int, include_self: bool = False) -> None:

@@ -50,7 +50,7 @@ with DAG("two", schedule=None):
     EmptyOperator(task_id="a") >> EmptyOperator(task_id="b")
 """
 
-SAID = ("marked ", "the loop's ", "again ", "overwritten ")
+SAID = ("marked ", "the loop's ", "again ", "left ", "overwritten ")
 
 # what dag.test()'s loop does around a stop: it reads the run as running, the stop marks
 # it failed (a, running, failed; b skipped), the loop's update_state judges the leaves
@@ -67,7 +67,7 @@ from airflow.utils.session import create_session
 from airflow.utils.state import TaskInstanceState
 from airflow.utils.types import DagRunTriggeredByType
 
-from dagtrain.cli.stop import fail_run, run_id_for
+from dagtrain.cli.stop import fail_again, fail_run, run_id_for
 
 initdb()
 manager = DagBundlesManager()
@@ -96,15 +96,19 @@ dr.update_state(session=loop)
 loop.commit()
 print("the loop's", dr.state)
 print("again", fail_run("two", run_id))
-print("overwritten", fail_run("two", run_id, overwritten=True))
+fail_again("two", run_id, "success")  # the stop had found it ended: left alone
+print("left", fail_run("two", run_id))
+fail_again("two", run_id, "failed")
+print("overwritten", fail_run("two", run_id))
 """
 
 
 def test_a_stopped_run_that_airflows_loop_then_finished_as_a_success_is_failed_again(tmp_path):
     """The race that once failed CI (test_ctrl_c_during_evaluation_stops_it: the run
     'success'), played in order against a real Airflow database: the mark, then the
-    loop's update_state, which writes success (no leaf failed); ``overwritten`` marks
-    the run failed again, and without it a run that ended as a success is left so."""
+    loop's update_state, which writes success (no leaf failed); ``fail_again`` marks the
+    run failed again where the stop had marked it, and leaves alone a run the stop had
+    found ended as a success, as ``fail_run`` without ``overwritten`` does."""
     home = tmp_path / "airflow"
     (home / "dags").mkdir(parents=True)
     (home / "dags" / "two.py").write_text(DAG_FILE)
@@ -119,4 +123,10 @@ def test_a_stopped_run_that_airflows_loop_then_finished_as_a_success_is_failed_a
     r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     said = [line for line in r.stdout.splitlines() if line.startswith(SAID)]
-    assert said == ["marked failed", "the loop's success", "again success", "overwritten failed"]
+    assert said == [
+        "marked failed",
+        "the loop's success",
+        "again success",
+        "left success",
+        "overwritten failed",
+    ]
