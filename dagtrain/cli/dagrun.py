@@ -92,7 +92,7 @@ def _stop_from_here(dag_id: str, when: str, stopping: _Stopping) -> None:
 
 
 def _stop(dag_id: str, when: str, stopping: _Stopping) -> None:
-    from .stop import fail_run, kill_family, run_id_for
+    from .stop import STRAY_MARKS, fail_run, fail_strays, kill_family, run_id_for
 
     deadline = time.monotonic() + STOP_DEADLINE
     run_id = run_id_for(datetime.fromisoformat(when))
@@ -104,7 +104,13 @@ def _stop(dag_id: str, when: str, stopping: _Stopping) -> None:
         except Exception as e:  # the database busy: try again
             print(f"dagtrain: marking the run failed: {e}", file=sys.stderr, flush=True)
         time.sleep(1)
+    strays = 0
     while time.monotonic() < deadline:  # dag.test() ends, the process with it
+        if stopping.marked == "failed" and strays < STRAY_MARKS:
+            try:  # a task dag.test()'s loop queued over the mark
+                strays += bool(fail_strays(dag_id, run_id))
+            except Exception as e:  # the database busy: the next pass tries again
+                print(f"dagtrain: stopping the run's tasks: {e}", file=sys.stderr, flush=True)
         time.sleep(0.5)
     kill_family(os.getpid())  # it did not: nothing it started outlives it
     _marked_again(dag_id, when, stopping)

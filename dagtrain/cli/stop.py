@@ -9,9 +9,10 @@ supervisor then learns from its next heartbeat that its task should not run any 
 and terminates it (SIGTERM: the task runner calls the operator's ``on_kill``, which for
 training kills the ranks and their launcher). The second signal stops at once:
 ``kill_family`` SIGKILLs every process the command started, and the run is marked
-failed if it is not already. Once the run's process has ended, a run the first signal
-marked failed is marked failed again if Airflow's loop finished it as a success after
-the mark (``fail_again``).
+failed if it is not already. While the run's process ends, a task that Airflow's loop
+queued over the mark is stopped by the same mark again (``fail_strays``); once the
+process has ended, a run the first signal marked failed is marked failed again if the
+loop finished it as a success after the mark (``fail_again``).
 
 Signals are counted, never raised (``Interrupts``), so no ``KeyboardInterrupt``
 traceback reaches the terminal.
@@ -28,7 +29,19 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-__all__ = ["Interrupts", "fail_again", "fail_run", "kill_family", "run_id_for"]
+__all__ = [
+    "STRAY_MARKS",
+    "Interrupts",
+    "fail_again",
+    "fail_run",
+    "fail_strays",
+    "kill_family",
+    "run_id_for",
+]
+
+# at most this many marks again for stray tasks (``fail_strays``) while a run's process
+# ends: each fires the run's on_dag_run_failed listeners again
+STRAY_MARKS = 3
 
 
 # signals closer together than this are one press of Ctrl-C: a forwarded copy of the
@@ -136,6 +149,40 @@ def fail_again(dag_id: str, run_id: str, marked: str | None, *, tries: int = 3) 
                 print(f"dagtrain: marking the run failed again: {e}", file=sys.stderr, flush=True)
             else:
                 time.sleep(0.5)
+
+
+def fail_strays(dag_id: str, run_id: str) -> list[str]:
+    """The tasks of a run marked failed that ``dag.test()``'s loop scheduled, queued or
+    started after the mark, stopped by marking the run failed again (as ``fail_run``
+    does: a queued task skipped before it starts, a running one failed, which its
+    supervisor then terminates); their ids (none: nothing was done). The loop had read
+    them as ready to run just before the mark, and wrote ``scheduled`` over the mark's
+    ``skipped``. Teardown tasks are left running, as Airflow's mark leaves them. The
+    mark fires the run's ``on_dag_run_failed`` listeners again, as marking a run failed
+    a second time in the UI does."""
+    from airflow.api_fastapi.core_api.datamodels.dag_run import DagRunMutableStates
+    from airflow.api_fastapi.core_api.services.public.dag_run import patch_dag_run_state
+    from airflow.models.dagbag import DBDagBag
+    from airflow.utils.session import create_session
+    from airflow.utils.state import DagRunState, TaskInstanceState
+
+    from dagtrain.plugins import queries
+
+    alive = (TaskInstanceState.SCHEDULED, TaskInstanceState.QUEUED, TaskInstanceState.RUNNING)
+    with create_session() as session:
+        dr = queries.dag_run(session, dag_id, run_id)
+        if dr is None or dr.state != DagRunState.FAILED:
+            return []
+        tis = [ti for ti in queries.task_instances(session, dag_id, run_id) if ti.state in alive]
+        if not tis:
+            return []
+        dag = DBDagBag().get_dag_for_run(dr, session=session)
+        strays = [ti.task_id for ti in tis if not dag.task_dict[ti.task_id].is_teardown]
+        if strays:
+            patch_dag_run_state(
+                dag=dag, dag_run=dr, state=DagRunMutableStates.FAILED, session=session
+            )
+        return strays
 
 
 def kill_family(pid: int, include_self: bool = False) -> None:

@@ -50,7 +50,7 @@ with DAG("two", schedule=None):
     EmptyOperator(task_id="a") >> EmptyOperator(task_id="b")
 """
 
-SAID = ("marked ", "the loop's ", "again ", "left ", "overwritten ")
+SAID = ("marked ", "the loop's ", "again ", "left ", "overwritten ", "stray", "b ")
 
 # what dag.test()'s loop does around a stop: it reads the run as running, the stop marks
 # it failed (a, running, failed; b skipped), the loop's update_state judges the leaves
@@ -67,7 +67,7 @@ from airflow.utils.session import create_session
 from airflow.utils.state import TaskInstanceState
 from airflow.utils.types import DagRunTriggeredByType
 
-from dagtrain.cli.stop import fail_again, fail_run, run_id_for
+from dagtrain.cli.stop import fail_again, fail_run, fail_strays, run_id_for
 
 initdb()
 manager = DagBundlesManager()
@@ -100,15 +100,30 @@ fail_again("two", run_id, "success")  # the stop had found it ended: left alone
 print("left", fail_run("two", run_id))
 fail_again("two", run_id, "failed")
 print("overwritten", fail_run("two", run_id))
+print("strays before", fail_strays("two", run_id))
+# the other race: the loop had read b as ready just before the mark, and writes
+# scheduled over the mark's skipped (then queues it)
+loop.expire_all()
+b = dr.get_task_instance("b", session=loop)
+b.state = TaskInstanceState.SCHEDULED
+loop.commit()
+print("strays", fail_strays("two", run_id))
+loop.expire_all()
+print("b", dr.get_task_instance("b", session=loop).state)
+print("strays after", fail_strays("two", run_id))
 """
 
 
-def test_a_stopped_run_that_airflows_loop_then_finished_as_a_success_is_failed_again(tmp_path):
+def test_a_stopped_run_that_airflows_loop_finished_as_a_success_or_ran_on_is_stopped_again(
+    tmp_path,
+):
     """The race that once failed CI (test_ctrl_c_during_evaluation_stops_it: the run
     'success'), played in order against a real Airflow database: the mark, then the
     loop's update_state, which writes success (no leaf failed); ``fail_again`` marks the
     run failed again where the stop had marked it, and leaves alone a run the stop had
-    found ended as a success, as ``fail_run`` without ``overwritten`` does."""
+    found ended as a success, as ``fail_run`` without ``overwritten`` does. Then the other
+    race: a task the loop scheduled over the mark's ``skipped`` is skipped again by
+    ``fail_strays``, which does nothing where no task is left alive."""
     home = tmp_path / "airflow"
     (home / "dags").mkdir(parents=True)
     (home / "dags" / "two.py").write_text(DAG_FILE)
@@ -129,4 +144,8 @@ def test_a_stopped_run_that_airflows_loop_then_finished_as_a_success_is_failed_a
         "again success",
         "left success",
         "overwritten failed",
+        "strays before []",
+        "strays ['b']",
+        "b skipped",
+        "strays after []",
     ]
