@@ -92,7 +92,19 @@ def _stop_from_here(dag_id: str, when: str, stopping: _Stopping) -> None:
 
 
 def _stop(dag_id: str, when: str, stopping: _Stopping) -> None:
-    from .stop import STRAY_MARKS, fail_run, fail_strays, kill_family, run_id_for
+    try:
+        _stop_run(dag_id, when, stopping)
+    except Exception as e:  # said, and the process ends all the same
+        print(f"dagtrain: stopping the run: {e}", file=sys.stderr, flush=True)
+    finally:
+        os._exit(1)  # dag.test() did not end the process in time: this does
+
+
+def _stop_run(dag_id: str, when: str, stopping: _Stopping) -> None:
+    from .stop import Strays, fail_run, kill_family, run_id_for
+
+    def say(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
 
     deadline = time.monotonic() + STOP_DEADLINE
     run_id = run_id_for(datetime.fromisoformat(when))
@@ -102,19 +114,14 @@ def _stop(dag_id: str, when: str, stopping: _Stopping) -> None:
             if stopping.marked is not None:
                 break
         except Exception as e:  # the database busy: try again
-            print(f"dagtrain: marking the run failed: {e}", file=sys.stderr, flush=True)
+            say(f"dagtrain: marking the run failed: {e}")
         time.sleep(1)
-    strays = 0
+    strays = Strays(dag_id, run_id, say)
     while time.monotonic() < deadline:  # dag.test() ends, the process with it
-        if stopping.marked == "failed" and strays < STRAY_MARKS:
-            try:  # a task dag.test()'s loop queued over the mark
-                strays += bool(fail_strays(dag_id, run_id))
-            except Exception as e:  # the database busy: the next pass tries again
-                print(f"dagtrain: stopping the run's tasks: {e}", file=sys.stderr, flush=True)
+        strays.poll(stopping.marked)  # a task dag.test()'s loop scheduled over the mark
         time.sleep(0.5)
     kill_family(os.getpid())  # it did not: nothing it started outlives it
     _marked_again(dag_id, when, stopping)
-    os._exit(1)
 
 
 def _marked_again(dag_id: str, when: str, stopping: _Stopping) -> None:

@@ -26,7 +26,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -53,7 +52,7 @@ from .common import (
     out,
     start_preflight,
 )
-from .stop import STRAY_MARKS, Interrupts, fail_again, fail_run, fail_strays, kill_family
+from .stop import Interrupts, Strays, fail_again, fail_run, kill_family
 
 __all__ = ["run"]
 
@@ -326,7 +325,7 @@ def _follow(session: _Session, interrupts: Interrupts, progress) -> None:
     ended: float | None = None
     stopping: float | None = None
     marked: str | None = None  # the run's state once the stop had marked it
-    strays = 0  # marks again for tasks that Airflow's loop queued over the mark
+    strays = Strays(dag_id, run_id)
     try:
         while back.poll() is None:
             progress.poll()
@@ -343,9 +342,9 @@ def _follow(session: _Session, interrupts: Interrupts, progress) -> None:
                     progress.say(_STOPPING, "yellow")
                     progress.poll()
             if stopping is not None and not marked:
-                marked = _quiet(fail_run, dag_id, run_id)
-            elif marked == "failed" and strays < STRAY_MARKS:  # a task queued over the mark
-                strays += bool(_quiet(fail_strays, dag_id, run_id))
+                marked = _fail(dag_id, run_id)
+            else:
+                strays.poll(marked)  # a task Airflow's loop scheduled over the mark
             if stopping is None and ended is None and _state(dag_id, run_id) in _ENDED:
                 ended = now
             elif stopping is None and ended is not None and now - ended > EXECUTOR_GRACE:
@@ -353,7 +352,7 @@ def _follow(session: _Session, interrupts: Interrupts, progress) -> None:
                 break
             time.sleep(0.5)
         if stopping is not None and not marked:
-            _quiet(fail_run, dag_id, run_id)  # its process ended before the run was created
+            _fail(dag_id, run_id)  # its process ended before the run was created
     finally:
         session.polling = False
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -381,14 +380,14 @@ def _task_states(dag_id: str, run_id: str) -> dict[str, tuple[str, int]]:
         }
 
 
-def _quiet(mark: Callable[[str, str], Any], dag_id: str, run_id: str) -> Any:
-    """``mark(dag_id, run_id)`` (``fail_run``, ``fail_strays``); None where the database
-    was busy (SQLite's "database is locked": the next poll tries again)."""
+def _fail(dag_id: str, run_id: str) -> str | None:
+    """``fail_run``: the run's state after (``failed``, or the state it had ended in);
+    None: not created yet, or the database was busy (try again)."""
     from sqlalchemy.exc import OperationalError
 
     try:
-        return mark(dag_id, run_id)
-    except OperationalError:
+        return fail_run(dag_id, run_id)
+    except OperationalError:  # SQLite's "database is locked": the next poll tries again
         return None
 
 

@@ -32,6 +32,7 @@ from typing import Any
 __all__ = [
     "STRAY_MARKS",
     "Interrupts",
+    "Strays",
     "fail_again",
     "fail_run",
     "fail_strays",
@@ -39,8 +40,8 @@ __all__ = [
     "run_id_for",
 ]
 
-# at most this many marks again for stray tasks (``fail_strays``) while a run's process
-# ends: each fires the run's on_dag_run_failed listeners again
+# at most this many marks again for stray tasks (``Strays``) while a run's process ends
+# (a mark whose commit fails is not counted, though its listeners may have fired)
 STRAY_MARKS = 3
 
 
@@ -136,7 +137,7 @@ def fail_again(dag_id: str, run_id: str, marked: str | None, *, tries: int = 3) 
     (``marked``: what that ``fail_run`` returned) marked failed again, since the loop may
     have written success over the mark (``fail_run``). Anything else is left alone: a
     run the stop found ended (``marked`` ``success``) ended before the stop. A busy
-    database is tried again, ``tries`` times half a second apart, then said on stderr;
+    database is tried up to ``tries`` times, half a second apart, then said on stderr;
     nothing is raised (the caller is ending its process)."""
     if marked != "failed":
         return
@@ -152,14 +153,14 @@ def fail_again(dag_id: str, run_id: str, marked: str | None, *, tries: int = 3) 
 
 
 def fail_strays(dag_id: str, run_id: str) -> list[str]:
-    """The tasks of a run marked failed that ``dag.test()``'s loop scheduled, queued or
-    started after the mark, stopped by marking the run failed again (as ``fail_run``
-    does: a queued task skipped before it starts, a running one failed, which its
-    supervisor then terminates); their ids (none: nothing was done). The loop had read
-    them as ready to run just before the mark, and wrote ``scheduled`` over the mark's
-    ``skipped``. Teardown tasks are left running, as Airflow's mark leaves them. The
-    mark fires the run's ``on_dag_run_failed`` listeners again, as marking a run failed
-    a second time in the UI does."""
+    """Stop the tasks of a failed run that are still scheduled, queued or running (not
+    a teardown, which Airflow's mark leaves to finish) by marking the run failed again,
+    as ``fail_run`` does: a scheduled or queued task is skipped before it starts, a
+    running one failed, which its supervisor then terminates. Returns their ids (none:
+    nothing was done). After the stop's mark these are tasks that ``dag.test()``'s loop
+    had read as ready just before it, then scheduled over the mark's ``skipped``. The
+    mark fires the run's ``on_dag_run_failed`` listeners again, as a second ``PATCH``
+    of Airflow's REST API does."""
     from airflow.api_fastapi.core_api.datamodels.dag_run import DagRunMutableStates
     from airflow.api_fastapi.core_api.services.public.dag_run import patch_dag_run_state
     from airflow.models.dagbag import DBDagBag
@@ -173,16 +174,41 @@ def fail_strays(dag_id: str, run_id: str) -> list[str]:
         dr = queries.dag_run(session, dag_id, run_id)
         if dr is None or dr.state != DagRunState.FAILED:
             return []
-        tis = [ti for ti in queries.task_instances(session, dag_id, run_id) if ti.state in alive]
-        if not tis:
+        ids = {
+            ti.task_id
+            for ti in queries.task_instances(session, dag_id, run_id)
+            if ti.state in alive
+        }
+        dag = DBDagBag().get_dag_for_run(dr, session=session) if ids else None
+        if dag is None:
             return []
-        dag = DBDagBag().get_dag_for_run(dr, session=session)
-        strays = [ti.task_id for ti in tis if not dag.task_dict[ti.task_id].is_teardown]
+        strays = sorted(i for i in ids if i in dag.task_dict and not dag.task_dict[i].is_teardown)
         if strays:
             patch_dag_run_state(
                 dag=dag, dag_run=dr, state=DagRunMutableStates.FAILED, session=session
             )
         return strays
+
+
+class Strays:
+    """While a stopped run's process ends: ``poll()`` on each pass of the caller's wait
+    stops, with ``fail_strays``, a task Airflow's loop scheduled over the stop's mark,
+    once the stop has marked the run failed (``marked``: what ``fail_run`` returned).
+    At most :data:`STRAY_MARKS` marks succeed; an error (the database busy) is passed to
+    ``say`` if given, and the next poll tries again."""
+
+    def __init__(self, dag_id: str, run_id: str, say: Callable[[str], None] | None = None):
+        self.dag_id, self.run_id, self.say = dag_id, run_id, say
+        self.marks = 0
+
+    def poll(self, marked: str | None) -> None:
+        if marked != "failed" or self.marks >= STRAY_MARKS:
+            return
+        try:
+            self.marks += bool(fail_strays(self.dag_id, self.run_id))
+        except Exception as e:  # SQLite's "database is locked", or the database gone
+            if self.say is not None:
+                self.say(f"dagtrain: stopping the run's tasks: {e}")
 
 
 def kill_family(pid: int, include_self: bool = False) -> None:

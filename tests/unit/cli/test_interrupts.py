@@ -111,6 +111,13 @@ print("strays", fail_strays("two", run_id))
 loop.expire_all()
 print("b", dr.get_task_instance("b", session=loop).state)
 print("strays after", fail_strays("two", run_id))
+# the task had started before the second mark: failed (its supervisor terminates it)
+b = dr.get_task_instance("b", session=loop)
+b.state = TaskInstanceState.RUNNING
+loop.commit()
+print("strays running", fail_strays("two", run_id))
+loop.expire_all()
+print("b", dr.get_task_instance("b", session=loop).state)
 """
 
 
@@ -123,7 +130,8 @@ def test_a_stopped_run_that_airflows_loop_finished_as_a_success_or_ran_on_is_sto
     run failed again where the stop had marked it, and leaves alone a run the stop had
     found ended as a success, as ``fail_run`` without ``overwritten`` does. Then the other
     race: a task the loop scheduled over the mark's ``skipped`` is skipped again by
-    ``fail_strays``, which does nothing where no task is left alive."""
+    ``fail_strays`` (and one that had started is failed), which does nothing where no
+    task is left alive."""
     home = tmp_path / "airflow"
     (home / "dags").mkdir(parents=True)
     (home / "dags" / "two.py").write_text(DAG_FILE)
@@ -148,4 +156,33 @@ def test_a_stopped_run_that_airflows_loop_finished_as_a_success_or_ran_on_is_sto
         "strays ['b']",
         "b skipped",
         "strays after []",
+        "strays running ['b']",
+        "b failed",
     ]
+
+
+def test_strays_marks_only_a_run_its_stop_marked_failed_and_at_most_three_times(monkeypatch):
+    """``Strays.poll``: nothing before the stop has marked the run failed (or where it
+    found the run ended); then ``fail_strays`` each poll until 3 marks have succeeded;
+    an error is said and the next poll tries again."""
+    from dagtrain.cli import stop
+
+    calls: list[str] = []
+
+    def fail_strays(dag_id: str, run_id: str) -> list[str]:
+        calls.append(run_id)
+        if len(calls) == 2:
+            raise RuntimeError("database is locked")
+        return ["b"] if len(calls) != 3 else []
+
+    monkeypatch.setattr(stop, "fail_strays", fail_strays)
+    said: list[str] = []
+    strays = stop.Strays("d", "r", said.append)
+    strays.poll(None)
+    strays.poll("success")
+    assert calls == []
+    for _ in range(8):
+        strays.poll("failed")
+    # marks at calls 1, 4 and 5; call 2 failed, call 3 found nothing
+    assert len(calls) == 5 and strays.marks == stop.STRAY_MARKS == 3
+    assert said == ["dagtrain: stopping the run's tasks: database is locked"]
