@@ -9,10 +9,13 @@ between a choice and a bind, so the tasks' tokens and requests reach this server
 It then builds the app as ``airflow api-server --apps execution`` does (Airflow's own
 ``create_app(apps="execution")``) and answers one request in-process, which is when
 Cadwyn builds the routes of every API version (seconds of CPU, most of the server's
-start). It waits for one line on stdin: ``go`` once ``dagtrain run`` has checked the
-config and migrated the metadata database (the database is not touched before),
-anything else or end of file: exit. Then it serves with uvicorn on its socket, as
-Airflow does, until SIGTERM.
+start). It waits for one line on stdin: ``go PID`` once ``dagtrain run`` has checked
+the config and migrated the metadata database (the database is not touched before),
+``PID`` being the DAG run's process (``dagrun``); anything else or end of file: exit.
+Then it serves with uvicorn on its socket, as Airflow does, until SIGTERM. Until
+``go`` it gets SIGTERM if ``dagtrain run`` dies; after it, it serves on until the run's
+process has ended as well (at most :data:`RUN_GRACE` seconds more): that process stops
+the run when ``dagtrain run`` dies, and the tasks' supervisors hear of it from here.
 
 Started so, the seconds of the server's start run beside the config's checks and the
 DAG run's own start instead of after them (``dagtrain.cli.run``).
@@ -23,8 +26,15 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import threading
+import time
+from collections.abc import Callable
 
 __all__ = ["main"]
+
+# after dagtrain run has died, how long the run's process may take to end while this
+# serves its tasks' supervisors (its own stop ends it within 30 s: dagrun.STOP_DEADLINE)
+RUN_GRACE = 35.0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,8 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     # no lifespan (it opens the database): the routes alone, built by the first request
     TestClient(app, raise_server_exceptions=False).get("/execution/health")
     print("dagtrain: the execution API is built; waiting for the database", flush=True)
-    if sys.stdin.readline().strip() != "go":
+    parent = os.getppid()
+    words = sys.stdin.readline().split()
+    if not words or words[0] != "go":
         return 1
+    run_pid = int(words[1]) if len(words) > 1 and words[1].isdigit() else None
     timeout = conf.getint("api", "worker_timeout", fallback=120)
     config = uvicorn.Config(
         app,
@@ -65,8 +78,54 @@ def main(argv: list[str] | None = None) -> int:
         log_level=conf.get("logging", "uvicorn_logging_level", fallback="info").lower(),
         log_config=None,  # Airflow's structlog setup stays
     )
-    uvicorn.Server(config).run(sockets=[sock])
+    server = uvicorn.Server(config)
+    if run_pid is not None:
+        from dagtrain.rank_env import parent_death_signal
+
+        parent_death_signal(0)()  # dagtrain run's death no longer ends this at once
+        threading.Thread(
+            target=_serve_the_run, args=(server, parent, run_pid), name="outlive", daemon=True
+        ).start()
+    server.run(sockets=[sock])
     return 0
+
+
+def _serve_the_run(server, parent: int, run_pid: int) -> None:
+    """Once dagtrain run (``parent``) has gone and the run's process has ended too, or
+    RUN_GRACE seconds after: stop serving (and exit, if the server does not)."""
+    watch(lambda: os.getppid() != parent, lambda: ended(run_pid), RUN_GRACE)
+    server.should_exit = True
+    time.sleep(5.0)
+    os._exit(0)
+
+
+def watch(
+    parent_gone: Callable[[], bool],
+    run_ended: Callable[[], bool],
+    deadline: float,
+    tick: float = 0.2,
+) -> str:
+    """Wait while ``parent_gone()`` is false; then until ``run_ended()``, at most
+    ``deadline`` seconds: ``"ended"`` or ``"deadline"``."""
+    while not parent_gone():
+        time.sleep(tick)
+    end = time.monotonic() + deadline
+    while not run_ended():
+        if time.monotonic() >= end:
+            return "deadline"
+        time.sleep(tick)
+    return "ended"
+
+
+def ended(pid: int) -> bool:
+    """Whether process ``pid`` has ended (a zombie that its new parent has not reaped
+    yet has ended)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 if __name__ == "__main__":

@@ -313,13 +313,19 @@ class ExecutionAPI:
         self.port = int(line)
         self.url = f"http://127.0.0.1:{self.port}/execution"
 
-    def serve(self, timeout: float = 120.0, cancelled: Callable[[], bool] = lambda: False) -> bool:
-        """Tells it the database is ready and waits for its health check: True once it
-        answers, False when ``cancelled()`` first; RuntimeError naming the log if it
-        exits or does not answer within ``timeout`` seconds."""
+    def serve(
+        self,
+        run: subprocess.Popen,
+        timeout: float = 120.0,
+        cancelled: Callable[[], bool] = lambda: False,
+    ) -> bool:
+        """Tells it the database is ready, and the DAG run's process (``run``, which it
+        serves until that has ended, should this process die), and waits for its health
+        check: True once it answers, False when ``cancelled()`` first; RuntimeError
+        naming the log if it exits or does not answer within ``timeout`` seconds."""
         import httpx
 
-        go(self.proc)
+        go(self.proc, str(run.pid))
         deadline = time.monotonic() + timeout
         # the socket is the child's own since before the port was known: what answers is it
         while not cancelled():
@@ -339,11 +345,11 @@ class ExecutionAPI:
         stop_all([self.proc])
 
 
-def go(proc: subprocess.Popen) -> None:
-    """The line a process started to wait (``apiserver``, ``dagrun``) goes on at; a
-    process that has ended already is not told."""
+def go(proc: subprocess.Popen, *words: str) -> None:
+    """The line a process started to wait (``apiserver``, ``dagrun``) goes on at
+    (``go``, then ``words``); a process that has ended already is not told."""
     with contextlib.suppress(BrokenPipeError, OSError, ValueError):
-        proc.stdin.write(b"go\n")
+        proc.stdin.write(" ".join(("go", *words)).encode() + b"\n")
         proc.stdin.flush()
         proc.stdin.close()
 

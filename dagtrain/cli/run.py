@@ -260,7 +260,7 @@ def _run(
             h.migrate()
         except SQLAlchemyError as e:
             raise _Stop(f"the metadata database {h.db}: {e}") from None
-        if cancelled() or not api.serve(cancelled=cancelled):
+        if cancelled() or not api.serve(back, cancelled=cancelled):
             raise _Interrupted
         term.print(f"running {dag.dag_id} ({dag_file.name}), run {run_id}")
         session.run = (dag.dag_id, run_id)

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import errno
 import socket
+import subprocess
+import sys
+import threading
 
+from dagtrain.cli.apiserver import ended, watch
 from dagtrain.cli.embedded import ExecutionAPI
 
 
@@ -29,3 +33,28 @@ def test_the_port_is_the_servers_own_from_the_moment_it_is_known(tmp_path, monke
     finally:
         api.stop()
     assert api.proc.poll() is not None  # stopped before its go: nothing left
+
+
+def test_once_dagtrain_run_has_died_the_server_serves_until_the_runs_process_has_ended():
+    """``watch``: the server goes on while dagtrain run lives; once it has died, until
+    the DAG run's process has ended (a zombie not reaped yet counts), or the deadline."""
+    gone = threading.Event()
+    run = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        said: list[str] = []
+        args = (gone.is_set, lambda: ended(run.pid), 30.0, 0.05)
+        waiter = threading.Thread(target=lambda: said.append(watch(*args)), daemon=True)
+        waiter.start()
+        waiter.join(0.5)
+        assert waiter.is_alive()  # dagtrain run alive
+        gone.set()
+        waiter.join(0.5)
+        assert waiter.is_alive()  # dagtrain run gone, the run's process alive
+        run.kill()  # not waited for: a zombie, which has ended
+        waiter.join(10)
+        assert said == ["ended"]
+    finally:
+        run.kill()
+        run.wait()
+    assert ended(run.pid)
+    assert watch(lambda: True, lambda: False, 0.2, 0.05) == "deadline"
