@@ -82,21 +82,25 @@ def main(argv: list[str] | None = None) -> int:
     if run_pid is not None:
         from dagtrain.rank_env import parent_death_signal
 
+        run = ended_check(run_pid)  # taken now, while the pid is surely the run's
         parent_death_signal(0)()  # dagtrain run's death no longer ends this at once
         threading.Thread(
-            target=_serve_the_run, args=(server, parent, run_pid), name="outlive", daemon=True
+            target=_serve_the_run, args=(server, parent, run), name="outlive", daemon=True
         ).start()
     server.run(sockets=[sock])
     return 0
 
 
-def _serve_the_run(server, parent: int, run_pid: int) -> None:
+def _serve_the_run(server, parent: int, run_ended: Callable[[], bool]) -> None:
     """Once dagtrain run (``parent``) has gone and the run's process has ended too, or
-    RUN_GRACE seconds after: stop serving (and exit, if the server does not)."""
-    watch(lambda: os.getppid() != parent, lambda: ended(run_pid), RUN_GRACE)
-    server.should_exit = True
-    time.sleep(5.0)
-    os._exit(0)
+    RUN_GRACE seconds after: stop serving, and exit 5 s later if the server has not."""
+    try:
+        how = watch(lambda: os.getppid() != parent, run_ended, RUN_GRACE)
+        print(f"dagtrain: dagtrain run has gone and the run's process {how}", flush=True)
+    finally:
+        server.should_exit = True
+        time.sleep(5.0)
+        os._exit(0)
 
 
 def watch(
@@ -117,15 +121,27 @@ def watch(
     return "ended"
 
 
-def ended(pid: int) -> bool:
-    """Whether process ``pid`` has ended (a zombie that its new parent has not reaped
-    yet has ended)."""
+def ended_check(pid: int) -> Callable[[], bool]:
+    """Whether process ``pid``, as it is now, has ended since: a zombie its new parent
+    has not reaped yet has; a process that took the number later is not it (psutil
+    compares the start time). An error reading it says "not yet" (the caller's deadline
+    bounds the wait)."""
     import psutil
 
     try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        proc = psutil.Process(pid)
     except psutil.NoSuchProcess:
-        return True
+        return lambda: True
+
+    def check() -> bool:
+        try:
+            return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+        except psutil.Error:
+            return False
+
+    return check
 
 
 if __name__ == "__main__":

@@ -286,8 +286,10 @@ class ExecutionAPI:
     """Airflow's execution API (what a task's supervisor talks to) on 127.0.0.1
     (``dagtrain.cli.apiserver``): started at once, it binds its own socket and says its
     port (``port``), builds its routes while the run is checked, and serves once
-    ``serve()`` says the database is ready. It gets SIGTERM if this process dies;
-    ``stop()`` ends it."""
+    ``serve()`` says the database is ready. Until then it gets SIGTERM if this process
+    dies; after it, it serves until the run's process has ended as well (at most
+    ``apiserver.RUN_GRACE`` seconds after this one's death), then exits. ``stop()``
+    ends it."""
 
     def __init__(self, log: Path, timeout: float = 30.0) -> None:
         import selectors

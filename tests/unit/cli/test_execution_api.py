@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 
-from dagtrain.cli.apiserver import ended, watch
+from dagtrain.cli.apiserver import ended_check, watch
 from dagtrain.cli.embedded import ExecutionAPI
 
 
@@ -42,7 +42,7 @@ def test_once_dagtrain_run_has_died_the_server_serves_until_the_runs_process_has
     run = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         said: list[str] = []
-        args = (gone.is_set, lambda: ended(run.pid), 30.0, 0.05)
+        args = (gone.is_set, ended_check(run.pid), 30.0, 0.05)
         waiter = threading.Thread(target=lambda: said.append(watch(*args)), daemon=True)
         waiter.start()
         waiter.join(0.5)
@@ -56,5 +56,5 @@ def test_once_dagtrain_run_has_died_the_server_serves_until_the_runs_process_has
     finally:
         run.kill()
         run.wait()
-    assert ended(run.pid)
+    assert ended_check(run.pid)()  # gone before the check was taken
     assert watch(lambda: True, lambda: False, 0.2, 0.05) == "deadline"
