@@ -269,6 +269,7 @@ class TaskGraph:
         timeout: float | None = None,
         keep: Iterable[Hashable] = (),
         inline_below: float = 1e-6,
+        idle: Callable[[], bool] | None = None,
     ) -> RunReport:
         """Run (or replay) every task; return a :class:`RunReport`.
 
@@ -284,7 +285,17 @@ class TaskGraph:
         another thread costs more than running it. A replay knows the grain from the
         run before; a first run starts inline and hands the tasks not started to the
         team as soon as they prove bigger (within a millisecond, or at once when a task
-        body adds tasks or waits: see :mod:`.inline`). Not with ``timeout`` or ``keep``.
+        body adds tasks or waits: see :mod:`.inline`). Not with ``timeout``, ``keep`` or
+        ``idle``.
+
+        ``idle``: called in the calling thread, with no lock held, whenever that thread
+        has no ready task to start, before it sleeps. It may block to settle a detached
+        task's event itself (``fulfill``/``fail``), which saves the wake-up of the thread
+        that would otherwise settle it and then wake this one; it returns whether it
+        did anything (True: look for ready tasks again at once; False: sleep until a
+        task is ready). It must return within a deadline of its own, and while it
+        blocks, tasks that become ready wait for it: block only on what must come
+        before anything else this thread could start.
 
         Raises TaskError (the first failing task, its exception as ``__cause__``) after
         the tasks already running have finished and the others were cancelled.
@@ -297,6 +308,7 @@ class TaskGraph:
             and timeout is None
             and not keep
             and self._run is None
+            and idle is None
             and (GIL if self._grain is None else self._grain < inline_below)
         ):
             _check_workers(workers)
@@ -306,7 +318,7 @@ class TaskGraph:
             finally:
                 self._run = None
         else:
-            self._start(workers, trace, keep, incremental=False)
+            self._start(workers, trace, keep, incremental=False, idle=idle)
             report = self.join(timeout=timeout)
         # (a run whose bodies added children never replays inline: they need a run)
         n = len(report)
@@ -329,7 +341,14 @@ class TaskGraph:
         """
         self._start(workers, trace, keep, incremental=True)
 
-    def _start(self, workers: int, trace: Any, keep: Any, incremental: bool) -> None:
+    def _start(
+        self,
+        workers: int,
+        trace: Any,
+        keep: Any,
+        incremental: bool,
+        idle: Callable[[], bool] | None = None,
+    ) -> None:
         if self._run is not None:
             raise RuntimeError(f"graph {self.name!r} is already running; join() it first")
         _check_workers(workers)
@@ -338,7 +357,7 @@ class TaskGraph:
             slot.keep = False
         for item in items(keep):
             self._keep(item)
-        self._run = Run(self, workers, trace, incremental)
+        self._run = Run(self, workers, trace, incremental, idle)
         self._run.begin()
 
     def join(self, timeout: float | None = None) -> RunReport:

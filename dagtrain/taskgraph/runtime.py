@@ -106,8 +106,16 @@ class _Timeout(Exception):
 class Run(Nesting):
     """The state of one run of a graph (see the module docstring)."""
 
-    def __init__(self, graph: TaskGraph, workers: int, trace: Any, incremental: bool) -> None:
+    def __init__(
+        self,
+        graph: TaskGraph,
+        workers: int,
+        trace: Any,
+        incremental: bool,
+        idle: Callable[[], bool] | None = None,
+    ) -> None:
         self.graph = graph
+        self.on_idle = idle  # see ``TaskGraph.run``
         self.incremental = incremental
         self.workers = workers
         self.trace = trace
@@ -290,9 +298,22 @@ class Run(Nesting):
         current = self.current
         prev = current[wid]
         joining = until == self._all_done  # join's predicate, inlined (per task)
+        helper = self.on_idle if joining else None
+        asked = False  # the helper had nothing to do: look once more, then wait
         lock.acquire()
         try:
             while not self._run_ready(wid, ready, prev, until, joining, 1):
+                if helper is not None and not asked:
+                    # it may settle an event itself. Either way look again, with the
+                    # lock held from that look to the wait: whatever became ready
+                    # while the lock was released woke no one (no thread was idle)
+                    lock.release()
+                    try:
+                        asked = not helper()
+                    finally:
+                        lock.acquire()
+                    continue
+                asked = False
                 if until is not None:
                     self.watchers += 1
                 self.idle += 1

@@ -21,9 +21,12 @@ intermediates ``B`` kept), else the whole backward. The first part has no input
 gradient to send, so its backward is one task. Sends and receives are detached tasks:
 their body posts the transfer (``isend``/``irecv`` on gloo or nccl, ``Isend``/``Irecv``
 under mpirun) and the transfer's completion, awaited with a deadline by a thread per
-direction and chunk, completes them. Every transfer has a tag of its own (the part it
-goes into, its way, its microbatch), so a send matches its receive whatever order the
-two ranks post them in (NCCL ignores tags: chunks are refused there).
+direction and chunk, completes them; where all of a rank's receives come one way (the
+first and last stages, one chunk, not NCCL), the stage's own thread waits for them when
+it has nothing else to start (one wake-up per hop, not two: :mod:`.transfers`). Every
+transfer has a tag of its own (the part it goes into, its way, its microbatch), so a
+send matches its receive whatever order the two ranks post them in (NCCL ignores tags:
+chunks are refused there).
 
 The orders are not tables. They are priorities among ready tasks and a token that
 bounds how many of a rank's forwards are alive: a forward waits for the task that
@@ -71,7 +74,7 @@ from torch import nn
 from dagtrain.config import TrainConfig
 from dagtrain.config.schema import CHUNKS_ON_NCCL
 from dagtrain.errors import InputError
-from dagtrain.records.trace import Op, bubble
+from dagtrain.records.trace import bubble
 from dagtrain.sync import Backend
 from dagtrain.taskgraph import Event, TraceFile
 
@@ -91,14 +94,6 @@ from .step import NonFiniteGradients, scaled_loss, step_seed
 from .transfers import Transfers
 
 __all__ = ["StageStep"]
-
-# the op of each way a transfer goes
-_OPS = {
-    "recv-act": Op.RECV_ACT,
-    "send-act": Op.SEND_ACT,
-    "recv-grad": Op.RECV_GRAD,
-    "send-grad": Op.SEND_GRAD,
-}
 
 # seconds: how soon a thread waiting for the GIL gets it from one running Python
 SWITCH_INTERVAL = 0.0005
@@ -189,10 +184,10 @@ class StageStep(StageGraph, StageState):
         self._switch_interval = sys.getswitchinterval()
         sys.setswitchinterval(min(self._switch_interval, SWITCH_INTERVAL))
         t = cfg.distributed.collective_timeout
-        # a thread per direction and chunk: a chunk's transfers of one way complete in
+        # a waiter per direction and chunk: a chunk's transfers of one way complete in
         # the order they were posted, the chunks' do not (chunk 1's gradient comes first)
-        self._waiters = {
-            (k, j): Transfers(f"pipeline-{k}" + (f".{j}" if self.v > 1 else ""), backend.rank, t)
+        ways = [
+            (k, j)
             for j, c in enumerate(self.parts)
             for k, needed in (
                 ("recv-act", self.remote(c, c - 1)),
@@ -201,7 +196,26 @@ class StageStep(StageGraph, StageState):
                 ("send-grad", self.remote(c, c - 1)),
             )
             if needed
+        ]
+        # where every receive of the rank comes one way (the first stage's gradients,
+        # the last's activations: one chunk), the stage's thread waits for them itself
+        # when it has nothing to start: nothing it could start comes before the oldest
+        # of them (a send's end readies nothing, the gradients' average the check,
+        # after every receive), and it then wakes once per hop, not once in a waiting
+        # thread and once more when that one wakes it. Not on NCCL, whose wait only
+        # orders the current stream.
+        recvs = [w for w in ways if w[0].startswith("recv")]
+        own = len(recvs) == 1 and self.v == 1 and not nccl
+        self._waiters = {
+            (k, j): Transfers(
+                f"pipeline-{k}" + (f".{j}" if self.v > 1 else ""),
+                backend.rank,
+                t,
+                thread=not (own and k.startswith("recv")),
+            )
+            for k, j in ways
         }
+        self._idle = self._waiters[recvs[0]].wait_next if own else None
         if self.D > 1:
             self._waiters["allreduce", 0] = Transfers("pipeline-allreduce", backend.rank, t)
         self.none = (0.0,) * len(self.objective.sum_names)
@@ -285,7 +299,7 @@ class StageStep(StageGraph, StageState):
         tag = self.tag(other if send else c, "act" if act else "grad", m)
         post = self.backend.send_async if send else self.backend.recv_async
         h = post(t, peer, tag, what)
-        self._waiters[way, j].post(h, event, t, self._name(_OPS[way], m, j))
+        self._waiters[way, j].post(h, event, t)
 
     def _recv(self, way: str, m: int, j: int, event: Event) -> torch.Tensor:
         """A buffer for microbatch ``m``'s activation (``recv-act``: the output of the
@@ -417,7 +431,7 @@ class StageStep(StageGraph, StageState):
                 view.copy_(q.grad.reshape(-1))
             q.grad = view.view_as(q)
         h = self.group.allreduce_async(bk.flat, what, average=True)
-        self._waiters["allreduce", 0].post(h, bk.event, None, f"allreduce[{bk.index}]")
+        self._waiters["allreduce", 0].post(h, bk.event, None)
 
     def _check(self) -> None:
         # one read of every gradient: a NaN or infinity makes its norm so
@@ -491,6 +505,7 @@ class StageStep(StageGraph, StageState):
             if trace is None
             else TraceFile(trace, rank, f"rank {rank} · stage {self.stage}"),
             timeout=self.cfg.distributed.collective_timeout * (2 * self.M * self.v + 4),
+            idle=self._idle,
         )
         if self.trial is not None:  # (a traced step counts activations: not timed)
             self.trial.done(self.order, time.perf_counter() - t0, timed=trace is None)

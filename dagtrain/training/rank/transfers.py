@@ -1,20 +1,28 @@
 """The transfers of one direction of a pipeline stage (and one chunk), awaited in order.
 
 A stage's send and receive tasks are detached: their body posts the transfer and
-returns, and a :class:`Transfers` thread per direction (and chunk) waits for each transfer (with
+returns, and a :class:`Transfers` per direction (and chunk) waits for each transfer (with
 the backend's deadline) in the order they were posted, then completes its task, or
 fails it with a :class:`~dagtrain.sync.CollectiveTimeout` naming the transfer (or a
 :class:`~dagtrain.sync.CollectiveFailed` carrying the library's error, such as a peer's
 connection reset, as its cause). Transfers
 of one direction between two ranks complete in the order they were posted (a channel's
 messages do not overtake each other), so waiting in order delays none.
+
+Who waits: a thread of its own, or (``thread=False``) the stage's thread, when it has
+nothing else to start (:meth:`Transfers.wait_next`, the step graph's ``idle``). The
+stage's thread then wakes once, when the transfer completes, where the waiting thread
+would wake first and then wake it: one thread hand-over less on each hop of the
+pipeline's critical path. That is right only where the oldest transfer of this one
+direction comes before anything else the stage could start (see
+:class:`~.pipelining.StageStep`).
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-from time import perf_counter
+from collections import deque
 from typing import Any
 
 from dagtrain.launch.diagnose import TIMED_OUT
@@ -25,33 +33,52 @@ __all__ = ["Transfers"]
 
 
 class Transfers:
-    """A thread that waits, in the order they were posted, for the transfers of one
-    direction, and completes each one's detached task (or fails it)."""
+    """The transfers of one direction, waited for in the order they were posted, each
+    one's detached task completed (or failed): by a thread of its own, or
+    (``thread=False``) by whoever calls :meth:`wait_next`."""
 
-    def __init__(self, name: str, rank: int, timeout: float) -> None:
+    def __init__(self, name: str, rank: int, timeout: float, thread: bool = True) -> None:
         self.rank, self.timeout = rank, timeout
-        self.q: queue.SimpleQueue = queue.SimpleQueue()
-        self.done: list[tuple[str, float, float]] = []  # (name, posted, completed)
-        self.thread = threading.Thread(target=self._wait, name=name, daemon=True)
-        self.thread.start()
+        self.q: Any = queue.SimpleQueue() if thread else deque()
+        self.thread: threading.Thread | None = None
+        if thread:
+            self.thread = threading.Thread(target=self._wait, name=name, daemon=True)
+            self.thread.start()
 
-    def post(self, handle: Handle, event: Event, keep: Any, name: str) -> None:
-        self.q.put((handle, event, keep, name, perf_counter()))
+    def post(self, handle: Handle, event: Event, keep: Any) -> None:
+        """Wait for ``handle`` after those posted before it; ``keep`` (the tensor it
+        reads or writes) stays alive until then."""
+        if self.thread is not None:
+            self.q.put((handle, event, keep))
+        else:
+            self.q.append((handle, event, keep))
+
+    def wait_next(self) -> bool:
+        """(``thread=False``) Wait for the oldest transfer not yet waited for and settle
+        its task; False when none is posted."""
+        if not self.q:
+            return False
+        self._settle(*self.q.popleft())
+        return True
 
     def _wait(self) -> None:
         while True:
             item = self.q.get()
             if item is None:
                 return
-            handle, event, keep, name, posted = item
-            try:
-                handle.wait(self.rank, self.timeout)
-            except BaseException as e:  # our deadline, gloo's, a peer's connection gone
-                event.fail(self._named(handle, e))
-                continue
-            self.done.append((name, posted, perf_counter()))
-            del keep
-            event.fulfill()
+            self._settle(*item)
+            item = None
+
+    def _settle(self, handle: Handle, event: Event, keep: Any) -> None:
+        try:
+            handle.wait(self.rank, self.timeout)
+        except (KeyboardInterrupt, SystemExit):  # (wait_next, in the main thread)
+            raise
+        except BaseException as e:  # our deadline, gloo's, a peer's connection gone
+            event.fail(self._named(handle, e))
+            return
+        del keep
+        event.fulfill()
 
     def _named(self, handle: Handle, e: BaseException) -> BaseException:
         """What the task fails with: a deadline passed (ours, or the library's own,
@@ -69,4 +96,7 @@ class Transfers:
     def close(self) -> None:
         """Stop after the transfers posted; never waits for them (a failing rank must
         not wait for the peer it may be failing because of: the thread is a daemon)."""
-        self.q.put(None)
+        if self.thread is not None:
+            self.q.put(None)
+        else:
+            self.q.clear()

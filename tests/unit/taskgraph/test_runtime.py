@@ -192,6 +192,80 @@ def test_detach_true_passes_the_event_and_fail_fails_the_task():
     assert g.tasks[1].state == "cancelled"
 
 
+def test_idle_settles_events_in_the_calling_thread_with_no_wait_in_between():
+    """``idle`` runs in the calling thread only when it has nothing to start; a task it
+    readies (by fulfilling an event) runs next, in that thread, without the run's
+    condition being waited on; False lets the thread sleep until a task is ready."""
+    main = threading.get_ident()
+    pending: list[Event] = []
+    order: list[str] = []
+    calls: list[int] = []
+
+    def post(name: str, ev: Event) -> None:
+        order.append(f"post {name}")
+        pending.append(ev)
+
+    def idle() -> bool:
+        calls.append(threading.get_ident())
+        if not pending:
+            return False
+        order.append("idle")
+        pending.pop(0).fulfill()
+        return True
+
+    g = TaskGraph()
+    for k in range(2):
+        ev = Event()
+        g.add(post, f"recv{k}", ev, name=f"recv{k}", out=f"in{k}", detach=ev, priority=9 - k)
+        g.add(order.append, f"F{k}", name=f"F{k}", in_=f"in{k}", priority=5 - k)
+    late = Event()
+    g.add(lambda: threading.Timer(0.05, late.fulfill).start(), name="late", detach=late)
+    for _ in range(2):  # and on a replay
+        order.clear()
+        calls.clear()
+        g.run(workers=1, idle=idle)
+        assert order == ["post recv0", "post recv1", "idle", "F0", "idle", "F1"], order
+        assert set(calls) == {main}
+        assert len(calls) >= 3  # the last: nothing posted, so the thread slept for "late"
+
+
+def test_a_task_readied_while_idle_ran_is_not_missed():
+    """An event settled by another thread while ``idle`` runs (the lock released, no
+    thread waiting to be woken) and ``idle`` then says it did nothing: the thread looks
+    again before it sleeps, so the task that became ready runs (it used to wait
+    forever: a pipeline rank's check-finite, readied by its gradients' average)."""
+    ev = Event()
+
+    def idle() -> bool:
+        t = threading.Thread(target=ev.fulfill)
+        t.start()
+        t.join()
+        return False
+
+    g = TaskGraph()
+    g.add(noop, name="allreduce", detach=ev, out="g")
+    g.add(noop, name="check", in_="g")
+    reports: list = []
+    # (no run timeout: its timed wait would end the sleep and hide the miss)
+    runner = threading.Thread(target=lambda: reports.append(g.run(workers=1, idle=idle)))
+    runner.daemon = True
+    runner.start()
+    runner.join(30)
+    assert not runner.is_alive(), "the ready task was missed: the run sleeps forever"
+    assert [rec.state for rec in reports[0]] == ["done", "done"]
+
+
+def test_an_event_failed_in_idle_fails_its_task():
+    ev = Event()
+    g = TaskGraph()
+    g.add(noop, name="recv", detach=ev, out="x")
+    g.add(noop, name="F", in_="x")
+    with pytest.raises(TaskError, match="recv") as info:
+        g.run(workers=1, idle=lambda: ev.fail(ConnectionError("rank 1 gone")) or True)
+    assert isinstance(info.value.__cause__, ConnectionError)
+    assert g.tasks[1].state == "cancelled"
+
+
 def test_timeout_names_the_task_waiting_for_its_event():
     g = TaskGraph()
     g.add(noop, name="never-fulfilled", detach=Event())
