@@ -475,9 +475,8 @@ class ExecutorConfig(Section):
         True,
         description="glibc's malloc keeps what a step frees for the next step (no page "
         "faults each step; a rank holds its peak); false: glibc's defaults. A process "
-        "whose malloc was already chosen (MALLOC_TRIM_THRESHOLD_, MALLOC_MMAP_THRESHOLD_, "
-        "MALLOC_TOP_PAD_, MALLOC_MMAP_MAX_, a glibc.malloc tunable, a preloaded allocator) "
-        "keeps its own",
+        "whose malloc was already chosen (by glibc's malloc variables or tunables, or a "
+        "preloaded allocator: docs/training.md names them) keeps its own",
     )
     trace: bool = Field(
         True,

@@ -18,10 +18,9 @@ that is wholly free. The setting is the process's, for good: a program that call
 (``executor.keep_freed_memory: false`` leaves its malloc alone).
 
 This is what the allocators PyTorch's CPU tuning guide recommends (jemalloc, tcmalloc)
-do by default. A rank leaves it alone where the process already chose: glibc's malloc
-variables (``MALLOC_TRIM_THRESHOLD_``, ``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TOP_PAD_``,
-``MALLOC_MMAP_MAX_``, or a ``glibc.malloc`` tunable) or another allocator preloaded;
-and where the C library is not glibc.
+do by default. A rank leaves it alone where the process already chose (:func:`whose`:
+one of glibc's malloc variables, a ``glibc.malloc`` tunable, or another allocator
+preloaded) and where the C library is not glibc.
 """
 
 from __future__ import annotations
