@@ -16,10 +16,11 @@ in the same job pairs' way, alternating, round after round:
            to start (``TaskGraph.run(idle=Transfers.wait_next)``: a first or last
            stage's way since b30fe97): one wake-up per hop, not two
 
-Per way: the median of a round's runs (after 50 untimed), per hop (the run / 16), and
-the ratio thread / idle round by round (above 1: idle faster). Both ways build the same
-graph and time the same thing (``run()`` from a barrier). Writes
-benchmarks/results/pipeline_hop.json.
+Per way: the median of a round's runs (after 50 untimed), that over the rounds divided
+by 16 (a run's start and end and the ranks' skew after the barrier included: an upper
+bound of a hop), and the ratio thread / idle round by round (above 1: idle faster).
+Both ways build the same graph, with a pipeline rank's GIL switch interval, and time
+the same thing (``run()`` from a barrier). Writes benchmarks/results/pipeline_hop.json.
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ WARMUP = 50
 def rank_main(rank: int, way: str, steps: int, out: str) -> None:
     import torch
     import torch.distributed as dist
+
+    from dagtrain.training.rank.pipelining import SWITCH_INTERVAL
+
+    sys.setswitchinterval(SWITCH_INTERVAL)  # as a pipeline rank's step sets it
 
     from dagtrain.sync import Handle
     from dagtrain.taskgraph import Event, TaskGraph
@@ -72,12 +77,12 @@ def rank_main(rank: int, way: str, steps: int, out: str) -> None:
     # rank 0 sends tag k and waits for rank 1's reply to exchange k - 1 (tag 1000 + k - 1)
     g = TaskGraph(f"hop-{way}")
     for k in range(n):
-        ins = None
+        ins: tuple[str, ...] = ()
         if rank == 1 or k > 0:
             ev = Event()
             tag = k if rank == 1 else 1000 + k - 1
             g.add(recv, k, tag, ev, name=f"recv{k}", out=f"in{k}", detach=ev, priority=300 - k)
-            ins = f"in{k}"
+            ins = (f"in{k}",)
         g.add(compute, k, name=f"compute{k}", in_=ins, out=f"out{k}", priority=100 - k)
         ev = Event()
         tag = k if rank == 0 else 1000 + k

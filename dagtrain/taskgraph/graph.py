@@ -288,19 +288,25 @@ class TaskGraph:
         body adds tasks or waits: see :mod:`.inline`). Not with ``timeout``, ``keep`` or
         ``idle``.
 
-        ``idle``: called in the calling thread, with no lock held, whenever that thread
-        has no ready task to start, before it sleeps. It may block to settle a detached
-        task's event itself (``fulfill``/``fail``), which saves the wake-up of the thread
-        that would otherwise settle it and then wake this one; it returns whether it
-        did anything (True: look for ready tasks again at once; False: sleep until a
-        task is ready). It must return within a deadline of its own, and while it
-        blocks, tasks that become ready wait for it: block only on what must come
-        before anything else this thread could start.
+        ``idle`` (``workers=1`` only): called in the calling thread, with no lock held,
+        whenever that thread has no ready task to start, before it sleeps. It may block
+        to settle a detached task's event itself (``fulfill``/``fail``), which saves
+        the wake-up of the thread that would otherwise settle it and then wake this
+        one; it returns whether it did anything (True: look for ready tasks again at
+        once; False: sleep until a task is ready). It must return within a deadline of
+        its own, and while it blocks, tasks that become ready wait for it, and so does
+        a failure's stop: block only on what must come before anything else this
+        thread could start. An exception it raises ends the run and is raised as is.
 
         Raises TaskError (the first failing task, its exception as ``__cause__``) after
         the tasks already running have finished and the others were cancelled.
         """
         self.prepare()
+        if idle is not None and workers != 1:
+            raise ValueError(
+                f"idle= needs workers=1, not {workers}: a worker that starts a task "
+                "while the calling thread is in idle() would wake no one"
+            )
         if (
             self._plain
             and not self.heap  # (priorities or costs order the ready tasks)

@@ -26,6 +26,9 @@ idle             threads waiting on the condition; a retiring thread wakes only 
                  not pay for wake-ups nobody needs.
 watchers         threads in taskwait/join, waiting for a predicate: every retirement
                  wakes them all.
+on_idle          ``run(idle=fn)`` (one worker: the calling thread): called, the lock
+                 released, whenever that thread finds no ready task, before it waits;
+                 it may block to settle an event itself (see ``TaskGraph.run``).
 below            ``{task: its ready descendants}`` for each task whose body has added
                  children and not yet returned: the tasks a thread waiting in it may
                  start (below).
@@ -299,21 +302,24 @@ class Run(Nesting):
         prev = current[wid]
         joining = until == self._all_done  # join's predicate, inlined (per task)
         helper = self.on_idle if joining else None
-        asked = False  # the helper had nothing to do: look once more, then wait
         lock.acquire()
         try:
             while not self._run_ready(wid, ready, prev, until, joining, 1):
-                if helper is not None and not asked:
-                    # it may settle an event itself. Either way look again, with the
-                    # lock held from that look to the wait: whatever became ready
-                    # while the lock was released woke no one (no thread was idle)
+                if helper is not None:  # it may settle an event itself
                     lock.release()
                     try:
-                        asked = not helper()
+                        helped = helper()
                     finally:
-                        lock.acquire()
-                    continue
-                asked = False
+                        try:
+                            lock.acquire()
+                        except BaseException:  # interrupted as it waited: hold it
+                            lock.acquire()
+                            raise
+                    # what became ready (or ended the run) while the lock was released
+                    # woke no one, no thread being idle: look again before the wait,
+                    # the lock held from this look to it
+                    if helped or ready or self.stopping or not self.outstanding:
+                        continue
                 if until is not None:
                     self.watchers += 1
                 self.idle += 1

@@ -94,8 +94,9 @@ class Transfers:
         return CollectiveFailed(handle.what, self.rank, e)
 
     def close(self) -> None:
-        """Stop after the transfers posted; never waits for them (a failing rank must
-        not wait for the peer it may be failing because of: the thread is a daemon)."""
+        """Stop after the transfers posted, never waiting for them (a failing rank must
+        not wait for the peer it may be failing because of: the thread is a daemon);
+        with ``thread=False``, drop those not waited for."""
         if self.thread is not None:
             self.q.put(None)
         else:

@@ -255,6 +255,45 @@ def test_a_task_readied_while_idle_ran_is_not_missed():
     assert [rec.state for rec in reports[0]] == ["done", "done"]
 
 
+def test_idle_is_asked_again_after_a_task_readied_while_it_ran():
+    """The task readied while ``idle`` ran posts what only ``idle`` settles: once it ran,
+    ``idle`` is asked again (it used to be skipped until the thread had slept: forever)."""
+    held, posted_ev = Event(), Event()
+    posted: list[Event] = []
+    calls: list[int] = []
+
+    def idle() -> bool:
+        calls.append(1)
+        if len(calls) == 1:  # readies "post" from another thread, then has nothing
+            t = threading.Thread(target=held.fulfill)
+            t.start()
+            t.join()
+            return False
+        if posted:
+            posted.pop().fulfill()
+            return True
+        return False
+
+    g = TaskGraph()
+    g.add(noop, name="held", detach=held, out="h")
+    g.add(posted.append, posted_ev, name="post", in_="h", out="p", detach=posted_ev)
+    g.add(noop, name="end", in_="p")
+    reports: list = []
+    runner = threading.Thread(target=lambda: reports.append(g.run(workers=1, idle=idle)))
+    runner.daemon = True
+    runner.start()
+    runner.join(30)
+    assert not runner.is_alive(), "idle was not asked again: the run sleeps forever"
+    assert [rec.state for rec in reports[0]] == ["done"] * 3
+
+
+def test_idle_needs_one_worker():
+    g = TaskGraph()
+    g.add(noop, name="a")
+    with pytest.raises(ValueError, match="idle= needs workers=1, not 2"):
+        g.run(workers=2, idle=lambda: False)
+
+
 def test_an_event_failed_in_idle_fails_its_task():
     ev = Event()
     g = TaskGraph()
