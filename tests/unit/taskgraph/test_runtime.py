@@ -229,6 +229,19 @@ def test_idle_settles_events_in_the_calling_thread_with_no_wait_in_between():
         assert len(calls) >= 3  # the last: nothing posted, so the thread slept for "late"
 
 
+def _states_unless_asleep(g: TaskGraph, idle, why: str) -> list[str]:
+    """Run ``g`` with ``idle`` in a thread of its own, with no run timeout (its timed
+    wait would end a lost sleep and hide it); the tasks' states, or a failure saying
+    ``why`` where the run still sleeps after 30 s."""
+    reports: list = []
+    runner = threading.Thread(target=lambda: reports.append(g.run(workers=1, idle=idle)))
+    runner.daemon = True
+    runner.start()
+    runner.join(30)
+    assert not runner.is_alive(), why
+    return [rec.state for rec in reports[0]]
+
+
 def test_a_task_readied_while_idle_ran_is_not_missed():
     """An event settled by another thread while ``idle`` runs (the lock released, no
     thread waiting to be woken) and ``idle`` then says it did nothing: the thread looks
@@ -245,14 +258,8 @@ def test_a_task_readied_while_idle_ran_is_not_missed():
     g = TaskGraph()
     g.add(noop, name="allreduce", detach=ev, out="g")
     g.add(noop, name="check", in_="g")
-    reports: list = []
-    # (no run timeout: its timed wait would end the sleep and hide the miss)
-    runner = threading.Thread(target=lambda: reports.append(g.run(workers=1, idle=idle)))
-    runner.daemon = True
-    runner.start()
-    runner.join(30)
-    assert not runner.is_alive(), "the ready task was missed: the run sleeps forever"
-    assert [rec.state for rec in reports[0]] == ["done", "done"]
+    why = "the ready task was missed: the run sleeps forever"
+    assert _states_unless_asleep(g, idle, why) == ["done", "done"]
 
 
 def test_idle_is_asked_again_after_a_task_readied_while_it_ran():
@@ -278,13 +285,8 @@ def test_idle_is_asked_again_after_a_task_readied_while_it_ran():
     g.add(noop, name="held", detach=held, out="h")
     g.add(posted.append, posted_ev, name="post", in_="h", out="p", detach=posted_ev)
     g.add(noop, name="end", in_="p")
-    reports: list = []
-    runner = threading.Thread(target=lambda: reports.append(g.run(workers=1, idle=idle)))
-    runner.daemon = True
-    runner.start()
-    runner.join(30)
-    assert not runner.is_alive(), "idle was not asked again: the run sleeps forever"
-    assert [rec.state for rec in reports[0]] == ["done"] * 3
+    why = "idle was not asked again: the run sleeps forever"
+    assert _states_unless_asleep(g, idle, why) == ["done"] * 3
 
 
 def test_idle_needs_one_worker():
