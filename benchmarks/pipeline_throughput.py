@@ -48,8 +48,11 @@ for GPipe/1F1B the formula (p-1)/(m+p-1)), and peak activation bytes per rank (t
 the live bytes of the tensors autograd saved, counted by
 ``torch.autograd.graph.saved_tensors_hooks`` during one extra, untimed step; dagtrain
 reports its own, and a job of its own per order counts dagtrain's the torch way over a
-few untimed steps, with what is still alive after them). A torch schedule that fails is
-recorded with its error. About 10 minutes a model here (half of it starting 2-rank jobs):
+few untimed steps, with what is still alive after them). dagtrain's traced step (the
+trace behind its bubble; it counts its activations too) is likewise one extra, untimed
+step: timed, it was the slowest or nearly of each job, 8-13% over the median of the
+transformer's 1f1b in three jobs. A torch schedule that fails is recorded with its
+error. About 10 minutes a model here (half of it starting 2-rank jobs):
 5 rounds of 12 timed steps, since with 3 of 8 a system's figure moved by 5-15% from one
 run to the next on these 2 shared cores, as much as the differences measured.
 Writes benchmarks/results/pipeline_throughput.json; with ``--models`` naming only some,
@@ -471,7 +474,9 @@ def _dagtrain_config(spec: dict):
         training={
             "batch_size": BATCH,
             "epochs": 100,
-            "max_steps": spec["warmup"] + spec["steps"],
+            # and one more, untimed: the run's last step is traced (its trace written,
+            # its saved activations counted), as torch's counting step is untimed
+            "max_steps": spec["warmup"] + spec["steps"] + 1,
             "lr": LR,
             "momentum": MOMENTUM,
         },
@@ -706,7 +711,7 @@ def _run_dagtrain(model: dict, sp: dict, order: str, args, tmp: Path) -> dict[st
     if any("job_error" in r or "step_seconds" not in r for r in ranks):
         r = next((r for r in ranks if "job_error" in r), ranks[0])
         return {"error": r.get("job_error", "no result"), "log_tail": r.get("log_tail")}
-    timed = [r["step_seconds"][args.warmup :] for r in ranks]
+    timed = [r["step_seconds"][args.warmup : args.warmup + args.steps] for r in ranks]
     pipe = [r.get("pipeline") or {} for r in ranks]
     return {
         "step_seconds": [max(ts) for ts in zip(*timed)],
