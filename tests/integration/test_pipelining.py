@@ -1,7 +1,8 @@
 """Pipeline parallelism in real processes (gloo, and mpi4py under mpirun): every order
 trains the same parameters as one process on the same global batch, resumes bitwise
-after a kill (and with another number of stages), and a stage rank that dies or stalls
-fails the job in time, named. Nothing is mocked.
+after a kill (and with another number of stages), a stage rank that dies or stalls
+fails the job in time, named, and non-finite gradients fail the run naming their stage
+or are skipped on every stage alike. Nothing is mocked.
 
 The whole equivalence grid (every order, S in {2, 4}, M in {1, 4, 8}, D in {1, 2},
 v in {1, 2} chunks a rank, two chunks looped or in a V) runs with ``-m pipeline_grid``;
@@ -22,6 +23,7 @@ import torch
 from dagtrain.launch import RankFailure
 from dagtrain.training import TrainConfig, run_training
 from dagtrain.training.rank import checkpoint as ckpt
+from tests.unit.training.factory import nan_blocks
 
 from .faults import alive, signal_rank
 
@@ -336,3 +338,24 @@ def test_a_short_last_batch_with_empty_microbatches_still_equals_one_process(tmp
     a, b = final_params(tmp_path / "one"), final_params(tmp_path / "pp")
     for k in a:
         assert torch.allclose(a[k], b[k], rtol=1e-5, atol=1e-6), k
+
+
+def test_non_finite_gradients_fail_naming_the_stage_or_skip_the_step_on_every_stage(tmp_path):
+    # every stage's gradients are NaN from the first step: under `fail` a stage names
+    # itself and its parameters; under `skip` every stage skips every step together
+    # (one flag over all ranks), so no parameter moves
+    base = dict(
+        BASE, model="tests.unit.training.factory:nan_blocks", model_args={}, backend="torch",
+        ranks=2, parallel={"stages": 2, "microbatches": 2},
+    )  # fmt: skip
+    with pytest.raises(RankFailure, match=r"step 0: non-finite gradients in stage [01] \("):
+        run_training(TrainConfig(**base, checkpoint_dir=str(tmp_path / "fail")), **QUIET)
+    skip = TrainConfig(
+        **{**base, "max_steps": 3}, nonfinite="skip", checkpoint_dir=str(tmp_path / "s")
+    )
+    r = run_training(skip, **QUIET)
+    assert r.steps == 3 and r.skipped_steps == 3
+    torch.manual_seed(skip.training.seed)
+    first = nan_blocks((8, 8), 10).state_dict()
+    for k, v in final_params(tmp_path / "s").items():
+        assert torch.equal(v, first[k]), k
