@@ -90,7 +90,7 @@ from .split_backward import input_grad, weight_grads
 from .stage_graph import StageGraph
 from .stage_state import StageState
 from .stages import Stages, evaluate
-from .step import NonFiniteGradients, scaled_loss, step_seed
+from .step import NonFiniteGradients, all_finite, scaled_loss, step_seed
 from .transfers import Transfers
 
 __all__ = ["StageStep"]
@@ -229,6 +229,9 @@ class StageStep(StageGraph, StageState):
         self.snapshot = snapshot
         self.want_snapshot = False
         self.finite = True
+        # the finite check's flag and its factor, 1 (see step.all_finite)
+        self._found = torch.zeros(1, dtype=torch.float32, device=self.device)
+        self._one = torch.ones(1, dtype=torch.float32, device=self.device)
         self.activations = ActivationBytes(model)  # alive now, and the most in any step
         self.bubble: float | None = None
         # the recipe (see .recipe): the LR of the global step, autocast, and the
@@ -434,15 +437,23 @@ class StageStep(StageGraph, StageState):
         self._waiters["allreduce", 0].post(h, bk.event, None)
 
     def _check(self) -> None:
-        # one read of every gradient: a NaN or infinity makes its norm so
-        have = [(n, q.grad) for n, q in zip(self.names, self.params) if q.grad is not None]
-        norms = torch._foreach_norm([g for _, g in have]) if have else []
-        # one read of the norms (not one per parameter: a transformer stage has ~100)
-        self.finite = not have or bool(torch.isfinite(torch.stack(norms)).all())
-        bad = [] if self.finite else [n for (n, _), v in zip(have, norms) if not v.isfinite()]
-        if bad and self.cfg.training.nonfinite == "fail":
-            raise NonFiniteGradients(self.step, self.stage, bad, "stage")
+        grads = [q.grad for q in self.params if q.grad is not None]
         max_norm = self.cfg.training.max_grad_norm
+        norms: list[torch.Tensor] = []
+        if max_norm is None:  # one call over every gradient (on the step's tail)
+            self.finite = all_finite(grads, self._found, self._one)
+        else:  # the norms clipping needs: a NaN or infinity makes its norm so
+            norms = torch._foreach_norm(grads) if grads else []
+            # one read of the norms (not one per parameter: a transformer stage has ~100)
+            self.finite = not grads or bool(torch.isfinite(torch.stack(norms)).all())
+        if not self.finite and self.cfg.training.nonfinite == "fail":
+            bad = [
+                n
+                for n, q in zip(self.names, self.params)
+                if q.grad is not None and not bool(q.grad.isfinite().all())
+            ]
+            if bad:
+                raise NonFiniteGradients(self.step, self.stage, bad, "stage")
         if self.cfg.training.nonfinite == "skip" or max_norm is not None:
             # one small collective over every rank: the non-finite flag, and each
             # stage's sum of squares of its (averaged: the same on every replica, so the
@@ -456,8 +467,8 @@ class StageStep(StageGraph, StageState):
             elif max_norm is not None:
                 self.norm = float(got[1].item()) ** 0.5
                 self.factor = clip_factor(self.norm, max_norm)
-                if self.factor < 1.0 and have:
-                    torch._foreach_mul_([g for _, g in have], self.factor)
+                if self.factor < 1.0 and grads:
+                    torch._foreach_mul_(grads, self.factor)
 
     def _update(self) -> None:
         if self.finite and self.optimizer is not None:

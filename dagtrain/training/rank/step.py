@@ -438,6 +438,23 @@ class StepGraph:
 _unscale = getattr(torch, "_amp_foreach_non_finite_check_and_unscale_", None)
 
 
+def all_finite(tensors: list[torch.Tensor], found: torch.Tensor, one: torch.Tensor) -> bool:
+    """Whether ``tensors`` hold no NaN or infinity: GradScaler's kernel, one call for all
+    of them (it multiplies each by ``one``, a float32 1.0 on their device, so every value
+    stays as it was; ``found``, a float32 of one element there too, is its flag); where it
+    does not take them, a norm per tensor, which a NaN or infinity makes non-finite."""
+    if not tensors:
+        return True
+    if _unscale is not None:
+        found.zero_()
+        try:
+            _unscale(tensors, found, one)
+            return not bool(found.item())
+        except (RuntimeError, TypeError):  # a dtype or device it does not take
+            pass
+    return bool(torch.isfinite(torch.stack(torch._foreach_norm(tensors))).all())
+
+
 def _average_checked(b: Bucket, size: int, inv: float | None, scale: float = 1.0) -> bool:
     """Turn the bucket's sum over ``size`` ranks into their average (divided by fp16's
     loss ``scale`` too); whether it holds no NaN or infinity. One pass over the bucket
