@@ -474,9 +474,10 @@ def _dagtrain_config(spec: dict):
         training={
             "batch_size": BATCH,
             "epochs": 100,
-            # and one more, untimed: the run's last step is traced (its trace written,
-            # its saved activations counted), as torch's counting step is untimed
-            "max_steps": spec["warmup"] + spec["steps"] + 1,
+            # and, in a timed job, one more, untimed: the run's last step is traced (its
+            # trace written, its saved activations counted), as torch's counting step
+            # is untimed (the counting job writes no trace)
+            "max_steps": spec["warmup"] + spec["steps"] + (1 if spec["trace_dir"] else 0),
             "lr": LR,
             "momentum": MOMENTUM,
         },

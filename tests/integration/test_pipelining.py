@@ -23,7 +23,7 @@ import torch
 from dagtrain.launch import RankFailure
 from dagtrain.training import TrainConfig, run_training
 from dagtrain.training.rank import checkpoint as ckpt
-from tests.unit.training.factory import nan_blocks
+from tests.unit.training.factory import nan_last_weight
 
 from .faults import alive, signal_rank
 
@@ -340,15 +340,16 @@ def test_a_short_last_batch_with_empty_microbatches_still_equals_one_process(tmp
         assert torch.allclose(a[k], b[k], rtol=1e-5, atol=1e-6), k
 
 
-def test_non_finite_gradients_fail_naming_the_stage_or_skip_the_step_on_every_stage(tmp_path):
-    # every stage's gradients are NaN from the first step: under `fail` a stage names
-    # itself and its parameters; under `skip` every stage skips every step together
-    # (one flag over all ranks), so no parameter moves
+def test_non_finite_gradients_fail_naming_their_stage_or_skip_the_step_on_every_stage(tmp_path):
+    # only stage 1's last block gets a NaN gradient (its weight's; the gradient sent back
+    # to stage 0 is finite): under `fail` stage 1 names itself and that weight; under
+    # `skip` stage 0, whose gradients are finite, skips the step too (one flag over all
+    # ranks), so no parameter of either stage moves
     base = dict(
-        BASE, model="tests.unit.training.factory:nan_blocks", model_args={}, backend="torch",
-        ranks=2, parallel={"stages": 2, "microbatches": 2},
+        BASE, model="tests.unit.training.factory:nan_last_weight", model_args={},
+        backend="torch", ranks=2, parallel={"stages": 2, "microbatches": 2, "split": [2]},
     )  # fmt: skip
-    with pytest.raises(RankFailure, match=r"step 0: non-finite gradients in stage [01] \("):
+    with pytest.raises(RankFailure, match=r"step 0: non-finite gradients in stage 1 \(4\.w\)"):
         run_training(TrainConfig(**base, checkpoint_dir=str(tmp_path / "fail")), **QUIET)
     skip = TrainConfig(
         **{**base, "max_steps": 3}, nonfinite="skip", checkpoint_dir=str(tmp_path / "s")
@@ -356,6 +357,8 @@ def test_non_finite_gradients_fail_naming_the_stage_or_skip_the_step_on_every_st
     r = run_training(skip, **QUIET)
     assert r.steps == 3 and r.skipped_steps == 3
     torch.manual_seed(skip.training.seed)
-    first = nan_blocks((8, 8), 10).state_dict()
-    for k, v in final_params(tmp_path / "s").items():
+    first = nan_last_weight((8, 8), 10).state_dict()
+    got = final_params(tmp_path / "s")
+    assert set(got) == set(first) and any(k.startswith("1.") for k in got)  # stage 0's
+    for k, v in got.items():
         assert torch.equal(v, first[k]), k

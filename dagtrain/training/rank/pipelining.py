@@ -437,23 +437,25 @@ class StageStep(StageGraph, StageState):
         self._waiters["allreduce", 0].post(h, bk.event, None)
 
     def _check(self) -> None:
-        grads = [q.grad for q in self.params if q.grad is not None]
+        named = [(n, q.grad) for n, q in zip(self.names, self.params) if q.grad is not None]
+        grads = [g for _, g in named]
         max_norm = self.cfg.training.max_grad_norm
         norms: list[torch.Tensor] = []
         if max_norm is None:  # one call over every gradient (on the step's tail)
             self.finite = all_finite(grads, self._found, self._one)
-        else:  # the norms clipping needs: a NaN or infinity makes its norm so
+        else:  # the norms clipping needs: a NaN or infinity makes its norm so (and a
+            # norm past float32's range, which clipping could not use either)
             norms = torch._foreach_norm(grads) if grads else []
             # one read of the norms (not one per parameter: a transformer stage has ~100)
             self.finite = not grads or bool(torch.isfinite(torch.stack(norms)).all())
         if not self.finite and self.cfg.training.nonfinite == "fail":
-            bad = [
-                n
-                for n, q in zip(self.names, self.params)
-                if q.grad is not None and not bool(q.grad.isfinite().all())
-            ]
-            if bad:
-                raise NonFiniteGradients(self.step, self.stage, bad, "stage")
+            # the parameters to name (the rare path: a read of each gradient)
+            bad = (
+                [n for (n, _), v in zip(named, norms) if not v.isfinite()]
+                if norms
+                else [n for n, g in named if not bool(g.isfinite().all())]
+            )
+            raise NonFiniteGradients(self.step, self.stage, bad, "stage")
         if self.cfg.training.nonfinite == "skip" or max_norm is not None:
             # one small collective over every rank: the non-finite flag, and each
             # stage's sum of squares of its (averaged: the same on every replica, so the

@@ -438,21 +438,32 @@ class StepGraph:
 _unscale = getattr(torch, "_amp_foreach_non_finite_check_and_unscale_", None)
 
 
+def scaled_finite(
+    tensors: list[torch.Tensor], found: torch.Tensor, inv: torch.Tensor
+) -> bool | None:
+    """Multiply ``tensors`` by ``inv`` and say whether they hold no NaN or infinity, in
+    one pass and one call (GradScaler's kernel; ``found`` and ``inv``: float32 tensors
+    of one element on their device, ``found`` its flag); None where the kernel does not
+    take them."""
+    if _unscale is None:
+        return None
+    found.zero_()
+    try:
+        _unscale(tensors, found, inv)
+    except (RuntimeError, TypeError):  # a dtype or device it does not take
+        return None
+    return not bool(found.item())
+
+
 def all_finite(tensors: list[torch.Tensor], found: torch.Tensor, one: torch.Tensor) -> bool:
-    """Whether ``tensors`` hold no NaN or infinity: GradScaler's kernel, one call for all
-    of them (it multiplies each by ``one``, a float32 1.0 on their device, so every value
-    stays as it was; ``found``, a float32 of one element there too, is its flag); where it
-    does not take them, a norm per tensor, which a NaN or infinity makes non-finite."""
+    """Whether ``tensors`` hold no NaN or infinity (:func:`scaled_finite` by ``one``, a
+    1.0, which leaves every value as it was; else a test per tensor)."""
     if not tensors:
         return True
-    if _unscale is not None:
-        found.zero_()
-        try:
-            _unscale(tensors, found, one)
-            return not bool(found.item())
-        except (RuntimeError, TypeError):  # a dtype or device it does not take
-            pass
-    return bool(torch.isfinite(torch.stack(torch._foreach_norm(tensors))).all())
+    got = scaled_finite(tensors, found, one)
+    if got is not None:
+        return got
+    return all(bool(t.isfinite().all()) for t in tensors)
 
 
 def _average_checked(b: Bucket, size: int, inv: float | None, scale: float = 1.0) -> bool:
@@ -465,15 +476,10 @@ def _average_checked(b: Bucket, size: int, inv: float | None, scale: float = 1.0
         flat.div_(size)
     # b.inv: 1/size, or 1 after the division, over the scale
     factor = (inv if inv is not None and size > 1 else 1.0) / scale
-    if _unscale is not None:
-        b.found.zero_()
-        try:
-            _unscale([flat], b.found, b.inv)
-            return not bool(b.found.item())
-        except (RuntimeError, TypeError):  # a dtype or device it does not take
-            if factor != 1.0:
-                flat.mul_(factor)
-    elif factor != 1.0:
+    got = scaled_finite([flat], b.found, b.inv)
+    if got is not None:
+        return got
+    if factor != 1.0:
         flat.mul_(factor)
     # NaN and infinities survive a sum (one pass, no temporary); a finite sum that
     # overflows means gradients near 1e38, which are no better

@@ -1,5 +1,6 @@
 """A user model factory, imported by path in the tests."""
 
+import torch
 from torch import nn
 
 
@@ -235,18 +236,34 @@ def loss_only():
     return LossOnly()
 
 
-class _Nan(nn.Module):
+class _NanWeightGrad(torch.autograd.Function):
+    """``x`` unchanged; backward: ``x``'s gradient as it comes, ``w``'s NaN."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        return x + 0 * w
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, torch.full((1,), float("nan"))
+
+
+class _NanWeight(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(1))
+
     def forward(self, x):
-        import torch
-
-        return x * torch.sqrt(torch.tensor(-1.0))
+        return _NanWeightGrad.apply(x, self.w)
 
 
-def nan_blocks(in_shape, classes):
-    """Blocks for a pipeline whose every gradient, on every stage, is NaN: the third
-    block makes the activations NaN from the first step."""
+def nan_last_weight(in_shape, classes):
+    """Five blocks for a pipeline: the last one's weight gets a NaN gradient every step,
+    every other gradient (its input's included) stays finite, so only the stage that
+    holds it sees a non-finite gradient."""
     import math
 
     return nn.Sequential(
-        nn.Flatten(), nn.Linear(math.prod(in_shape), 8), _Nan(), nn.Linear(8, classes)
-    )
+        nn.Flatten(), nn.Linear(math.prod(in_shape), 8), nn.ReLU(), nn.Linear(8, classes),
+        _NanWeight(),
+    )  # fmt: skip
