@@ -79,6 +79,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from benchmarks._results import out_help, results_path  # noqa: E402
+
 MODELS: dict[str, dict[str, Any]] = {
     # train_throughput.py's MLP: 21M parameters, six hidden layers of 2048
     "mlp-21M": {"model": "mlp", "model_args": {"hidden": [2048] * 6}},
@@ -831,7 +833,7 @@ def main() -> None:
     ap.add_argument("--schedules", default=",".join(SCHEDULES), help="torch classes")
     ap.add_argument("--orders", default=",".join(ORDERS), help="dagtrain's orders")
     ap.add_argument("--quick", action="store_true", help="1 round of 3 steps, a smoke run")
-    ap.add_argument("--out", default=str(HERE / "results" / "pipeline_throughput.json"))
+    ap.add_argument("--out", default=None, help=out_help("pipeline_throughput"))
     ap.add_argument("--rank-of", nargs=2, metavar=("SPEC", "OUT"), help=argparse.SUPPRESS)
     ap.add_argument("--model-args", default=None, help=argparse.SUPPRESS)  # JSON, tests
     args = ap.parse_args()
@@ -841,6 +843,7 @@ def main() -> None:
         return
     if args.quick:
         args.rounds, args.steps, args.warmup = 1, 3, 1
+    args.out = str(results_path("pipeline_throughput", args.out, args.quick))
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     names = [n for n in args.schedules.split(",") if n]
     models = {k: dict(MODELS[k]) for k in args.models.split(",")}

@@ -23,7 +23,8 @@ then the next repeat, in a rotating order), medians and minima reported:
                (dask and the thread pool have no built graph to keep: their replay
                is a second first run)
 
-Figures (printed as a table and written to benchmarks/results/taskgraph_overhead.json):
+Figures (printed as a table and written to benchmarks/results/taskgraph_overhead.json;
+with --quick, to the temporary folder):
   us/task      per empty task and phase, at 2 workers, the 100x100 3-point stencil
                and the Task-Bench patterns at width 16
   METG(50%)    the smallest task duration (busy work that releases the GIL) at which
@@ -56,6 +57,7 @@ sys.path.insert(0, str(HERE))
 
 from patterns import program  # noqa: E402
 
+from benchmarks._results import out_help, results_path  # noqa: E402
 from dagtrain.taskgraph import TaskGraph  # noqa: E402
 
 WORKERS = 2
@@ -444,8 +446,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer, smaller runs")
     ap.add_argument("--scale", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--gc-paused", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--out", default=str(HERE / "results" / "taskgraph_overhead.json"))
+    ap.add_argument("--out", default=None, help=out_help("taskgraph_overhead"))
     args = ap.parse_args()
+    args.out = str(results_path("taskgraph_overhead", args.out, args.quick))
     if args.scale:
         print(json.dumps(scale(args.scale, args.gc_paused)))
         return

@@ -57,6 +57,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from benchmarks._results import out_help, results_path  # noqa: E402
 from dagtrain.launch import launch  # noqa: E402
 from dagtrain.training import TrainConfig, run_training  # noqa: E402
 
@@ -335,8 +336,9 @@ def main() -> None:
         help="rounds over all runtimes, interleaved; the median round counts",
     )
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated, of MODELS")
-    ap.add_argument("--out", default=str(HERE / "results" / "train_throughput.json"))
+    ap.add_argument("--out", default=None, help=out_help("train_throughput"))
     args = ap.parse_args()
+    args.out = str(results_path("train_throughput", args.out, args.quick))
     names = [n for n in args.models.split(",") if n]
     unknown = [n for n in names if n not in MODELS]
     if unknown:

@@ -8,10 +8,10 @@ Trains a 2-stage MLP (eight hidden layers of 1024, 18 blocks in 4 parts:
 ``parallel: {stages: 2, chunks: 2, microbatches: 4, order: 1f1b}``, or the given order
 and placement) for a few steps
 with traces on, then draws its last step's trace: a lane per rank, each F/B op as a
-bar labelled ``m.j`` (microbatch m through the rank's chunk j), coloured by chunk; and
-prints each rank's compute ops in the order they ran (the text the docs show under the
-picture). It measures nothing reported anywhere else; matplotlib comes with the
-``bench`` extra.
+bar labelled ``m.j`` where it is wide enough (microbatch m through the rank's chunk j),
+coloured by chunk; and prints each rank's compute ops in the order they ran (the text
+the docs show under the picture). It measures nothing reported anywhere else;
+matplotlib comes with the ``bench`` extra.
 """
 
 from __future__ import annotations
@@ -21,18 +21,33 @@ import json
 import sys
 import tempfile
 from pathlib import Path
+from typing import get_args
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 
 def main() -> None:
+    from dagtrain.config.schema import Order
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
-        "--out", default=str(HERE.parent / "docs" / "images" / "pipeline-interleaved.png")
+        "--out",
+        default=str(HERE.parent / "docs" / "images" / "pipeline-interleaved.png"),
+        help="the PNG to write (default: the doc's interleaved picture)",
     )
-    ap.add_argument("--order", default="1f1b")
-    ap.add_argument("--placement", default="looped", choices=["looped", "v"])
+    ap.add_argument(
+        "--order",
+        default="1f1b",
+        choices=[o for o in get_args(Order) if o != "auto"],
+        help="parallel.order of the 2-chunk run (default: 1f1b)",
+    )
+    ap.add_argument(
+        "--placement",
+        default="looped",
+        choices=["looped", "v"],
+        help="parallel.placement of the two chunks (default: looped)",
+    )
     args = ap.parse_args()
 
     import matplotlib
@@ -72,6 +87,7 @@ def main() -> None:
     t0 = min(op[0] for lane in lanes for op in lane)
     colours = {("F", 0): "#9ecae1", ("F", 1): "#3182bd", ("B", 0): "#fdae6b", ("B", 1): "#e6550d"}
     colours |= {("W", 0): "#a1d99b", ("W", 1): "#31a354"}
+    span = max(ts + dur for lane in lanes for ts, dur, *_ in lane) - t0
     fig, ax = plt.subplots(figsize=(11, 2.4))
     for rank, lane in enumerate(lanes):
         y = 1 - rank
@@ -79,7 +95,8 @@ def main() -> None:
             x = (ts - t0) / 1e3
             ax.barh(y, dur / 1e3, left=x, height=0.6, color=colours[kind, j or 0],
                     edgecolor="white")  # fmt: skip
-            ax.text(x + dur / 2e3, y, f"{kind}{m}.{j}", ha="center", va="center", fontsize=7)
+            if dur >= span / 40:  # (a label wider than its bar would cover the next)
+                ax.text(x + dur / 2e3, y, f"{kind}{m}.{j}", ha="center", va="center", fontsize=7)
         print(f"rank {rank}: " + " ".join(f"{k}{m}.{j}" for _, _, k, m, j in lane))
     parts = r.pipeline["parts"]
     other = [1, 2] if args.placement == "v" else [1, 3]
@@ -93,7 +110,9 @@ def main() -> None:
     )
     fig.tight_layout()
     fig.savefig(args.out, dpi=110)
-    print(f"wrote {args.out}; bubble per rank 0: {r.pipeline['bubble']}")
+    bubble = r.pipeline["bubble"]
+    said = "not measured" if bubble is None else f"{bubble:.1%} of its step"
+    print(f"wrote {args.out}; rank 0's bubble (its step's time with no F/B/W running): {said}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The closing lines of a run, the same for ``dagtrain run`` and ``dagtrain trigger
---wait``: where training started from (a warm start, ``training.init``), validation
-and test metrics, each named as such, and one line on promotion.
+--wait``: where training started from (a warm start, ``training.init``), a pipeline's
+layout and order, validation and test metrics, each named as such, and one line on
+promotion.
 
 Their inputs are what the phases returned (their XComs): the training task's summary,
 the evaluation's metrics and verdict, and the promotion's registry entry (None when it
@@ -22,7 +23,13 @@ from dagtrain.config import OBJECTIVE_METRICS
 from dagtrain.phases.verdict import exact, shown
 from dagtrain.records.result import metric_names
 
-__all__ = ["early_stop_lines", "init_line", "outcome_lines", "promotion_metric_of"]
+__all__ = [
+    "early_stop_lines",
+    "init_line",
+    "outcome_lines",
+    "pipeline_lines",
+    "promotion_metric_of",
+]
 
 
 def outcome_lines(
@@ -37,6 +44,7 @@ def outcome_lines(
     said = init_line(train)
     if said:
         lines.append(said)
+    lines += pipeline_lines(train)
     names = _names(train, (evaluation or {}).get("metrics"))
     rows = (train or {}).get("epochs") or [{}]
     last = rows[-1]
@@ -114,6 +122,34 @@ def init_line(train: dict[str, Any] | None) -> str | None:
     if init.get("note"):
         return "training.init champion: no champion yet, trained from scratch"
     return None
+
+
+def pipeline_lines(train: dict[str, Any] | None) -> list[str]:
+    """A pipeline run's layout and order (the training summary's ``pipeline``), each
+    line within 80 columns for a usual run: ``pipeline: 2 stages x 1 replica, 4
+    microbatches`` and ``pipeline split [3] (auto), order 1f1b (measured: 1f1b 15.8 ms,
+    gpipe 16.9 ms)``, the times the median step of each order that ``order: auto``
+    tried; none without a pipeline."""
+    p = (train or {}).get("pipeline")
+    if not isinstance(p, dict) or not p.get("stages"):
+        return []
+    d, v = p.get("replicas", 1), p.get("chunks", 1)
+    chunks = ""
+    if v > 1:
+        chunks = f", {v} chunks a rank" + (" in a V" if p.get("placement") == "v" else "")
+    layout = (
+        f"pipeline: {p['stages']} stages x {d} {'replica' if d == 1 else 'replicas'}, "
+        f"{p.get('microbatches')} microbatches{chunks}"
+    )
+    order = f"pipeline split {p.get('split')}{' (auto)' if p.get('how') == 'auto' else ''}, "
+    order += f"order {p.get('order')}"
+    trial = p.get("order_trial")
+    if isinstance(trial, dict) and trial.get("chosen") is None:  # (a run shorter than it)
+        order = f"{order.rpartition(', ')[0]}, order auto ({p.get('order')}: trial unfinished)"
+    elif isinstance(trial, dict) and trial.get("median_step_ms"):
+        times = ", ".join(f"{o} {ms:.1f} ms" for o, ms in trial["median_step_ms"].items())
+        order += f" (measured: {times})"
+    return [layout, order]
 
 
 def early_stop_lines(train: dict[str, Any] | None) -> list[str]:

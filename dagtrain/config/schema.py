@@ -408,6 +408,17 @@ class ParallelConfig(Section):
         "stages: blocks 0-2, then 3 on)",
     )
 
+    @field_validator("split", mode="before")
+    @classmethod
+    def _split_is_a_list(cls, v: Any) -> Any:
+        if isinstance(v, int) and not isinstance(v, bool):  # (split: 3 for [3])
+            k = v if v >= 1 else 3
+            raise ValueError(
+                f"give the boundaries as a list, e.g. [{k}] (stage 0 = blocks 0-{k - 1}, the "
+                f"next stage from block {k}), or auto"
+            )
+        return v
+
     @model_validator(mode="after")
     def _split_fits(self) -> ParallelConfig:
         if self.stages == 1 and self.microbatches > 1:
@@ -443,7 +454,8 @@ class ParallelConfig(Section):
             if len(cuts) != parts - 1:
                 per = f" x {self.chunks} chunks" if self.chunks > 1 else ""
                 raise ValueError(
-                    f"parallel.split {cuts} has {len(cuts)} boundaries; {self.stages} stages"
+                    f"parallel.split {cuts} has {len(cuts)} "
+                    f"{'boundary' if len(cuts) == 1 else 'boundaries'}; {self.stages} stages"
                     f"{per} need {parts - 1} (the first block of each part after the "
                     "first), or split: auto"
                 )

@@ -39,12 +39,18 @@ __all__ = [
 GAVE_UP = 70
 
 
+def _whose(what: str, rank: int) -> str:
+    """``rank N: `` before ``what``, unless it names its rank first (a pipeline's
+    ``rank 0 (stage 0): receiving ...``)."""
+    return "" if what.startswith(f"rank {rank} ") else f"rank {rank}: "
+
+
 class CollectiveTimeout(TimeoutError):
     """A collective did not finish in time (a peer rank probably died)."""
 
     def __init__(self, what: str, rank: int, timeout: float) -> None:
         super().__init__(
-            f"rank {rank}: {what} did not finish within {timeout:g} s; a peer rank has "
+            f"{_whose(what, rank)}{what} did not finish within {timeout:g} s; a peer rank has "
             "probably failed (its log says why) or the network is stuck"
         )
         self.what = what
@@ -59,7 +65,7 @@ class CollectiveFailed(RuntimeError):
     def __init__(self, what: str, rank: int, cause: BaseException) -> None:
         said = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
         super().__init__(
-            f"rank {rank}: {what} failed: {type(cause).__name__}: {said}; a peer rank has "
+            f"{_whose(what, rank)}{what} failed: {type(cause).__name__}: {said}; a peer rank has "
             "probably failed (its log says why)"
         )
         self.what = what

@@ -348,6 +348,10 @@ def test_the_pipeline_parallel_example_trains_evaluates_and_promotes(tmp_path):
     r = dagtrain_run(tmp_path, cfg, "training.epochs=2")
     assert r.returncode == 0, r.stdout + r.stderr
     assert re.search(r"^promoted v1 \([\d.]+\), the first champion$", r.stdout, re.M), r.stdout
+    # the closing lines say how the pipeline ran: its layout, split and the order chosen
+    assert "pipeline: 2 stages x 1 replica, 4 microbatches" in r.stdout, r.stdout
+    said = r"^pipeline split \[\d\] \(auto\), order (1f1b|gpipe) \(measured: \w+ [\d.]+ ms, "
+    assert re.search(said, r.stdout, re.M), r.stdout
     run = run_artifacts(tmp_path, "transformer_pipeline")
     result = json.loads((run / "train" / "result.json").read_text())
     p = result["pipeline"]

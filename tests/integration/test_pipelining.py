@@ -277,8 +277,17 @@ def test_a_pipeline_checkpoint_resumes_on_other_stages_and_chunks(tmp_path):
         folders += bool(listed)
     assert folders >= 2  # the first stage's Linear and the last's
     four = {"stages": 2, "chunks": 2, "microbatches": 2, "order": "gpipe", "placement": "v"}
-    r = run_training(TrainConfig(**cfg, ranks=2, parallel=four, checkpoint_dir=d), **QUIET)
+    lines: list[str] = []
+    r = run_training(
+        TrainConfig(**cfg, ranks=2, parallel=four, checkpoint_dir=d), on_line=lines.append
+    )
     assert r.resumed_from_step == 20 and r.steps == 50
+    # the log says the checkpoint was resharded: written by 4 stages, read by 2
+    said = [line for line in lines if "resumes from" in line]
+    assert said and all(
+        "(step 20; written by 4 pipeline stages, resharded onto 2 pipeline stages)" in line
+        for line in said
+    ), said
     assert one.steps == 50
     assert r.pipeline["parts"] == [0, 3] and len(r.pipeline["ranges"]) == 4
     # rank 0 holds its parts of the model, not the whole

@@ -335,7 +335,14 @@ class RankRun:
         self.figures.carried = [float(v) for v in json.loads(snap["sums"])]
         self.result.resumed_from_step = int(snap["step"])
         self.result.resumed_epochs = len(self.figures.epochs)
-        log.info("rank %d resumes from %s (step %d)", backend.rank, path, snap["step"])
+        written, now = snap.pop("stages", 1), cfg.parallel.stages
+        log.info(
+            "rank %d resumes from %s (step %d%s)",
+            backend.rank,
+            path,
+            snap["step"],
+            "" if written == now else f"; {_resharded(written, now)}",
+        )
         return int(snap["step"])
 
     # ------------------------------------------------------------------ epochs
@@ -562,6 +569,14 @@ def _regrow_asked(cfg: TrainConfig, backend: Backend) -> bool:
 
 # traced steps kept per rank besides the last: the newest epochs' last steps
 TRACED_EPOCHS = 10
+
+
+def _resharded(written: int, now: int) -> str:
+    """How a resume's log line says a checkpoint of ``written`` pipeline stages (1:
+    none) was read by a run of ``now``."""
+    was = f"written by {written} pipeline stages" if written > 1 else "written without a pipeline"
+    into = f"resharded onto {now} pipeline stages" if now > 1 else "merged (no pipeline)"
+    return f"{was}, {into}"
 
 
 def _trace_file(

@@ -353,3 +353,29 @@ def test_closing_lines_of_an_early_stop_name_where_why_and_the_epoch_kept():
     )
     assert ran[0] == "kept the best epoch, 2 of 4 (val loss 0.0500)"
     assert all(len(line) <= 80 for line in lines + ran)
+
+
+def test_a_pipeline_run_closes_with_its_layout_and_the_order_auto_chose():
+    trial = {"chosen": "1f1b", "median_step_ms": {"1f1b": 15.823, "gpipe": 16.91}, "why": "."}
+    p = {"stages": 2, "replicas": 1, "chunks": 1, "microbatches": 4, "split": [3]}
+    train = {"pipeline": {**p, "how": "auto", "order": "1f1b", "order_trial": trial}}
+    lines = outcome_lines(train, None, None)
+    assert lines == [
+        "pipeline: 2 stages x 1 replica, 4 microbatches",
+        "pipeline split [3] (auto), order 1f1b (measured: 1f1b 15.8 ms, gpipe 16.9 ms)",
+    ]
+    assert all(len(line) <= 80 for line in lines)
+    # chunks in a V, replicas, a split and an order as set: no measurement to show
+    v = {**p, "replicas": 2, "chunks": 2, "placement": "v", "split": [2, 3, 4]}
+    train = {"pipeline": {**v, "how": "explicit", "order": "zero-bubble", "order_trial": None}}
+    assert outcome_lines(train, None, None) == [
+        "pipeline: 2 stages x 2 replicas, 4 microbatches, 2 chunks a rank in a V",
+        "pipeline split [2, 3, 4], order zero-bubble",
+    ]
+    # a run shorter than auto's trial: the order it ran, not as if chosen
+    short = {**trial, "chosen": None, "median_step_ms": {}}
+    train = {"pipeline": {**p, "how": "auto", "order": "1f1b", "order_trial": short}}
+    assert outcome_lines(train, None, None)[1] == (
+        "pipeline split [3] (auto), order auto (1f1b: trial unfinished)"
+    )
+    assert outcome_lines({"pipeline": None, "epochs": [{}]}, None, None) == []

@@ -19,7 +19,7 @@ TWO = {"backend": "torch", "ranks": 2}
          "make microbatches a multiple of 2 (e.g. 4), or use order gpipe"),
         ({"stages": 2, "chunks": 2, "microbatches": 3}, TWO, "an interleaved auto order"),
         ({"stages": 2, "chunks": 2, "microbatches": 4, "split": [3]}, TWO,
-         "2 stages x 2 chunks need 3"),
+         "parallel.split [3] has 1 boundary; 2 stages x 2 chunks need 3"),
         ({"stages": 2, "chunks": 2, "microbatches": 4}, {**TWO, "device": "cuda"},
          "NCCL pairs a send with a receive by the order they are posted"),
         ({"stages": 2, "chunks": 3, "microbatches": 4, "placement": "v"}, TWO,

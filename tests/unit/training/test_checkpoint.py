@@ -101,6 +101,7 @@ def test_a_sharded_checkpoint_loads_whole_or_by_keys_and_needs_every_shard(tmp_p
     sharded(tmp_path, 10, 1.0)
     path, whole = checkpoint.latest(tmp_path)
     assert path.name == "ckpt-00000010.pt" and "shards" not in whole
+    assert whole["stages"] == 2  # how many stages wrote it (the resume's log says so)
     assert set(whole["model"]) == {"a", "b"} and torch.equal(
         whole["model"]["b"], torch.full((3,), 1.5)
     )

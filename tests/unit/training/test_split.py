@@ -92,6 +92,8 @@ def test_a_model_that_cannot_be_split_is_refused_naming_the_field():
         ({"distributed": {"backend": "local"}, "parallel": {"stages": 2}},
          "distributed.backend 'local'"),
         ({"parallel": {"stages": 2, "split": [1, 2]}}, "parallel.split [1, 2] has 2 boundaries"),
+        ({"parallel": {"stages": 2, "split": 3}},
+         "parallel.split: give the boundaries as a list, e.g. [3] (stage 0 = blocks 0-2"),
         ({"parallel": {"stages": 3, "split": [2, 2]}}, "boundaries must be increasing"),
         ({"parallel": {"microbatches": 4}}, "parallel.microbatches is 4 with parallel.stages 1"),
         ({"parallel": {"order": "interleaved"}}, "parallel.order"),

@@ -71,7 +71,11 @@ def test_a_reset_connection_is_the_cause_of_a_failed_transfer(thread):
 def test_a_transfer_past_its_deadline_is_a_timeout_naming_it(thread):
     err = _run(Handle("recv-act4", test=lambda: False), thread)
     assert isinstance(err, CollectiveTimeout), err
-    assert "recv-act4 did not finish within 0.3 s" in str(err)
+    assert str(err).startswith("rank 1: recv-act4 did not finish within 0.3 s")
+    # a transfer that names its rank first (a pipeline stage's) is not named twice
+    what = "rank 1 (stage 1): receiving microbatch 4's activation from rank 0 (stage 0)"
+    err = _run(Handle(what, test=lambda: False), thread)
+    assert str(err).startswith(f"{what} did not finish within 0.3 s"), err
 
 
 def test_the_librarys_own_deadline_is_a_timeout_with_its_error_as_cause(thread):
