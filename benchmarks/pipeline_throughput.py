@@ -54,7 +54,8 @@ step: timed, it was the slowest or nearly of each job, 8-13% over the median of 
 transformer's 1f1b in three jobs. A torch schedule that fails is recorded with its
 error. About 10 minutes a model here (half of it starting 2-rank jobs):
 5 rounds of 12 timed steps, since with 3 of 8 a system's figure moved by 5-15% from one
-run to the next on these 2 shared cores, as much as the differences measured.
+run to the next on these 2 shared cores, as much as the differences measured; the
+committed run has ``--rounds 10``, for ratios a run can trust to a few per cent.
 Writes benchmarks/results/pipeline_throughput.json; with ``--models`` naming only some,
 their entries replace those of the file and the others' are kept (each entry says when
 it was measured).
