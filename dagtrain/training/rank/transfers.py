@@ -45,9 +45,10 @@ class Transfers:
             self.thread = threading.Thread(target=self._wait, name=name, daemon=True)
             self.thread.start()
 
-    def post(self, handle: Handle, event: Event, keep: Any) -> None:
+    def post(self, handle: Handle, event: Event | None, keep: Any) -> None:
         """Wait for ``handle`` after those posted before it; ``keep`` (the tensor it
-        reads or writes) stays alive until then."""
+        reads or writes) stays alive until then. ``event`` None (``thread=False``): no
+        task waits for it, :meth:`drain` does."""
         if self.thread is not None:
             self.q.put((handle, event, keep))
         else:
@@ -60,6 +61,21 @@ class Transfers:
             return False
         self._settle(*self.q.popleft())
         return True
+
+    def drain(self) -> None:
+        """(``thread=False``) Wait for every transfer posted, oldest first, each with
+        the deadline; raise the first one's error (a CollectiveTimeout or
+        CollectiveFailed naming it), dropping the rest."""
+        while self.q:
+            handle, _, keep = self.q.popleft()
+            try:
+                handle.wait(self.rank, self.timeout)
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as e:
+                self.q.clear()
+                raise self._named(handle, e)  # noqa: B904 (its cause: the library's error)
+            del keep
 
     def _wait(self) -> None:
         while True:

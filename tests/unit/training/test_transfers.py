@@ -86,3 +86,29 @@ def test_the_librarys_own_deadline_is_a_timeout_with_its_error_as_cause(thread):
     assert isinstance(err, CollectiveTimeout), err
     assert "send-act1 did not finish within 0.3 s" in str(err)
     assert isinstance(err.__cause__, RuntimeError)
+
+
+def test_sends_drained_at_the_steps_end_in_order_and_the_first_failure_named():
+    """A chunked stage's sends: no task waits for them; ``drain`` waits for each, the
+    oldest first, and raises the first failure naming it, dropping the rest."""
+    waited: list[str] = []
+    sends = Transfers("pipeline-sends", 1, 0.3, thread=False)
+    for k in range(3):
+        sends.post(Handle(f"send{k}", block=lambda k=k: waited.append(f"send{k}")), None, None)
+    sends.drain()
+    assert waited == ["send0", "send1", "send2"] and not sends.wait_next()
+
+    def reset() -> bool:
+        raise ConnectionResetError("Connection reset by peer")
+
+    sends.post(Handle("send3", test=lambda: True), None, None)
+    sends.post(Handle("send4", test=reset), None, None)
+    sends.post(Handle("send5", block=lambda: waited.append("send5")), None, None)
+    with pytest.raises(CollectiveFailed) as info:
+        sends.drain()
+    assert str(info.value).startswith("rank 1: send4 failed: ConnectionResetError")
+    assert isinstance(info.value.__cause__, ConnectionResetError)
+    assert "send5" not in waited and not sends.wait_next()  # the rest dropped
+    sends.post(Handle("send6", test=lambda: False), None, None)
+    with pytest.raises(CollectiveTimeout, match=r"send6 did not finish within 0\.3 s"):
+        sends.drain()
