@@ -141,15 +141,15 @@ def pipeline_lines(train: dict[str, Any] | None) -> list[str]:
         f"pipeline: {p['stages']} stages x {d} {'replica' if d == 1 else 'replicas'}, "
         f"{p.get('microbatches')} microbatches{chunks}"
     )
-    order = f"pipeline split {p.get('split')}{' (auto)' if p.get('how') == 'auto' else ''}, "
-    order += f"order {p.get('order')}"
+    split = f"pipeline split {p.get('split')}{' (auto)' if p.get('how') == 'auto' else ''}"
+    order = f"order {p.get('order')}"
     trial = p.get("order_trial")
     if isinstance(trial, dict) and trial.get("chosen") is None:  # (a run shorter than it)
-        order = f"{order.rpartition(', ')[0]}, order auto ({p.get('order')}: trial unfinished)"
+        order = f"order auto ({p.get('order')}: trial unfinished)"
     elif isinstance(trial, dict) and trial.get("median_step_ms"):
         times = ", ".join(f"{o} {ms:.1f} ms" for o, ms in trial["median_step_ms"].items())
         order += f" (measured: {times})"
-    return [layout, order]
+    return [layout, f"{split}, {order}"]
 
 
 def early_stop_lines(train: dict[str, Any] | None) -> list[str]:

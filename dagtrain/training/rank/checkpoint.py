@@ -81,7 +81,7 @@ def save(
     d.mkdir(parents=True, exist_ok=True)
     # the stages of this run (stage 0's state lists the others' shards); rank 0 also
     # clears what the stages it does not have left (they have no writer now)
-    stages = stages_listed(state) if stage == 0 else None
+    stages = 1 + len(state.get("shards") or []) if stage == 0 else None
     for stale in d.glob(".ckpt-*"):  # temp files of this stage's writer killed mid-write
         of = _stage_of(stale.name.lstrip(".").rsplit(".", 1)[0].removesuffix(".json"))
         if of == stage or (stages is not None and of is not None and of >= stages):
@@ -342,12 +342,6 @@ def _sidecar(path: Path) -> Path:
     return path.with_name(SIDECAR(name=path.name))
 
 
-def stages_listed(state: dict[str, Any]) -> int:
-    """The pipeline stages whose shards a checkpoint's own state lists (stage 0's file
-    lists the others'); 1 for one that is not sharded."""
-    return 1 + len(state.get("shards") or [])
-
-
 def load(
     path: str | os.PathLike,
     keys: set[str] | None = None,
@@ -369,17 +363,16 @@ def load(
     others come back on the meta device (their shapes and types: a caller checking the
     whole model's shapes and taking its own stage's tensors). Either way the checksum
     check reads every byte once. A sharded checkpoint's state, consolidated, says how
-    many stages wrote it (``stages``: :func:`stages_listed` of its own file)."""
+    many stages wrote it (``stages``)."""
     path = Path(path)
     # a stage's resume wants none of the checkpoint's own file's tensors (stage 0's)
     # when its keys are all in shards: that file is then mapped, its tensors dropped
     # without being brought into memory (its run's figures and list of shards kept)
     read_if = None if keys is None or mmap else _wants(keys)
     state = _load_one(path, mmap, read_if, optim, read)
-    stages = stages_listed(state)
     shards = state.pop("shards", None)
     if shards:
-        state["stages"] = stages  # (where it is sharded: a state dict stays as it was)
+        state["stages"] = 1 + len(shards)  # (sharded only: a state dict stays as it was)
         model, optims = dict(state["model"]), state["optim"]
         for sh in shards:
             f = path.with_name(sh["file"])

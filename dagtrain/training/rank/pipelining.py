@@ -213,18 +213,18 @@ class StageStep(StageGraph, StageState):
         # multi-stage schedules do (their runtime waits for its sends at the step's
         # end): nothing in the step waits for a send, and nothing the peers need of
         # this step is left to post then. The sent tensors live until that end
-        self._sends = Transfers("pipeline-sends", backend.rank, t, thread=False)
-        deferred = self.v > 1
+        self._sends = (
+            Transfers("pipeline-sends", backend.rank, t, thread=False) if self.v > 1 else None
+        )
         self._waiters = {
-            (k, j): self._sends
-            if deferred and k.startswith("send")
-            else Transfers(
+            (k, j): Transfers(
                 f"pipeline-{k}" + (f".{j}" if self.v > 1 else ""),
                 backend.rank,
                 t,
                 thread=not (own and k.startswith("recv")),
             )
             for k, j in ways
+            if self._sends is None or k.startswith("recv")
         }
         self._idle = self._waiters[recvs[0]].wait_next if own else None
         if self.D > 1:
@@ -313,12 +313,11 @@ class StageStep(StageGraph, StageState):
         tag = self.tag(other if send else c, "act" if act else "grad", m)
         post = self.backend.send_async if send else self.backend.recv_async
         h = post(t, peer, tag, what)
-        waiter = self._waiters[way, j]
-        if waiter is self._sends:  # (waited for at the step's end: done once posted)
-            waiter.post(h, None, t)
+        if send and self._sends is not None:  # (waited for at the step's end)
+            self._sends.post(h, None, t)
             event.fulfill()
             return
-        waiter.post(h, event, t)
+        self._waiters[way, j].post(h, event, t)
 
     def _recv(self, way: str, m: int, j: int, event: Event) -> torch.Tensor:
         """A buffer for microbatch ``m``'s activation (``recv-act``: the output of the
@@ -453,8 +452,7 @@ class StageStep(StageGraph, StageState):
         self._waiters["allreduce", 0].post(h, bk.event, None)
 
     def _check(self) -> None:
-        named = [(n, q.grad) for n, q in zip(self.names, self.params) if q.grad is not None]
-        grads = [g for _, g in named]
+        grads = [q.grad for q in self.params if q.grad is not None]
         max_norm = self.cfg.training.max_grad_norm
         norms: list[torch.Tensor] = []
         if max_norm is None:  # one call over every gradient (on the step's tail)
@@ -465,7 +463,9 @@ class StageStep(StageGraph, StageState):
             # one read of the norms (not one per parameter: a transformer stage has ~100)
             self.finite = not grads or bool(torch.isfinite(torch.stack(norms)).all())
         if not self.finite and self.cfg.training.nonfinite == "fail":
-            # the parameters to name (the rare path: a read of each gradient)
+            # the parameters to name (the rare path: a read of each gradient; the norms
+            # skip the same missing gradients)
+            named = [(n, q.grad) for n, q in zip(self.names, self.params) if q.grad is not None]
             bad = (
                 [n for (n, _), v in zip(named, norms) if not v.isfinite()]
                 if norms
@@ -524,7 +524,8 @@ class StageStep(StageGraph, StageState):
             bk.pending, bk.posted = len(bk.params), False
             bk.event = bk.events.get(self.order)
         self.activations.live = 0
-        self._sends.close()  # (a failed step's: never waited for)
+        if self._sends is not None:
+            self._sends.close()  # (a failed step's: never waited for)
         if not self.model.training:
             self.model.train()
         rank = self.backend.rank
@@ -537,7 +538,8 @@ class StageStep(StageGraph, StageState):
             timeout=self.cfg.distributed.collective_timeout * (2 * self.M * self.v + 4),
             idle=self._idle,
         )
-        self._sends.drain()
+        if self._sends is not None:
+            self._sends.drain()
         if self.trial is not None:  # (a traced step counts activations: not timed)
             self.trial.done(self.order, time.perf_counter() - t0, timed=trace is None)
         if trace is not None:
@@ -593,6 +595,6 @@ class StageStep(StageGraph, StageState):
     def close(self) -> None:
         for h in self._hooks:
             h.remove()
-        for w in {*self._waiters.values(), self._sends}:
+        for w in [*self._waiters.values(), *([self._sends] if self._sends else [])]:
             w.close()
         sys.setswitchinterval(self._switch_interval)

@@ -67,15 +67,10 @@ class Transfers:
         the deadline; raise the first one's error (a CollectiveTimeout or
         CollectiveFailed naming it), dropping the rest."""
         while self.q:
-            handle, _, keep = self.q.popleft()
-            try:
-                handle.wait(self.rank, self.timeout)
-            except (KeyboardInterrupt, SystemExit):
-                raise
-            except BaseException as e:
+            err = self._waited(self.q.popleft()[0])
+            if err is not None:
                 self.q.clear()
-                raise self._named(handle, e)  # noqa: B904 (its cause: the library's error)
-            del keep
+                raise err
 
     def _wait(self) -> None:
         while True:
@@ -86,15 +81,22 @@ class Transfers:
             item = None
 
     def _settle(self, handle: Handle, event: Event, keep: Any) -> None:
+        err = self._waited(handle)
+        del keep
+        if err is None:
+            event.fulfill()
+        else:
+            event.fail(err)
+
+    def _waited(self, handle: Handle) -> BaseException | None:
+        """Wait for ``handle`` with the deadline: None, or the error to fail with."""
         try:
             handle.wait(self.rank, self.timeout)
-        except (KeyboardInterrupt, SystemExit):  # (wait_next, in the main thread)
+        except (KeyboardInterrupt, SystemExit):  # (wait_next, drain: the main thread)
             raise
         except BaseException as e:  # our deadline, gloo's, a peer's connection gone
-            event.fail(self._named(handle, e))
-            return
-        del keep
-        event.fulfill()
+            return self._named(handle, e)
+        return None
 
     def _named(self, handle: Handle, e: BaseException) -> BaseException:
         """What the task fails with: a deadline passed (ours, or the library's own,
